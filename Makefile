@@ -1,0 +1,29 @@
+# `make train` and `make test` each set up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= dev
+
+.PHONY: train test bench setup clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/shoal train CartPole-v1 $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python benchmarks/cartpole_vs_sb3.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs

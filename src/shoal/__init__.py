@@ -1,0 +1,12 @@
+"""shoal: reinforcement learning at speed, one flat agent batch from env to loss."""
+
+from shoal.config import PPOConfig, TrainerConfig
+from shoal.envs import register_env
+from shoal.errors import ConfigError, EnvError, ShoalError
+from shoal.train import PPO, Trainer
+from shoal.vector import make_backend
+
+__version__ = "0.1.0"
+
+__all__ = ["PPO", "ConfigError", "EnvError", "PPOConfig", "ShoalError", "Trainer", "TrainerConfig",
+           "make_backend", "register_env"]

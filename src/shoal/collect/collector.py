@@ -1,0 +1,85 @@
+"""The collector: runs the policy on a backend and writes the rollout in place.
+
+Per step it does one policy forward over all agent rows and a fixed handful of tensor copies
+into preallocated storage; nothing else is allocated.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from shoal.collect.episodes import EpisodeTracker
+from shoal.errors import EnvError
+from shoal.models.normalize import ObsNormalizer, RewardScaler
+from shoal.vector.base import VecBackend
+
+
+class Collector:
+    def __init__(self, backend: VecBackend, policy: torch.nn.Module, tracker: EpisodeTracker,
+                 obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None):
+        self.backend, self.policy, self.tracker = backend, policy, tracker
+        self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
+        self._started = False
+        self._done = torch.zeros(backend.num_rows, dtype=torch.bool)
+        batch = backend.batch
+        self._np = (batch.reward.numpy(), batch.terminated.numpy(), batch.truncated.numpy(), batch.valid.numpy())
+
+    def reset(self, seed: int | None) -> None:
+        self.backend.reset(seed)
+        self._started = True
+
+    def _write_obs(self, raw: torch.Tensor, out: torch.Tensor, update: bool) -> torch.Tensor:
+        if self.obs_normalizer is None:
+            return out.copy_(raw)
+        if update:
+            self.obs_normalizer.stats.update(raw)
+        return self.obs_normalizer.normalize(raw, out=out)
+
+    @torch.inference_mode()
+    def collect(self, rollout: TensorDict) -> int:
+        """Fill ``rollout`` ([N, T+1]) with T steps; returns the number of env steps taken."""
+        if not self._started:
+            raise RuntimeError("Collector.reset(seed) must be called before collect()")
+        backend, policy = self.backend, self.policy
+        obs, action, logp, value = rollout["obs"], rollout["action"], rollout["sample_log_prob"], rollout["value"]
+        final_value, reward, done = rollout["final_value"], rollout["reward"], rollout["done"]
+        terminated, truncated, valid = rollout["terminated"], rollout["truncated"], rollout["valid"]
+        horizon = rollout.batch_size[1] - 1
+        batch = backend.recv()
+        for t in range(horizon):
+            obs_t = self._write_obs(batch.obs, obs[:, t], update=True)
+            a, lp, v = policy.act(obs_t)
+            action[:, t] = a
+            logp[:, t] = lp
+            value[:, t] = v
+            backend.send(a)
+            batch = backend.recv()
+            torch.logical_or(batch.terminated, batch.truncated, out=self._done)
+            if self.reward_scaler is None:
+                reward[:, t] = batch.reward
+            else:
+                self.reward_scaler.scale(batch.reward, self._done, out=reward[:, t])
+            terminated[:, t] = batch.terminated
+            truncated[:, t] = batch.truncated
+            done[:, t] = self._done
+            valid[:, t] = batch.valid
+            self.tracker.step(*self._np)
+            if backend.autoreset == "same_step" and batch.truncated.any():
+                rows = batch.truncated.nonzero().squeeze(-1)
+                final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[rows, t]), update=False)
+                final_value[rows, t] = policy.value(final_obs)
+        last = self._write_obs(batch.obs, obs[:, horizon], update=False)
+        value[:, horizon] = policy.value(last)
+        self._check_rewards(rollout, horizon)
+        return backend.num_rows * horizon
+
+    def _check_rewards(self, rollout: TensorDict, horizon: int) -> None:
+        reward = rollout["reward"][:, :horizon]
+        if not torch.isfinite(reward).all():
+            row, step = (~torch.isfinite(reward)).nonzero()[0].tolist()
+            env_id = int(self.backend.batch.env_id[row])
+            raise EnvError(
+                f"env '{self.backend.name}' (env {env_id}) returned a non-finite reward "
+                f"({reward[row, step].item()}) at step {step} of this rollout; rewards must be finite floats."
+            )

@@ -1,0 +1,156 @@
+"""Configuration: one pydantic model per algorithm, the same keys in Python, YAML and on the command line.
+
+Batch-size names follow RLlib (seed 000): ``train_batch_size`` agent steps are collected per
+iteration as ``num_envs`` rows times ``rollout_fragment_length`` steps, then split into
+``sgd_minibatch_size`` minibatches for ``num_sgd_iter`` epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shoal.errors import ConfigError, did_you_mean
+
+
+class TrainerConfig(BaseModel):
+    """Keys every algorithm shares: environment, sampling, run outputs."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, arbitrary_types_allowed=True)
+
+    env: Any = "CartPole-v1"
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    vectorization_mode: Literal["vector_entry_point", "sync", "async"] | None = None
+    seed: int = 0
+    num_envs: int = Field(8, ge=1)
+    rollout_fragment_length: int | None = Field(None, ge=1)
+    train_batch_size: int | None = Field(None, ge=1)
+    total_timesteps: int = Field(100_000, ge=1)
+    torch_threads: int = Field(1, ge=1)
+    device: str = "cpu"
+    metrics_num_episodes_for_smoothing: int = Field(100, ge=1)
+    evaluation_num_episodes: int = Field(20, ge=1)
+    name: str | None = None
+    run_dir: str | None = None
+    save_outputs: bool = True
+    verbose: int = Field(1, ge=0, le=2)
+
+    @model_validator(mode="after")
+    def _resolve_rollout_shape(self) -> TrainerConfig:
+        """Fill whichever of train_batch_size / rollout_fragment_length is missing, and check they agree."""
+        n, frag, batch = self.num_envs, self.rollout_fragment_length, self.train_batch_size
+        if frag is None and batch is None:
+            frag = 32
+        if frag is None:
+            if batch % n:
+                lo = max(n, batch // n * n)
+                raise ConfigError(
+                    f"train_batch_size={batch} is not divisible by num_envs={n}: each iteration collects "
+                    f"num_envs x rollout_fragment_length steps. Try train_batch_size={lo} or {lo + n}."
+                )
+            frag = batch // n
+        elif batch is None:
+            batch = n * frag
+        elif batch != n * frag:
+            raise ConfigError(
+                f"train_batch_size={batch} must equal num_envs={n} x rollout_fragment_length={frag} = {n * frag}. "
+                f"Set only two of the three, e.g. drop train_batch_size or use rollout_fragment_length={max(1, batch // n)}."
+            )
+        self.rollout_fragment_length, self.train_batch_size = frag, batch
+        return self
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return list(cls.model_fields)
+
+    @classmethod
+    def build(cls, **overrides: Any):
+        """Validate ``overrides`` into a config, turning pydantic's errors into one clear ConfigError."""
+        unknown = [k for k in overrides if k not in cls.model_fields]
+        if unknown:
+            k = unknown[0]
+            raise ConfigError(
+                f"unknown config key '{k}' for {cls.__name__}.{did_you_mean(k, cls.model_fields)} "
+                f"Valid keys: {', '.join(sorted(cls.model_fields))}."
+            )
+        try:
+            return cls(**overrides)
+        except ValidationError as e:
+            first = e.errors()[0]
+            if first["type"] == "value_error" and not first["loc"]:  # our own cross-key checks
+                raise ConfigError(str(first["ctx"]["error"])) from None
+            key = ".".join(str(p) for p in first["loc"]) or "config"
+            value = overrides.get(str(first["loc"][0]), None) if first["loc"] else None
+            raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The config as plain data (env objects become their repr), for config.yaml."""
+        data = self.model_dump()
+        if not isinstance(data["env"], str):
+            data["env"] = repr(self.env)
+        return data
+
+
+class PPOConfig(TrainerConfig):
+    """PPO's keys. Defaults solve CartPole-v1 in well under 100k steps (rl-baselines3-zoo's CartPole settings)."""
+
+    sgd_minibatch_size: int = Field(256, ge=1)
+    num_sgd_iter: int = Field(20, ge=1)
+    gamma: float = Field(0.98, ge=0.0, le=1.0)
+    gae_lambda: float = Field(0.8, ge=0.0, le=1.0)
+    learning_rate: float = Field(1e-3, gt=0.0)
+    lr_schedule: Literal["constant", "linear"] = "linear"
+    adam_eps: float = Field(1e-5, gt=0.0)
+    clip_coef: float = Field(0.2, gt=0.0)
+    vf_clip_coef: float | None = Field(None, gt=0.0)
+    vf_coef: float = Field(0.5, ge=0.0)
+    ent_coef: float = Field(0.0, ge=0.0)
+    max_grad_norm: float | None = Field(0.5, gt=0.0)
+    norm_adv: bool = True
+    target_kl: float | None = Field(None, gt=0.0)
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+    clip_obs: float = Field(10.0, gt=0.0)
+    clip_reward: float = Field(10.0, gt=0.0)
+    hiddens: list[int] = Field(default_factory=lambda: [64, 64])
+    activation: Literal["tanh", "relu"] = "tanh"
+    log_std_init: float = 0.0
+
+    @model_validator(mode="after")
+    def _check_minibatch(self) -> PPOConfig:
+        batch, mb = self.train_batch_size, self.sgd_minibatch_size
+        if mb > batch or batch % mb:
+            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            near = min(divisors, key=lambda d: (abs(math.log(d / mb)), -d))
+            raise ConfigError(
+                f"sgd_minibatch_size={mb} must divide train_batch_size={batch} "
+                f"(= num_envs={self.num_envs} x rollout_fragment_length={self.rollout_fragment_length}). "
+                f"Try sgd_minibatch_size={near}."
+            )
+        return self
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Parse ``key=value`` command-line pairs; values are read as YAML scalars or lists (``hiddens=[64,64]``)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected key=value, got '{pair}'.")
+        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file (safe_load only: YAML tags cannot build Python objects)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist.")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of key: value, got {type(data).__name__}.")
+    return data

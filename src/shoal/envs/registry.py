@@ -1,0 +1,77 @@
+"""Turn what the user passes as ``env`` into something that makes environments (seed 004's env creators)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from shoal.errors import EnvError, did_you_mean
+
+EnvCreator = Callable[[dict], Any]
+_REGISTRY: dict[str, EnvCreator] = {}
+
+
+def register_env(name: str, creator: EnvCreator) -> None:
+    """Make ``name`` usable wherever an env id is accepted. ``creator(env_config)`` returns a gym.Env."""
+    if not callable(creator):
+        raise EnvError(f"register_env('{name}', ...) needs a callable creator(env_config) -> gym.Env, got {creator!r}.")
+    _REGISTRY[name] = creator
+
+
+def registered_envs() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise a clear error when ``env_id`` is neither a shoal nor a Gymnasium id."""
+    if env_id in _REGISTRY or env_id in gym.registry:
+        return
+    known = list(_REGISTRY) + list(gym.registry)
+    hint = did_you_mean(env_id, known)
+    raise EnvError(
+        f"unknown env id '{env_id}'.{hint} Use a Gymnasium id (e.g. 'CartPole-v1'), a name given to "
+        f"shoal.register_env, a gym.Env instance, or a function returning one."
+    )
+
+
+def env_name(env: Any) -> str:
+    """A short human name for error messages and run directories."""
+    if isinstance(env, str):
+        return env
+    spec = getattr(env, "spec", None) or getattr(getattr(env, "unwrapped", None), "spec", None)
+    if spec is not None:
+        return spec.id
+    return getattr(env, "__name__", type(env).__name__)
+
+
+def env_creator(env: Any, env_config: dict) -> Callable[[int], gym.Env]:
+    """Return ``make(index) -> gym.Env`` for an id, a registered name or a factory.
+
+    The factory may take ``env_config`` (seed 004 style) or no argument.
+    """
+    if isinstance(env, str):
+        check_env_id(env)
+        if env in _REGISTRY:
+            creator = _REGISTRY[env]
+            return lambda index: _call_creator(creator, env_config, env)
+        return lambda index: gym.make(env, **env_config)
+    if callable(env) and not isinstance(env, gym.Env):
+        return lambda index: _call_creator(env, env_config, env_name(env))
+    raise EnvError(f"cannot make environments from {env!r}: expected an env id, a gym.Env, a VectorEnv or a factory.")
+
+
+def _call_creator(creator: Callable, env_config: dict, name: str) -> gym.Env:
+    try:
+        made = creator(dict(env_config))
+    except TypeError as first:
+        if env_config:
+            raise
+        try:
+            made = creator()
+        except TypeError:
+            raise first from None
+    if not isinstance(made, gym.Env):
+        raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env.")
+    return made

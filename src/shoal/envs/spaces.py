@@ -1,0 +1,79 @@
+"""How each Gymnasium space maps onto rows of preallocated tensors.
+
+Observations: Box keeps its shape; Discrete becomes a one-hot float vector; Dict and Tuple are
+flattened (gymnasium's flatten order) into one float32 vector. Actions: Discrete -> int64 [A],
+MultiDiscrete -> int64 [A, k], Box -> float32 [A, d].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from shoal.errors import EnvError
+
+
+@dataclass(frozen=True)
+class ObsSpec:
+    space: gym.Space
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    structured: bool  # Dict/Tuple/Discrete: written through gymnasium's flatten
+
+    def write(self, out: np.ndarray, obs, env_name: str) -> None:
+        """Write one env's observation into the row ``out``, checking its shape."""
+        if self.structured:
+            try:
+                obs = gym.spaces.flatten(self.space, obs)
+            except (KeyError, IndexError, TypeError, ValueError, AssertionError) as e:
+                raise EnvError(
+                    f"env '{env_name}' returned an observation that does not fit its observation_space "
+                    f"{self.space}: {e!r}."
+                ) from None
+        shape = getattr(obs, "shape", None)
+        if shape != self.shape:
+            obs = np.asarray(obs)
+            if obs.shape != self.shape:
+                raise EnvError(
+                    f"env '{env_name}' returned an observation of shape {obs.shape} and dtype {obs.dtype}; "
+                    f"its observation_space {self.space} promises shape {self.shape} and dtype {self.space.dtype}."
+                )
+        out[...] = obs
+
+
+def obs_spec(space: gym.Space) -> ObsSpec:
+    if isinstance(space, gym.spaces.Box):
+        dtype = np.dtype(np.float32) if np.issubdtype(space.dtype, np.floating) else np.dtype(space.dtype)
+        return ObsSpec(space, tuple(space.shape), dtype, structured=False)
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                          gym.spaces.MultiBinary)):
+        size = int(gym.spaces.flatdim(space))
+        return ObsSpec(space, (size,), np.dtype(np.float32), structured=True)
+    raise EnvError(f"observation space {space} is not supported: use Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple.")
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    space: gym.Space
+    kind: str  # "discrete" | "multi_discrete" | "continuous"
+    shape: tuple[int, ...]  # per-row shape in the rollout
+    dtype: np.dtype
+    nvec: tuple[int, ...] = ()  # category counts (discrete kinds)
+
+
+def action_spec(space: gym.Space) -> ActionSpec:
+    if isinstance(space, gym.spaces.Discrete):
+        if space.start != 0:
+            raise EnvError(f"Discrete action space {space} starts at {space.start}; shoal needs start=0.")
+        return ActionSpec(space, "discrete", (), np.dtype(np.int64), (int(space.n),))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if space.nvec.ndim != 1:
+            raise EnvError(f"MultiDiscrete action space {space} must be 1-D.")
+        return ActionSpec(space, "multi_discrete", (len(space.nvec),), np.dtype(np.int64), tuple(int(n) for n in space.nvec))
+    if isinstance(space, gym.spaces.Box):
+        if len(space.shape) != 1:
+            raise EnvError(f"Box action space {space} must be 1-D.")
+        return ActionSpec(space, "continuous", tuple(space.shape), np.dtype(np.float32))
+    raise EnvError(f"action space {space} is not supported: use Discrete, MultiDiscrete or Box.")

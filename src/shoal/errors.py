@@ -1,0 +1,24 @@
+"""Errors shoal raises on bad input. Each message names the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ShoalError(ValueError):
+    """Base class: a problem with what the user asked for, not a bug in shoal."""
+
+
+class ConfigError(ShoalError):
+    """A config key or value that cannot be used."""
+
+
+class EnvError(ShoalError):
+    """An environment that cannot be created or returned something outside its contract."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""

@@ -1,0 +1,47 @@
+"""Backends that step many envs and show them as one flat agent batch."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import gymnasium as gym
+
+from shoal.envs.registry import check_env_id, env_creator, env_name
+from shoal.errors import EnvError
+from shoal.vector.base import StepBatch, VecBackend
+from shoal.vector.gym_vector import GymVectorBackend
+from shoal.vector.serial import SerialBackend
+
+__all__ = ["GymVectorBackend", "SerialBackend", "StepBatch", "VecBackend", "make_backend"]
+
+
+def make_backend(env: Any, num_envs: int, env_config: dict | None = None,
+                 vectorization_mode: str | None = None) -> VecBackend:
+    """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory or a VectorEnv."""
+    env_config = env_config or {}
+    name = env_name(env)
+    if isinstance(env, gym.vector.VectorEnv):
+        if env.num_envs != num_envs:
+            raise EnvError(f"the vector env '{name}' holds {env.num_envs} envs but num_envs={num_envs}; set num_envs={env.num_envs}.")
+        return GymVectorBackend(env, name)
+    if vectorization_mode is not None:
+        if not isinstance(env, str):
+            raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
+        check_env_id(env)
+        return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
+    if isinstance(env, gym.Env):
+        return SerialBackend(_copies_of(env, name), num_envs, name)
+    return SerialBackend(env_creator(env, env_config), num_envs, name)
+
+
+def _copies_of(env: gym.Env, name: str):
+    """The instance itself for index 0, deep copies for the others (a factory is the better way)."""
+    def make(index: int) -> gym.Env:
+        if index == 0:
+            return env
+        try:
+            return copy.deepcopy(env)
+        except Exception as e:
+            raise EnvError(f"cannot copy the env instance '{name}' for num_envs > 1 ({e!r}); pass a factory or an env id.") from None
+    return make

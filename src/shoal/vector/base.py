@@ -1,0 +1,91 @@
+"""The flat agent batch: the one contract every env backend fulfils (see ARCHITECTURE.md).
+
+A backend steps ``num_envs`` environments and shows them as ``num_rows`` agent rows (one per env
+for single-agent Gymnasium). Its fields are preallocated tensors that share memory with numpy
+arrays the backend writes in place; the collector reads them without copies.
+
+Protocol (sync today, async-ready): ``reset(seed)`` once, then repeat ``batch = recv()``,
+``send(actions)``. ``batch.rows`` says which agent rows the batch covers.
+
+Autoreset: after a done step the env is reset at once (``same_step``): ``obs`` holds the first
+observation of the next episode and, for truncated rows, ``final_obs`` holds the true last
+observation so the learner can bootstrap from it. Gymnasium vector envs in ``next_step`` mode
+instead return the final observation and reset on the following step; that following step is
+not a transition, and the backend marks its rows ``valid=False`` so every loss skips them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shoal.envs.spaces import ActionSpec, ObsSpec
+
+
+@dataclass
+class StepBatch:
+    """Views of a backend's buffers. The same object is returned by every ``recv()``."""
+
+    obs: torch.Tensor  # [A, *obs_shape]
+    reward: torch.Tensor  # [A] float32
+    terminated: torch.Tensor  # [A] bool
+    truncated: torch.Tensor  # [A] bool
+    valid: torch.Tensor  # [A] bool: False where this step was a next-step reset, not a transition
+    final_obs: torch.Tensor  # [A, *obs_shape]: last obs of rows truncated this step (same_step mode)
+    env_id: torch.Tensor  # [A] int64
+    rows: slice  # agent rows this batch covers
+
+
+class VecBackend:
+    """Shared buffers and bookkeeping; subclasses implement ``reset`` and ``send``."""
+
+    autoreset: str = "same_step"
+
+    def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1):
+        self.name = name
+        self.num_envs = num_envs
+        self.num_rows = num_envs * rows_per_env
+        self.obs_spec, self.act_spec = obs, act
+        a = self.num_rows
+        self._obs = np.zeros((a, *obs.shape), dtype=obs.dtype)
+        self._final_obs = np.zeros_like(self._obs)
+        self._reward = np.zeros(a, dtype=np.float32)
+        self._terminated = np.zeros(a, dtype=bool)
+        self._truncated = np.zeros(a, dtype=bool)
+        self._valid = np.ones(a, dtype=bool)
+        env_id = np.repeat(np.arange(num_envs), rows_per_env)
+        self.batch = StepBatch(
+            obs=torch.from_numpy(self._obs),
+            reward=torch.from_numpy(self._reward),
+            terminated=torch.from_numpy(self._terminated),
+            truncated=torch.from_numpy(self._truncated),
+            valid=torch.from_numpy(self._valid),
+            final_obs=torch.from_numpy(self._final_obs),
+            env_id=torch.from_numpy(env_id),
+            rows=slice(0, a),
+        )
+        space = act.space
+        if act.kind == "continuous":
+            self._act_low = torch.as_tensor(space.low, dtype=torch.float32)
+            self._act_high = torch.as_tensor(space.high, dtype=torch.float32)
+
+    def env_actions(self, actions: torch.Tensor) -> np.ndarray:
+        """Actions as the env wants them: continuous ones clipped to the Box bounds (the unclipped
+        sample stays in the rollout, so log-probabilities match what the policy drew)."""
+        if self.act_spec.kind == "continuous":
+            actions = torch.maximum(torch.minimum(actions, self._act_high), self._act_low)
+        return actions.numpy()
+
+    def reset(self, seed: int | None = None) -> None:
+        raise NotImplementedError
+
+    def recv(self) -> StepBatch:
+        return self.batch
+
+    def send(self, actions: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

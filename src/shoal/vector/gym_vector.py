@@ -1,0 +1,69 @@
+"""Backend over a Gymnasium VectorEnv (sync, async, or natively vectorized ``vector_entry_point``)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from shoal.envs.spaces import action_spec, obs_spec
+from shoal.errors import EnvError
+from shoal.vector.base import VecBackend
+
+
+class GymVectorBackend(VecBackend):
+    def __init__(self, venv: gym.vector.VectorEnv, name: str):
+        if not isinstance(venv.single_observation_space, gym.spaces.Box):
+            raise EnvError(
+                f"vector env '{name}' has observation space {venv.single_observation_space}; vector envs must "
+                f"have Box observations (wrap the single env in gymnasium.wrappers.FlattenObservation)."
+            )
+        mode = venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        mode = AutoresetMode(mode) if isinstance(mode, str) else mode
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise EnvError(f"vector env '{name}' uses autoreset_mode={mode}; shoal needs NEXT_STEP or SAME_STEP.")
+        self.autoreset = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
+        super().__init__(name, venv.num_envs, obs_spec(venv.single_observation_space), action_spec(venv.single_action_space))
+        self.venv = venv
+        self.single_observation_space = venv.single_observation_space
+        self.single_action_space = venv.single_action_space
+        self._prev_done = np.zeros(self.num_envs, dtype=bool)
+
+    def _write(self, field: str, buf: np.ndarray, value) -> None:
+        value = np.asarray(value)
+        if value.shape != buf.shape:
+            raise EnvError(
+                f"vector env '{self.name}' returned {field} of shape {value.shape} and dtype {value.dtype}; "
+                f"expected shape {buf.shape} (num_envs={self.num_envs}) and dtype {buf.dtype}."
+            )
+        buf[...] = value
+
+    def reset(self, seed: int | None = None) -> None:
+        obs, _ = self.venv.reset(seed=seed)
+        if seed is not None:
+            self.venv.action_space.seed(seed)
+        self._write("observations", self._obs, obs)
+        self._prev_done[:] = False
+        self._valid[:] = True
+
+    def send(self, actions: torch.Tensor) -> None:
+        obs, rew, term, trunc, info = self.venv.step(self.env_actions(actions))
+        self._write("observations", self._obs, obs)
+        self._write("rewards", self._reward, rew)
+        self._write("terminations", self._terminated, term)
+        self._write("truncations", self._truncated, trunc)
+        if self.autoreset == "next_step":
+            np.logical_not(self._prev_done, out=self._valid)
+            np.logical_or(self._terminated, self._truncated, out=self._prev_done)
+        elif self._truncated.any():
+            rows = np.flatnonzero(info["_final_obs"] & self._truncated)
+            for i in rows:
+                self._final_obs[i] = info["final_obs"][i]
+
+    def render(self, index: int = 0) -> np.ndarray | None:
+        frames = self.venv.render()
+        return None if frames is None else frames[index]
+
+    def close(self) -> None:
+        self.venv.close()

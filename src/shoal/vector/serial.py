@@ -1,0 +1,66 @@
+"""Serial backend: K gym.Env instances stepped in this process, written straight into shared buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shoal.envs.spaces import action_spec, obs_spec
+from shoal.errors import EnvError
+from shoal.vector.base import VecBackend
+
+
+class SerialBackend(VecBackend):
+    autoreset = "same_step"
+
+    def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str):
+        self.envs = [make_env(i) for i in range(num_envs)]
+        first = self.envs[0]
+        for i, env in enumerate(self.envs[1:], start=1):
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                raise EnvError(
+                    f"env '{name}' copy {i} has spaces {env.observation_space} / {env.action_space}, "
+                    f"copy 0 has {first.observation_space} / {first.action_space}; all copies must match."
+                )
+        super().__init__(name, num_envs, obs_spec(first.observation_space), action_spec(first.action_space))
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self._discrete = self.act_spec.kind == "discrete"
+
+    def reset(self, seed: int | None = None) -> None:
+        for i, env in enumerate(self.envs):
+            s = None if seed is None else seed + i
+            obs, _ = env.reset(seed=s)
+            if s is not None:
+                env.action_space.seed(s)
+            self.obs_spec.write(self._obs[i], obs, self.name)
+        self._terminated[:] = False
+        self._truncated[:] = False
+
+    def send(self, actions: torch.Tensor) -> None:
+        acts = self.env_actions(actions)
+        # Python ints are what classic Gymnasium envs step fastest with.
+        acts = acts.tolist() if self._discrete else acts
+        write, name = self.obs_spec.write, self.name
+        obs_buf, final_buf = self._obs, self._final_obs
+        rew, term, trunc = self._reward, self._terminated, self._truncated
+        for i, env in enumerate(self.envs):
+            obs, r, te, tr, _ = env.step(acts[i])
+            rew[i] = r
+            term[i] = te
+            trunc[i] = tr
+            if te or tr:
+                if tr:
+                    write(final_buf[i], obs, name)
+                obs, _ = env.reset()
+            write(obs_buf[i], obs, name)
+
+    def render(self, index: int = 0) -> np.ndarray | None:
+        return self.envs[index].render()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,48 @@
+"""Small envs with known dynamics for the env-layer and learning tests."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+
+class CounterEnv(gym.Env):
+    """obs = [step count]; reward 1 per step; truncates after `limit` steps, or terminates if `terminate`."""
+
+    def __init__(self, limit: int = 5, terminate: bool = False, obs_shape=(1,), reward=1.0):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.limit, self.terminate, self.obs_shape, self.reward = limit, terminate, obs_shape, reward
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(self.obs_shape, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.limit
+        obs = np.full(self.obs_shape, self.t, np.float32)
+        return obs, self.reward, done and self.terminate, done and not self.terminate, {}
+
+
+class TargetEnv(gym.Env):
+    """One-step continuous task: reward = -(action - target)^2 with target = obs in [-1, 1]."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = self.np_random.uniform(-1, 1, size=(1,)).astype(np.float32)
+        return self.target, {}
+
+    def step(self, action):
+        reward = -float(np.square(action - self.target).sum())
+        return self.target, reward, True, False, {}
+
+
+@pytest.fixture
+def counter_env():
+    return CounterEnv

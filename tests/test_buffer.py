@@ -1,0 +1,51 @@
+"""Rollout storage: layout, transition view, minibatches."""
+
+import pytest
+import torch
+
+from shoal.buffers import RolloutBuffer, iterate_minibatches, transition_view
+
+
+def make_buffer(n=4, t=6):
+    return RolloutBuffer(n, t, (3,), torch.float32, (), torch.int64)
+
+
+def test_layout_is_n_by_t_plus_one():
+    buf = make_buffer()
+    ro = buf.start_rollout()
+    assert ro.batch_size == torch.Size([4, 7])
+    assert ro["obs"].shape == (4, 7, 3) and ro["action"].dtype == torch.int64
+    with pytest.raises(RuntimeError, match="before a rollout was added"):
+        buf.get()
+    buf.add(ro)
+    assert buf.get(flatten=True).batch_size == torch.Size([24])
+    assert buf.get(flatten=False).batch_size == torch.Size([4, 6])
+
+
+def test_transition_view_drops_only_the_padding_slot():
+    buf = make_buffer()
+    ro = buf.start_rollout()
+    ro["reward"].copy_(torch.arange(28.0).reshape(4, 7))
+    view = transition_view(ro)
+    assert torch.equal(view["reward"], ro["reward"][:, :6])
+    flat = transition_view(ro, flatten=True)
+    assert torch.equal(flat["reward"], ro["reward"][:, :6].reshape(-1))
+
+
+def test_minibatches_cover_every_transition_once():
+    buf = make_buffer()
+    ro = buf.start_rollout()
+    ro["reward"].copy_(torch.arange(28.0).reshape(4, 7))
+    flat = transition_view(ro, flatten=True)
+    seen = torch.cat([mb["reward"] for mb in iterate_minibatches(flat, 6, torch.Generator().manual_seed(0))])
+    assert sorted(seen.tolist()) == sorted(flat["reward"].tolist())
+    assert [mb.batch_size[0] for mb in iterate_minibatches(flat, 24)] == [24]
+    with pytest.raises(ValueError, match="batch_size=5 must divide the 24 transitions"):
+        next(iterate_minibatches(flat, 5))
+
+
+def test_add_rejects_foreign_storage():
+    buf = make_buffer()
+    buf.start_rollout()
+    with pytest.raises(ValueError, match="start_rollout"):
+        buf.add(make_buffer().start_rollout())
