@@ -1,32 +1,37 @@
-"""Network pieces: fast tanh, stacked towers, flat parameters, normalizers."""
+"""Network pieces: stacked towers (hand-written backward), flat parameters, normalizers."""
 
 import numpy as np
+import pytest
 import torch
 
 from shoal.models.flat import flatten_parameters
-from shoal.models.layers import StackedMLP, fast_tanh
+from shoal.models.layers import StackedMLP, _StackedMLPFunction
 from shoal.models.normalize import RewardScaler, RunningMeanStd
 
 
-def test_fast_tanh_value_and_gradient():
-    x = torch.linspace(-8, 8, 1001, dtype=torch.float64, requires_grad=True)
-    assert torch.allclose(fast_tanh(x), torch.tanh(x), atol=1e-12)
-    assert torch.autograd.gradcheck(fast_tanh, (x[::50].detach().clone().requires_grad_(),))
-
-
-def test_stacked_mlp_equals_separate_mlps():
+@pytest.mark.parametrize("activation,ref", [("tanh", torch.tanh), ("relu", torch.relu)])
+def test_stacked_mlp_equals_separate_mlps(activation, ref):
     torch.manual_seed(0)
-    net = StackedMLP(2, 5, [7, 6])
-    x = torch.randn(4, 5)
-    out = net(x)
+    net = StackedMLP(5, [7, 6], [3, 1], [0.01, 1.0], activation).double()
+    x = torch.randn(4, 5, dtype=torch.float64)
+    outs = net(x)
     for k in range(2):
         h = x
         for w, b in zip(net.weights, net.biases):
-            h = torch.tanh(h @ w[k] + b[k, 0])
-        assert torch.allclose(out[k], h, atol=1e-6)
-    # orthogonal init per tower: columns of each [in, out] block are orthogonal with gain sqrt(2)
+            h = ref(h @ w[k] + b[k, 0])
+        assert torch.allclose(outs[k], net.heads[k](h), atol=1e-12)
+    # the hand-written backward against finite differences, including the input's gradient
+    params = [p.detach().clone().requires_grad_() for p in net._params]
+    xg = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, *p: _StackedMLPFunction.apply(x, activation, 2, *p), (xg, *params))
+
+
+def test_stacked_mlp_init_is_orthogonal_per_tower():
+    net = StackedMLP(5, [7, 6], [2, 1], [0.01, 1.0])
     w = net.weights[1][0]
     assert torch.allclose(w.T @ w, 2 * torch.eye(6), atol=1e-5)
+    head = net.heads[0].weight
+    assert torch.allclose(head @ head.T, 1e-4 * torch.eye(2), atol=1e-7)
 
 
 def test_flat_parameters_share_storage_and_receive_grads():
@@ -67,3 +72,27 @@ def test_reward_scaler_resets_return_on_done():
     assert scaler.ret.tolist() == [0.0, 1.0]
     scaler.scale(torch.tensor([1.0, 1.0]), torch.tensor([False, False]), out)
     assert scaler.ret.tolist() == [1.0, 1.5]
+
+
+def test_flat_adam_matches_torch_adam_with_clipping():
+    from shoal.models.flat import FlatAdam
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(6, 3)
+    b = torch.nn.Linear(6, 3)
+    b.load_state_dict(a.state_dict())
+    ref = torch.optim.Adam(a.parameters(), lr=1e-2, eps=1e-5)
+    flat = flatten_parameters(b)
+    opt = FlatAdam(flat, lr=1e-2, eps=1e-5)
+    for _ in range(10):
+        x = torch.randn(16, 6) * 5
+        ref.zero_grad()
+        a(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(a.parameters(), 0.5)
+        ref.step()
+        opt.zero_grad()
+        b(x).square().sum().backward()
+        opt.clip_grad_norm_(0.5)
+        opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)

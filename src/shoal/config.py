@@ -107,7 +107,8 @@ class PPOConfig(TrainerConfig):
     adam_eps: float = Field(1e-5, gt=0.0)
     clip_coef: float = Field(0.2, gt=0.0)
     vf_clip_coef: float | None = Field(None, gt=0.0)
-    vf_coef: float = Field(0.5, ge=0.0)
+    # The value loss is 0.5 * squared error, so vf_coef=1.0 weighs it as SB3's vf_coef=0.5 on plain MSE.
+    vf_coef: float = Field(1.0, ge=0.0)
     ent_coef: float = Field(0.0, ge=0.0)
     max_grad_norm: float | None = Field(0.5, gt=0.0)
     norm_adv: bool = True

@@ -18,7 +18,7 @@ from shoal.algos.losses import (
 )
 from shoal.buffers.rollout import iterate_minibatches, transition_view
 from shoal.config import PPOConfig
-from shoal.models.flat import flatten_parameters
+from shoal.models.flat import FlatAdam, flatten_parameters
 from shoal.models.policy import ActorCritic
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
@@ -27,15 +27,12 @@ STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
 class PPOLearner:
     def __init__(self, policy: ActorCritic, config: PPOConfig, generator: torch.Generator | None = None):
         self.policy, self.config, self.generator = policy, config, generator
-        self.params = flatten_parameters(policy)
-        fused = {"fused": True} if self.params.device.type in ("cpu", "cuda") else {}
-        self.optimizer = torch.optim.Adam([self.params], lr=config.learning_rate, eps=config.adam_eps, **fused)
+        self.optimizer = FlatAdam(flatten_parameters(policy), lr=config.learning_rate, eps=config.adam_eps)
 
     def update(self, rollout: TensorDict, learning_rate: float) -> dict[str, float]:
         """One PPO update on a full ``[N, T+1]`` rollout; returns loss statistics."""
         c = self.config
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
+        self.optimizer.lr = learning_rate
 
         # 1. Advantages and returns on the whole rollout.
         with torch.no_grad():
@@ -48,10 +45,14 @@ class PPOLearner:
         # Padding / next-step reset rows exist only with some backends; skip the masking cost otherwise.
         mask_all = None if bool(data["valid"].all()) else data["valid"]
 
-        # 2. Epochs of shuffled minibatches.
+        # 2. Epochs of shuffled minibatches. Diagnostics are kept for the last epoch (and for
+        #    every epoch when target_kl needs them): they cost a dozen ops per minibatch.
         totals = torch.zeros(len(STAT_NAMES))
-        steps, epochs = 0, 0
+        sgd_steps = epochs = 0
         for epochs in range(1, c.num_sgd_iter + 1):
+            track = c.target_kl is not None or epochs == c.num_sgd_iter
+            totals.zero_()
+            epoch_steps = 0
             for mb in iterate_minibatches(data, c.sgd_minibatch_size, self.generator):
                 mask = None if mask_all is None else mb["valid"]
                 logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"])
@@ -60,24 +61,28 @@ class PPOLearner:
                     adv = normalize_advantage(adv, mask)
                 pg_loss, ratio = clipped_surrogate(logp, mb["sample_log_prob"], adv, c.clip_coef, mask)
                 v_loss = value_loss(new_value, mb["value"], mb["return"], c.vf_clip_coef, mask)
-                ent = masked_mean(entropy, mask)
-                loss = pg_loss + c.vf_coef * v_loss - c.ent_coef * ent
+                loss = pg_loss + c.vf_coef * v_loss
+                if c.ent_coef:
+                    loss = loss - c.ent_coef * masked_mean(entropy, mask)
 
-                self.params.grad.zero_()
+                self.optimizer.zero_grad()
                 loss.backward()
                 if c.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_([self.params], c.max_grad_norm)
+                    self.optimizer.clip_grad_norm_(c.max_grad_norm)
                 self.optimizer.step()
 
-                approx_kl, clipfrac = policy_stats(ratio, c.clip_coef, mask)
-                totals += torch.stack([pg_loss.detach(), v_loss.detach(), ent.detach(), approx_kl, clipfrac])
-                steps += 1
-            if c.target_kl is not None and approx_kl.item() > c.target_kl:
+                epoch_steps += 1
+                if track:
+                    with torch.no_grad():
+                        approx_kl, clipfrac = policy_stats(ratio, c.clip_coef, mask)
+                        totals += torch.stack([pg_loss, v_loss, masked_mean(entropy, mask), approx_kl, clipfrac])
+            sgd_steps += epoch_steps
+            if c.target_kl is not None and totals[3].item() / epoch_steps > c.target_kl:
                 break  # early stop: the policy moved too far from the one that collected the data
 
-        stats = dict(zip(STAT_NAMES, (totals / steps).tolist()))
+        stats = dict(zip(STAT_NAMES, (totals / epoch_steps).tolist()))
         valid = data["valid"]
         stats["explained_variance"] = explained_variance(data["value"][valid], data["return"][valid])
         stats["num_sgd_epochs"] = epochs
-        stats["num_sgd_steps"] = steps
+        stats["num_sgd_steps"] = sgd_steps
         return stats

@@ -1,7 +1,7 @@
 """Networks, action distributions and normalizers."""
 
-from shoal.models.flat import flatten_parameters
+from shoal.models.flat import FlatAdam, flatten_parameters
 from shoal.models.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
 from shoal.models.policy import ActorCritic
 
-__all__ = ["ActorCritic", "ObsNormalizer", "RewardScaler", "RunningMeanStd", "flatten_parameters"]
+__all__ = ["ActorCritic", "FlatAdam", "ObsNormalizer", "RewardScaler", "RunningMeanStd", "flatten_parameters"]

@@ -7,7 +7,7 @@ from torch import nn
 
 from shoal.envs.spaces import ActionSpec
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
-from shoal.models.layers import StackedMLP, linear_head
+from shoal.models.layers import StackedMLP
 
 
 def make_distribution(spec: ActionSpec):
@@ -30,16 +30,15 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.dist = make_distribution(action)
         self.continuous = action.kind == "continuous"
-        self.towers = StackedMLP(2, obs_dim, hiddens, activation)
-        self.pi_head = linear_head(hiddens[-1], self.dist.param_dim, gain=0.01)
-        self.vf_head = linear_head(hiddens[-1], 1, gain=1.0)
+        self.net = StackedMLP(obs_dim, hiddens, [self.dist.param_dim, 1], head_gains=[0.01, 1.0],
+                              activation=activation)
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((self.dist.param_dim,), float(log_std_init)))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters ``[B, param_dim]`` and values ``[B]``."""
-        h = self.towers(obs.reshape(obs.shape[0], -1).float())
-        return self.pi_head(h[0]), self.vf_head(h[1]).squeeze(-1)
+        params, value = self.net(obs.reshape(obs.shape[0], -1).float())
+        return params, value.squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.forward(obs)[1]

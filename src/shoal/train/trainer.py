@@ -124,7 +124,7 @@ class Trainer:
             "time_total_s": self.time_total_s,
             "sample_time_ms": 1e3 * (t1 - t0),
             "learn_time_ms": 1e3 * (t2 - t1),
-            "learning_rate": self.learner.optimizer.param_groups[0]["lr"],
+            "learning_rate": self.learner.optimizer.lr,
             **stats,
         }
         if self.logger is not None:
