@@ -89,3 +89,13 @@ def test_diag_gaussian_matches_torch_distributions():
     assert torch.allclose(logp, ref.log_prob(action).sum(-1), atol=1e-5)
     assert torch.allclose(dist.log_prob(mean, log_std, action), ref.log_prob(action).sum(-1), atol=1e-5)
     assert torch.allclose(dist.entropy(log_std, 16), ref.entropy().sum(-1), atol=1e-5)
+
+
+def test_categorical_sampling_frequencies_match_probabilities():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.1, 0.6, 0.3])
+    logits = probs.log().expand(20_000, 3)
+    action, logp = Categorical(3).sample(logits)
+    freq = torch.bincount(action, minlength=3).float() / 20_000
+    assert torch.allclose(freq, probs, atol=0.015)
+    assert torch.allclose(logp, probs.log()[action])

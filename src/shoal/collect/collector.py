@@ -21,7 +21,6 @@ class Collector:
         self.backend, self.policy, self.tracker = backend, policy, tracker
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
         self._started = False
-        self._done = torch.zeros(backend.num_rows, dtype=torch.bool)
         batch = backend.batch
         self._np = (batch.reward.numpy(), batch.terminated.numpy(), batch.truncated.numpy(), batch.valid.numpy())
 
@@ -42,35 +41,35 @@ class Collector:
         if not self._started:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
         backend, policy = self.backend, self.policy
-        obs, action, logp, value = rollout["obs"], rollout["action"], rollout["sample_log_prob"], rollout["value"]
-        final_value, reward, done = rollout["final_value"], rollout["reward"], rollout["done"]
-        terminated, truncated, valid = rollout["terminated"], rollout["truncated"], rollout["valid"]
+        # Per-step views of the [N, T+1] storage, made once per rollout.
+        obs, action, logp, value, final_value, reward, done, terminated, truncated, valid = (
+            rollout[key].unbind(1) for key in ("obs", "action", "sample_log_prob", "value", "final_value",
+                                               "reward", "done", "terminated", "truncated", "valid"))
         horizon = rollout.batch_size[1] - 1
         batch = backend.recv()
         for t in range(horizon):
-            obs_t = self._write_obs(batch.obs, obs[:, t], update=True)
+            obs_t = self._write_obs(batch.obs, obs[t], update=True)
             a, lp, v = policy.act(obs_t)
-            action[:, t] = a
-            logp[:, t] = lp
-            value[:, t] = v
+            action[t].copy_(a)
+            logp[t].copy_(lp)
+            value[t].copy_(v)
             backend.send(a)
             batch = backend.recv()
-            torch.logical_or(batch.terminated, batch.truncated, out=self._done)
+            torch.logical_or(batch.terminated, batch.truncated, out=done[t])
             if self.reward_scaler is None:
-                reward[:, t] = batch.reward
+                reward[t].copy_(batch.reward)
             else:
-                self.reward_scaler.scale(batch.reward, self._done, out=reward[:, t])
-            terminated[:, t] = batch.terminated
-            truncated[:, t] = batch.truncated
-            done[:, t] = self._done
-            valid[:, t] = batch.valid
+                self.reward_scaler.scale(batch.reward, done[t], out=reward[t])
+            terminated[t].copy_(batch.terminated)
+            truncated[t].copy_(batch.truncated)
+            valid[t].copy_(batch.valid)
             self.tracker.step(*self._np)
             if backend.autoreset == "same_step" and batch.truncated.any():
                 rows = batch.truncated.nonzero().squeeze(-1)
-                final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[rows, t]), update=False)
-                final_value[rows, t] = policy.value(final_obs)
-        last = self._write_obs(batch.obs, obs[:, horizon], update=False)
-        value[:, horizon] = policy.value(last)
+                final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[t][rows]), update=False)
+                final_value[t][rows] = policy.value(final_obs)
+        last = self._write_obs(batch.obs, obs[horizon], update=False)
+        value[horizon].copy_(policy.value(last))
         self._check_rewards(rollout, horizon)
         return backend.num_rows * horizon
 

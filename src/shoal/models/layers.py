@@ -33,22 +33,28 @@ def _relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS = {"tanh": (_tanh_, _tanh_backward), "relu": (torch.relu_, _relu_backward)}
 
 
+def _stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
+    """Head outputs per tower, and the hidden activations ``[k, B, h]`` the backward needs."""
+    act, _ = ACTIVATIONS[activation]
+    weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
+    heads = params[2 * n_hidden:]
+    h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape)
+    hidden = []
+    for w, b in zip(weights, biases):
+        h = act(torch.baddbmm(b, h, w))
+        hidden.append(h)
+    outs = tuple(torch.addmm(hb, h[k], hw.t()) for k, (hw, hb) in enumerate(zip(heads[0::2], heads[1::2])))
+    return outs, hidden
+
+
 class _StackedMLPFunction(torch.autograd.Function):
     """Forward and backward of ``StackedMLP``; the backward is autograd's, written out."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, activation: str, n_hidden: int, *params: torch.Tensor):
-        act, _ = ACTIVATIONS[activation]
-        weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
-        heads = params[2 * n_hidden:]
-        h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape)
-        hidden = []
-        for w, b in zip(weights, biases):
-            h = act(torch.baddbmm(b, h, w))
-            hidden.append(h)
-        outs = tuple(torch.addmm(hb, h[k], hw.t()) for k, (hw, hb) in enumerate(zip(heads[0::2], heads[1::2])))
+        outs, hidden = _stacked_forward(x, activation, n_hidden, params)
         ctx.activation = activation
-        ctx.save_for_backward(x, *weights, *heads[0::2], *hidden)
+        ctx.save_for_backward(x, *params[0:2 * n_hidden:2], *params[2 * n_hidden::2], *hidden)
         return outs
 
     @staticmethod
@@ -108,7 +114,9 @@ class StackedMLP(nn.Module):
         self._params += [p for head in self.heads for p in (head.weight, head.bias)]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _StackedMLPFunction.apply(x, self.activation, len(self.weights), *self._params)
+        if torch.is_grad_enabled():
+            return _StackedMLPFunction.apply(x, self.activation, len(self.weights), *self._params)
+        return _stacked_forward(x, self.activation, len(self.weights), self._params)[0]  # rollout: no graph
 
 
 def _orthogonal(rows: int, cols: int, gain: float) -> torch.Tensor:

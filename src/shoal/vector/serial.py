@@ -28,7 +28,6 @@ class SerialBackend(VecBackend):
         super().__init__(name, num_envs, obs_spec(first.observation_space), action_spec(first.action_space))
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
-        self._discrete = self.act_spec.kind == "discrete"
 
     def reset(self, seed: int | None = None) -> None:
         for i, env in enumerate(self.envs):
@@ -41,9 +40,7 @@ class SerialBackend(VecBackend):
         self._truncated[:] = False
 
     def send(self, actions: torch.Tensor) -> None:
-        acts = self.env_actions(actions)
-        # Python ints are what classic Gymnasium envs step fastest with.
-        acts = acts.tolist() if self._discrete else acts
+        acts = self.env_actions(actions)  # numpy scalars: Gymnasium's Discrete.contains checks them fastest
         write, name = self.obs_spec.write, self.name
         obs_buf, final_buf = self._obs, self._final_obs
         rew, term, trunc = self._reward, self._terminated, self._truncated
