@@ -6,23 +6,50 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algos.losses import (
-    clipped_surrogate, explained_variance, masked_mean, normalize_advantage, policy_stats, value_loss,
-)
+from shoal.algos.losses import explained_variance, masked_mean, normalize_advantage, policy_stats, ppo_loss
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
 
 
-def test_clipped_surrogate_matches_loop():
-    g = torch.Generator().manual_seed(0)
-    logp, old = torch.randn(50, generator=g) * 0.3, torch.randn(50, generator=g) * 0.3
-    adv = torch.randn(50, generator=g)
-    loss, ratio = clipped_surrogate(logp, old, adv, 0.2, None)
-    ref = []
-    for lp, o, a in zip(logp.tolist(), old.tolist(), adv.tolist()):
-        r = math.exp(lp - o)
-        ref.append(-min(r * a, min(max(r, 0.8), 1.2) * a))
-    assert loss.item() == pytest.approx(np.mean(ref), abs=1e-6)
-    assert torch.allclose(ratio, (logp - old).exp())
+def reference_ppo_loss(logp, value, entropy, old_logp, adv, old_value, returns, mask, clip, vclip, vf_coef, ent_coef):
+    """PPO's loss element by element, with Python floats, differentiated by autograd on scalars."""
+    rows = [i for i in range(len(logp)) if mask is None or mask[i]]
+    total = 0.0
+    for i in rows:
+        r = (logp[i] - old_logp[i]).exp()
+        pg = torch.maximum(-adv[i] * r, -adv[i] * r.clamp(1 - clip, 1 + clip))
+        err = (value[i] - returns[i]) ** 2
+        if vclip is not None:
+            clipped = old_value[i] + (value[i] - old_value[i]).clamp(-vclip, vclip)
+            err = torch.maximum(err, (clipped - returns[i]) ** 2)
+        total = total + pg + vf_coef * 0.5 * err - ent_coef * entropy[i]
+    return total / len(rows)
+
+
+@pytest.mark.parametrize("vclip", [None, 0.3])
+@pytest.mark.parametrize("masked", [False, True])
+def test_ppo_loss_and_gradients_match_reference(vclip, masked):
+    g = torch.Generator().manual_seed(1)
+    n = 64
+    old_logp = torch.randn(n, generator=g, dtype=torch.float64) * 0.5
+    # ratios spread well outside [0.8, 1.2] so every clipping branch is taken, with both advantage signs
+    logp = old_logp + torch.randn(n, generator=g, dtype=torch.float64) * 0.4
+    value, old_value, returns = (torch.randn(n, generator=g, dtype=torch.float64) for _ in range(3))
+    entropy = torch.rand(n, generator=g, dtype=torch.float64)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    mask = torch.rand(n, generator=g) > 0.3 if masked else None
+    args = (old_logp, adv, old_value, returns, mask, 0.2, vclip, 0.7, 0.05)
+
+    inputs = [x.clone().requires_grad_() for x in (logp, value, entropy)]
+    loss, ratio, pg_loss, v_loss = ppo_loss(*inputs, *args)
+    loss.backward()
+    ref_inputs = [x.clone().requires_grad_() for x in (logp, value, entropy)]
+    ref = reference_ppo_loss(*ref_inputs, *args)
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), abs=1e-10)
+    for got, want in zip(inputs, ref_inputs):
+        assert torch.allclose(got.grad, want.grad, atol=1e-10)
+    assert torch.allclose(ratio, (logp - old_logp).exp())
+    assert loss.item() == pytest.approx(pg_loss.item() + 0.7 * v_loss.item() - 0.05 * masked_mean(entropy, mask).item())
 
 
 def test_mask_drops_rows_from_every_mean():
@@ -31,15 +58,17 @@ def test_mask_drops_rows_from_every_mean():
     assert masked_mean(x, mask).item() == pytest.approx(1.5)
     adv = normalize_advantage(torch.tensor([1.0, 3.0, 1e6]), mask)
     assert adv[:2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-6)
-    v = value_loss(torch.tensor([1.0, 1.0, 50.0]), torch.zeros(3), torch.zeros(3), None, mask)
-    assert v.item() == pytest.approx(0.5)
+    z = torch.zeros(3)
+    _, _, _, v_loss = ppo_loss(z, torch.tensor([1.0, 1.0, 50.0]), z, z, z, z, z, mask, 0.2, None, 1.0, 0.0)
+    assert v_loss.item() == pytest.approx(0.5)
 
 
 def test_value_clipping_takes_the_pessimistic_error():
-    value, old, ret = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([2.0])
-    # unclipped error 0; clipped prediction 0.2 has error 1.8^2: the max is kept
-    assert value_loss(value, old, ret, 0.2, None).item() == pytest.approx(0.5 * 1.8**2)
-    assert value_loss(value, old, ret, None, None).item() == 0.0
+    z = torch.zeros(1)
+    value, ret = torch.tensor([2.0]), torch.tensor([2.0])
+    # unclipped error 0; the prediction clipped to 0.2 has error 1.8^2: the larger is kept
+    assert ppo_loss(z, value, z, z, z, z, ret, None, 0.2, 0.2, 1.0, 0.0)[3].item() == pytest.approx(0.5 * 1.8**2)
+    assert ppo_loss(z, value, z, z, z, z, ret, None, 0.2, None, 1.0, 0.0)[3].item() == 0.0
 
 
 def test_policy_stats():

@@ -95,4 +95,4 @@ def test_flat_adam_matches_torch_adam_with_clipping():
         opt.clip_grad_norm_(0.5)
         opt.step()
     for pa, pb in zip(a.parameters(), b.parameters()):
-        assert torch.allclose(pa, pb, atol=1e-6)
+        assert torch.allclose(pa, pb, atol=1e-6), (pa - pb).abs().max()

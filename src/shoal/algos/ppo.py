@@ -1,10 +1,10 @@
 """PPO's update step, top to bottom (Schulman et al. 2017, arXiv:1707.06347).
 
 The implementation details follow "The 37 Implementation Details of PPO" (Huang et al. 2022):
-orthogonal init and Adam eps live in the model and below; learning-rate annealing is the
-``learning_rate`` argument the trainer passes each iteration; GAE, shuffled minibatches,
-advantage normalization, the clipped surrogate, optional value clipping, the entropy bonus,
-global gradient clipping and the approx_kl / clipfrac / explained_variance diagnostics are here.
+orthogonal init lives in the model; learning-rate annealing is the ``learning_rate`` argument the
+trainer passes each iteration; GAE, shuffled minibatches, advantage normalization, Adam with its
+eps, global gradient clipping and the approx_kl / clipfrac / explained_variance diagnostics are
+here; the clipped surrogate, optional value clipping and the entropy bonus are ``ppo_loss``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.algos.advantages import gae
-from shoal.algos.losses import (
-    clipped_surrogate, explained_variance, masked_mean, normalize_advantage, policy_stats, value_loss,
-)
+from shoal.algos.losses import explained_variance, masked_mean, normalize_advantage, policy_stats, ppo_loss
 from shoal.buffers.rollout import iterate_minibatches, transition_view
 from shoal.config import PPOConfig
 from shoal.models.flat import FlatAdam, flatten_parameters
@@ -55,15 +53,13 @@ class PPOLearner:
             epoch_steps = 0
             for mb in iterate_minibatches(data, c.sgd_minibatch_size, self.generator):
                 mask = None if mask_all is None else mb["valid"]
-                logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"])
+                logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"], entropy=track or c.ent_coef > 0)
                 adv = mb["advantage"]
                 if c.norm_adv:
                     adv = normalize_advantage(adv, mask)
-                pg_loss, ratio = clipped_surrogate(logp, mb["sample_log_prob"], adv, c.clip_coef, mask)
-                v_loss = value_loss(new_value, mb["value"], mb["return"], c.vf_clip_coef, mask)
-                loss = pg_loss + c.vf_coef * v_loss
-                if c.ent_coef:
-                    loss = loss - c.ent_coef * masked_mean(entropy, mask)
+                loss, ratio, pg_loss, v_loss = ppo_loss(
+                    logp, new_value, entropy, mb["sample_log_prob"], adv, mb["value"], mb["return"], mask,
+                    c.clip_coef, c.vf_clip_coef, c.vf_coef, c.ent_coef)
 
                 self.optimizer.zero_grad()
                 loss.backward()

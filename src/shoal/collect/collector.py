@@ -21,8 +21,7 @@ class Collector:
         self.backend, self.policy, self.tracker = backend, policy, tracker
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
         self._started = False
-        batch = backend.batch
-        self._np = (batch.reward.numpy(), batch.terminated.numpy(), batch.truncated.numpy(), batch.valid.numpy())
+        self._reward_np, self._valid_np = backend.batch.reward.numpy(), backend.batch.valid.numpy()
 
     def reset(self, seed: int | None) -> None:
         self.backend.reset(seed)
@@ -63,7 +62,7 @@ class Collector:
             terminated[t].copy_(batch.terminated)
             truncated[t].copy_(batch.truncated)
             valid[t].copy_(batch.valid)
-            self.tracker.step(*self._np)
+            self.tracker.step(self._reward_np, done[t].numpy(), self._valid_np)
             if backend.autoreset == "same_step" and batch.truncated.any():
                 rows = batch.truncated.nonzero().squeeze(-1)
                 final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[t][rows]), update=False)

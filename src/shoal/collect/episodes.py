@@ -18,16 +18,18 @@ class EpisodeTracker:
         self.ret = np.zeros(num_rows, dtype=np.float64)
         self.len = np.zeros(num_rows, dtype=np.int64)
         self._done = np.zeros(num_rows, dtype=bool)
+        self._reward = np.zeros(num_rows, dtype=np.float64)
         self.returns: deque[float] = deque(maxlen=window)
         self.lengths: deque[int] = deque(maxlen=window)
         self.episodes_total = 0
         self.episodes_this_iter = 0
 
-    def step(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray) -> None:
-        np.add(self.ret, reward, out=self.ret, where=valid)
-        np.add(self.len, 1, out=self.len, where=valid)
-        np.logical_or(terminated, truncated, out=self._done)
-        self._done &= valid
+    def step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
+        """Add one step; ``done`` rows (terminated or truncated, and valid) close their episode."""
+        np.multiply(reward, valid, out=self._reward)
+        self.ret += self._reward
+        self.len += valid
+        np.logical_and(done, valid, out=self._done)
         if self._done.any():
             rows = np.flatnonzero(self._done)
             self.returns.extend(self.ret[rows].tolist())

@@ -17,13 +17,13 @@ class ProgressDisplay:
         self.console = Console(stderr=True)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
-            TextColumn("{task.fields[sps]:>8,.0f} sps"),
-            TextColumn("return {task.fields[ret]}"),
+            BarColumn(bar_width=20),
+            TextColumn("{task.completed:>9,.0f} steps"),
+            TextColumn("{task.fields[sps]:>7,.0f} sps"),
+            TextColumn("return {task.fields[ret]:>7}"),
             TimeElapsedColumn(),
             TextColumn("eta"),
-            TimeRemainingColumn(),
+            TimeRemainingColumn(compact=True),
             console=self.console,
             disable=not enabled,
         )
@@ -40,7 +40,3 @@ class ProgressDisplay:
 
     def __exit__(self, *exc) -> None:
         self.progress.stop()
-
-    def print(self, *args: Any) -> None:
-        if self.enabled:
-            self.console.print(*args)

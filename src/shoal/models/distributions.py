@@ -29,10 +29,10 @@ class Categorical:
             action = (logp - torch.empty_like(logp).exponential_().log_()).argmax(-1, keepdim=True)
         return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
-    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True):
         logp = logits.log_softmax(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy
+        ent = -(logp.exp() * logp).sum(-1) if entropy else None
+        return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), ent
 
 
 class MultiCategorical:
@@ -47,9 +47,9 @@ class MultiCategorical:
         pairs = [p.sample(x, deterministic) for p, x in zip(self.parts, logits.split(self.nvec, -1))]
         return torch.stack([a for a, _ in pairs], -1), sum(lp for _, lp in pairs)
 
-    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [p.log_prob_entropy(x, a) for p, x, a in zip(self.parts, logits.split(self.nvec, -1), action.unbind(-1))]
-        return sum(lp for lp, _ in pairs), sum(e for _, e in pairs)
+    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True):
+        pairs = [p.log_prob_entropy(x, a, entropy) for p, x, a in zip(self.parts, logits.split(self.nvec, -1), action.unbind(-1))]
+        return sum(lp for lp, _ in pairs), sum(e for _, e in pairs) if entropy else None
 
 
 class DiagGaussian:

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 
-def _tanh_(h: torch.Tensor) -> torch.Tensor:
-    return torch.sigmoid_(h.mul_(2.0)).mul_(2.0).sub_(1.0)
+def _tanh_(h2: torch.Tensor) -> torch.Tensor:
+    """tanh(x) from h2 = 2x (the layer's matmul produces 2x for free): 2 * sigmoid(2x) - 1."""
+    return torch.sigmoid_(h2).mul_(2.0).sub_(1.0)
 
 
 def _tanh_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -29,19 +30,20 @@ def _relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.threshold_backward(grad, out, 0.0)
 
 
-# activation name -> (in-place forward, backward from the activation's output)
-ACTIVATIONS = {"tanh": (_tanh_, _tanh_backward), "relu": (torch.relu_, _relu_backward)}
+# activation name -> (in-place forward, backward from the activation's output, scale the layer
+# applies to its pre-activation: tanh takes 2x, see _tanh_)
+ACTIVATIONS = {"tanh": (_tanh_, _tanh_backward, 2.0), "relu": (torch.relu_, _relu_backward, 1.0)}
 
 
 def _stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
     """Head outputs per tower, and the hidden activations ``[k, B, h]`` the backward needs."""
-    act, _ = ACTIVATIONS[activation]
+    act, _, scale = ACTIVATIONS[activation]
     weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
     heads = params[2 * n_hidden:]
     h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape)
     hidden = []
     for w, b in zip(weights, biases):
-        h = act(torch.baddbmm(b, h, w))
+        h = act(torch.baddbmm(b, h, w, beta=scale, alpha=scale))
         hidden.append(h)
     outs = tuple(torch.addmm(hb, h[k], hw.t()) for k, (hw, hb) in enumerate(zip(heads[0::2], heads[1::2])))
     return outs, hidden
@@ -59,7 +61,7 @@ class _StackedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outs: torch.Tensor):
-        _, act_backward = ACTIVATIONS[ctx.activation]
+        _, act_backward, _ = ACTIVATIONS[ctx.activation]
         x, *saved = ctx.saved_tensors
         towers = len(grad_outs)
         n = (len(saved) - towers) // 2

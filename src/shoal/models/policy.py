@@ -52,10 +52,12 @@ class ActorCritic(nn.Module):
             action, logp = self.dist.sample(params, deterministic)
         return action, logp, value
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor):
-        """Log-probability and entropy of ``action`` under the current policy, and values."""
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True):
+        """Log-probability of ``action`` under the current policy, its entropy (None when not asked
+        for) and values."""
         params, value = self.forward(obs)
         if self.continuous:
-            return self.dist.log_prob(params, self.log_std, action), self.dist.entropy(self.log_std, obs.shape[0]), value
-        logp, entropy = self.dist.log_prob_entropy(params, action)
-        return logp, entropy, value
+            ent = self.dist.entropy(self.log_std, obs.shape[0]) if entropy else None
+            return self.dist.log_prob(params, self.log_std, action), ent, value
+        logp, ent = self.dist.log_prob_entropy(params, action, entropy)
+        return logp, ent, value
