@@ -8,8 +8,9 @@ Each contender runs in its own fresh process, one after the other. Reported per 
   sps          env steps / wall time of the training loop (set-up excluded)
   t475_s       wall time until the mean return of the last 100 training episodes first reaches 475
   eval         mean return of 20 deterministic episodes after training
-Also shoal on 64 and 1,024 numpy-vectorized envs (gymnasium's vector_entry_point CartPole), and
-the env-only SPS of each env set with random actions (the ceiling).
+Also shoal on 64 and 1,024 numpy-vectorized envs (gymnasium's vector_entry_point CartPole) with
+the shipped configs/cartpole_numpy64.yaml and cartpole_numpy1024.yaml (each run for its config's
+total_timesteps), and the env-only SPS of each env set with random actions (the ceiling).
 
     python benchmarks/cartpole_vs_sb3.py [--seeds 1 2 3] [--skip-sb3]
 """
@@ -29,20 +30,18 @@ TOTAL = 100_000
 ZOO = dict(num_envs=8, rollout_fragment_length=32, sgd_minibatch_size=256, num_sgd_iter=20, gamma=0.98,
            gae_lambda=0.8, learning_rate=1e-3, lr_schedule="linear", clip_coef=0.2, ent_coef=0.0, vf_coef=1.0,
            max_grad_norm=0.5)
-VECTOR_64 = dict(num_envs=64, rollout_fragment_length=8, sgd_minibatch_size=512, num_sgd_iter=20,
-                 vectorization_mode="vector_entry_point")
-VECTOR_1024 = dict(num_envs=1024, rollout_fragment_length=4, sgd_minibatch_size=1024, num_sgd_iter=10,
-                   vectorization_mode="vector_entry_point")
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 # ----- workers: each runs in its own process and prints one JSON line ---------------------------
 def run_shoal(seed: int, settings: dict) -> dict:
     import shoal
 
-    algo = shoal.PPO(env="CartPole-v1", seed=seed, save_outputs=False, verbose=0, torch_threads=1, **settings)
+    settings = {"env": "CartPole-v1", "total_timesteps": TOTAL, **settings}
+    algo = shoal.PPO(seed=seed, save_outputs=False, verbose=0, torch_threads=1, **settings)
     t475 = None
     start = time.perf_counter()
-    while algo.timesteps_total < TOTAL:
+    while algo.timesteps_total < algo.config.total_timesteps:
         result = algo.train()
         if t475 is None and result["episode_reward_mean"] >= 475:
             t475 = time.perf_counter() - start
@@ -135,7 +134,10 @@ def main() -> None:
     contenders = [("shoal, 8 envs (zoo settings)", "shoal", ZOO)]
     if not args.skip_sb3:
         contenders.append(("SB3 2.9, 8 envs (zoo settings)", "sb3", None))
-    contenders += [("shoal, 64 numpy envs", "shoal", VECTOR_64), ("shoal, 1024 numpy envs", "shoal", VECTOR_1024)]
+    from shoal.config import load_yaml
+
+    contenders += [("shoal, 64 numpy envs", "shoal", load_yaml(CONFIGS / "cartpole_numpy64.yaml")),
+                   ("shoal, 1024 numpy envs", "shoal", load_yaml(CONFIGS / "cartpole_numpy1024.yaml"))]
     for label, kind, settings in contenders:
         runs = []
         for seed in args.seeds:
@@ -151,7 +153,8 @@ def main() -> None:
     def fmt(x, spec):
         return "-" if x is None else format(x, spec)
 
-    print(f"\nCartPole-v1, {TOTAL:,} steps, seeds {args.seeds} (medians; eval = mean of 20 deterministic episodes)")
+    print(f"\nCartPole-v1, seeds {args.seeds}: medians over seeds; 'reached' counts runs that got to 475;")
+    print(f"8-env runs take {TOTAL:,} steps, numpy-env runs their config's total_timesteps; eval = 20 deterministic episodes")
     print(f"{'run':44} {'SPS':>10} {'time to 475 (s)':>16} {'reached':>8} {'eval':>7}")
     for label, r in rows:
         print(f"{label:44} {fmt(r['sps'], ',.0f'):>10} {fmt(r['t475_s'], '.1f'):>16} {r['reached']:>8} {fmt(r['eval'], '.1f'):>7}")

@@ -53,3 +53,13 @@ def test_yaml_is_loaded_safely(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_yaml(tmp_path / "list.yaml")
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    files = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    assert len(files) >= 4
+    for path in files:
+        c = PPOConfig.build(**load_yaml(path))
+        assert c.total_timesteps >= 100_000, path.name

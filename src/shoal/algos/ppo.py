@@ -53,7 +53,8 @@ class PPOLearner:
             epoch_steps = 0
             for mb in iterate_minibatches(data, c.sgd_minibatch_size, self.generator):
                 mask = None if mask_all is None else mb["valid"]
-                logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"], entropy=track or c.ent_coef > 0)
+                need_entropy = track or c.ent_coef > 0
+                logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"], entropy=need_entropy)
                 adv = mb["advantage"]
                 if c.norm_adv:
                     adv = normalize_advantage(adv, mask)
