@@ -68,7 +68,9 @@ def test_structured_spaces_are_flattened():
     b.send(torch.zeros(2, 2, dtype=torch.int64))
     algo = shoal.PPO(env=DictEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=16, save_outputs=False)
     algo.train()
-    assert algo.compute_actions(DictEnv().reset()[0]).shape == (2,)
+    one = DictEnv().reset()[0]
+    assert algo.compute_actions(one).shape == (2,)  # one MultiDiscrete action
+    assert algo.compute_actions([one, one, one]).shape == (3, 2)  # a list is a batch
 
 
 def test_same_step_autoreset_keeps_final_obs_for_truncation():

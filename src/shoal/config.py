@@ -38,6 +38,17 @@ class TrainerConfig(BaseModel):
     run_dir: str | None = None
     save_outputs: bool = True
     verbose: int = Field(1, ge=0, le=2)
+    # discount, optimizer step size, and the actor-critic every algorithm builds
+    gamma: float = Field(0.98, ge=0.0, le=1.0)
+    learning_rate: float = Field(1e-3, gt=0.0)
+    lr_schedule: Literal["constant", "linear"] = "linear"
+    hiddens: list[int] = Field(default_factory=lambda: [64, 64])
+    activation: Literal["tanh", "relu"] = "tanh"
+    log_std_init: float = 0.0
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+    clip_obs: float = Field(10.0, gt=0.0)
+    clip_reward: float = Field(10.0, gt=0.0)
 
     @model_validator(mode="after")
     def _resolve_rollout_shape(self) -> TrainerConfig:
@@ -100,10 +111,7 @@ class PPOConfig(TrainerConfig):
 
     sgd_minibatch_size: int = Field(256, ge=1)
     num_sgd_iter: int = Field(20, ge=1)
-    gamma: float = Field(0.98, ge=0.0, le=1.0)
     gae_lambda: float = Field(0.8, ge=0.0, le=1.0)
-    learning_rate: float = Field(1e-3, gt=0.0)
-    lr_schedule: Literal["constant", "linear"] = "linear"
     adam_eps: float = Field(1e-5, gt=0.0)
     clip_coef: float = Field(0.2, gt=0.0)
     vf_clip_coef: float | None = Field(None, gt=0.0)
@@ -113,13 +121,6 @@ class PPOConfig(TrainerConfig):
     max_grad_norm: float | None = Field(0.5, gt=0.0)
     norm_adv: bool = True
     target_kl: float | None = Field(None, gt=0.0)
-    normalize_obs: bool = False
-    normalize_reward: bool = False
-    clip_obs: float = Field(10.0, gt=0.0)
-    clip_reward: float = Field(10.0, gt=0.0)
-    hiddens: list[int] = Field(default_factory=lambda: [64, 64])
-    activation: Literal["tanh", "relu"] = "tanh"
-    log_std_init: float = 0.0
 
     @model_validator(mode="after")
     def _check_minibatch(self) -> PPOConfig:

@@ -48,10 +48,10 @@ class Trainer:
         self.backend = self._make_backend(c.num_envs)
         spec = self.backend.obs_spec
         self.policy = ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, c.hiddens, c.activation,
-                                  getattr(c, "log_std_init", 0.0)).to(c.device)
-        self.obs_normalizer = ObsNormalizer(spec.shape, c.clip_obs) if getattr(c, "normalize_obs", False) else None
+                                  c.log_std_init).to(c.device)
+        self.obs_normalizer = ObsNormalizer(spec.shape, c.clip_obs) if c.normalize_obs else None
         scaler = None
-        if getattr(c, "normalize_reward", False):
+        if c.normalize_reward:
             scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward)
         self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing)
         self.collector = Collector(self.backend, self.policy, self.tracker, self.obs_normalizer, scaler)
@@ -94,7 +94,7 @@ class Trainer:
     # ----- the loop -----------------------------------------------------------------------
     def learning_rate(self) -> float:
         c = self.config
-        if getattr(c, "lr_schedule", "constant") == "linear":
+        if c.lr_schedule == "linear":
             remaining = 1.0 - self.timesteps_total / max(1, self._schedule_end)
             return c.learning_rate * max(remaining, 0.0)
         return c.learning_rate
@@ -154,8 +154,8 @@ class Trainer:
         """Batch of observations -> normalized float tensor; also says if the input was one obs."""
         spec = self.backend.obs_spec
         if spec.structured:
-            single = not isinstance(obs, (list, tuple)) or isinstance(spec.space, gym.spaces.Tuple) and len(obs) and not isinstance(obs[0], (list, tuple))
-            items = [obs] if single else list(obs)
+            single = not isinstance(obs, list)  # one Dict/Tuple observation, or a list of them
+            items = [obs] if single else obs
             arr = np.stack([gym.spaces.flatten(spec.space, o) for o in items]).astype(np.float32)
         else:
             arr = np.asarray(obs, dtype=spec.dtype)

@@ -61,9 +61,5 @@ class GymVectorBackend(VecBackend):
             for i in rows:
                 self._final_obs[i] = info["final_obs"][i]
 
-    def render(self, index: int = 0) -> np.ndarray | None:
-        frames = self.venv.render()
-        return None if frames is None else frames[index]
-
     def close(self) -> None:
         self.venv.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from shoal.envs.spaces import action_spec, obs_spec
@@ -54,9 +53,6 @@ class SerialBackend(VecBackend):
                     write(final_buf[i], obs, name)
                 obs, _ = env.reset()
             write(obs_buf[i], obs, name)
-
-    def render(self, index: int = 0) -> np.ndarray | None:
-        return self.envs[index].render()
 
     def close(self) -> None:
         for env in self.envs:
