@@ -67,9 +67,9 @@ def test_run_directory_outputs(tmp_path):
     assert any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and rows[-1]["timesteps_total"] == 1024
-    assert {"timesteps_total", "sps", "episode_reward_mean"} <= rows[0].keys()
+    assert {"timesteps_total", "perf/sps", "rollout/episode_reward_mean", "losses/policy_loss"} <= rows[0].keys()
     header = (run / "progress.csv").read_text().splitlines()[0].split(",")
-    assert "episode_reward_mean" in header and "sps" in header
+    assert header == list(rows[0].keys())  # JSONL and CSV hold the same keys
     assert "num_envs: 8" in (run / "config.yaml").read_text()
 
 
@@ -97,4 +97,4 @@ def test_nan_results_before_first_episode_are_null_in_jsonl(tmp_path):
                    run_dir=str(tmp_path), verbose=0) as algo:
         result = algo.train()
     assert math.isnan(result["episode_reward_mean"])
-    assert json.loads((tmp_path / "metrics.jsonl").read_text())["episode_reward_mean"] is None
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["rollout/episode_reward_mean"] is None

@@ -3,10 +3,13 @@
 from shoal.config import PPOConfig, TrainerConfig
 from shoal.envs import register_env
 from shoal.errors import ConfigError, EnvError, ShoalError
+from shoal.collect.episodes import Episode
 from shoal.train import PPO, Trainer
+from shoal.train.callbacks import Callback
+from shoal.train.checkpoint import CheckpointError
 from shoal.vector import make_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["PPO", "ConfigError", "EnvError", "PPOConfig", "ShoalError", "Trainer", "TrainerConfig",
-           "make_backend", "register_env"]
+__all__ = ["PPO", "Callback", "CheckpointError", "ConfigError", "EnvError", "Episode", "PPOConfig", "ShoalError",
+           "Trainer", "TrainerConfig", "make_backend", "register_env"]

@@ -1,29 +1,52 @@
-"""``shoal`` command line: ``shoal train ENV [--config FILE] [key=value ...]``."""
+"""``shoal`` command line: ``train``, ``eval``, ``plot`` and ``compare``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from shoal.config import load_yaml, parse_overrides
 from shoal.errors import ShoalError
 
 ALGOS = {"ppo": "PPO"}
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell reports it
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description="Reinforcement learning at speed.")
     sub = parser.add_subparsers(dest="command", required=True)
+
     train = sub.add_parser("train", help="train an agent; keys as in the Python config")
     train.add_argument("env", nargs="?", help="Gymnasium env id or a name given to shoal.register_env")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. seed=2 num_envs=16")
     train.add_argument("--config", help="YAML file of config keys (its 'env' key may replace ENV)")
     train.add_argument("--algo", default="ppo", choices=sorted(ALGOS))
     train.add_argument("--run-dir", help="where outputs go (default runs/<name>)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint")
     train.add_argument("--eval-episodes", type=int, default=None,
                        help="deterministic evaluation episodes after training (default: evaluation_num_episodes)")
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint (or a run's newest) and print a JSON summary")
+    ev.add_argument("path", metavar="RUN_DIR|CHECKPOINT")
+    ev.add_argument("--episodes", type=int, default=None, help="episodes, one per env copy (default: the run's)")
+    ev.add_argument("--video", action="store_true", help="write each episode as an mp4 (rgb_array rendering)")
+    ev.add_argument("--video-dir", help="where the mp4 files go (default: RUN_DIR/videos)")
+    ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the most likely")
+    ev.add_argument("--seed", type=int, default=None, help="seed of the first evaluation env")
+    ev.add_argument("--algo", default="ppo", choices=sorted(ALGOS))
+
+    plot = sub.add_parser("plot", help="learning curves of runs as a PNG (mean and spread over seeds)")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("--metric", default="episode_reward_mean", help="a logged key (default episode_reward_mean)")
+    plot.add_argument("--x", default="timesteps", choices=["timesteps", "time", "iterations"])
+    plot.add_argument("--out", help="PNG path (default: <metric>.png)")
+
+    compare = sub.add_parser("compare", help="table of final and best (highest) values over runs")
+    compare.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    compare.add_argument("--metric", default="episode_reward_mean")
     return parser
 
 
@@ -39,36 +62,92 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         settings["env"] = env
     if args.run_dir:
         settings["run_dir"] = args.run_dir
-    if "env" not in settings:
+    if "env" not in settings and not args.resume:
         raise ShoalError("no environment given: pass ENV (e.g. `shoal train CartPole-v1`) or set env in --config.")
     return settings
 
 
-def train(args: argparse.Namespace) -> int:
+def _algo_class(name: str):
     import shoal
 
+    return getattr(shoal, ALGOS[name])
+
+
+def train(args: argparse.Namespace) -> int:
     settings = _resolve(args)
-    algo_cls = getattr(shoal, ALGOS[args.algo])
-    with algo_cls(**settings) as algo:
+    algo_cls = _algo_class(args.algo)
+    if args.resume:
+        settings.setdefault("run_dir", args.resume)
+        algo = algo_cls.from_checkpoint(args.resume, **settings)
+    else:
+        algo = algo_cls(**settings)
+    with algo:
         if algo.run_dir:
-            print(f"shoal: writing to {algo.run_dir}", file=sys.stderr)
-        result = algo.learn()
+            verb = f"resuming at iteration {algo.iteration} in" if args.resume else "writing to"
+            print(f"shoal: {verb} {algo.run_dir}", file=sys.stderr)
+        algo.learn()
+        if algo.stop_reason is not None:
+            hint = f"; continue with: shoal train --resume {algo.run_dir}" if algo.run_dir else ""
+            print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)
         summary = {
             "env": algo.env_name,
-            "timesteps_total": result.get("timesteps_total"),
+            "timesteps_total": algo.timesteps_total,
             "time_total_s": round(algo.time_total_s, 2),
-            "episode_reward_mean": result.get("episode_reward_mean"),
-            "evaluation": algo.evaluate(args.eval_episodes),
+            "episode_reward_mean": algo.tracker.summarize()["episode_reward_mean"],
+            "stop_reason": algo.stop_reason,
+            "evaluation": None if algo.stop_reason in EXIT_CODES else algo.evaluate(args.eval_episodes),
             "run_dir": str(algo.run_dir) if algo.run_dir else None,
         }
     print(json.dumps(summary, indent=2))
+    return EXIT_CODES.get(algo.stop_reason, 0)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from shoal.train.checkpoint import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.path)
+    algo = _algo_class(args.algo).from_checkpoint(checkpoint, save_outputs=False, verbose=0)
+    with algo:
+        video_dir = None
+        if args.video:
+            run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
+            video_dir = Path(args.video_dir) if args.video_dir else run_dir / "videos"
+        out = algo.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed, video_dir=video_dir)
+    print(json.dumps({"checkpoint": str(checkpoint), "timesteps_total": algo.timesteps_total, **out}, indent=2))
     return 0
+
+
+def plot(args: argparse.Namespace) -> int:
+    from shoal.logging.runs import plot_runs
+
+    out = args.out or f"{args.metric.replace('/', '_')}.png"
+    print(f"shoal: wrote {plot_runs(args.runs, args.metric, args.x, out)}")
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shoal.logging.runs import compare_runs
+
+    key, rows = compare_runs(args.runs, args.metric)
+    table = Table(title=f"{key}: final and best over {len(rows)} runs")
+    for column in rows[0]:
+        table.add_column(column, no_wrap=column == "run")
+    for row in rows:
+        table.add_row(*("-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console(width=200).print(table)
+    return 0
+
+
+COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
-        return train(args)
+        return COMMANDS[args.command](args)
     except ShoalError as e:
         print(f"shoal: error: {e}", file=sys.stderr)
         return 2

@@ -33,11 +33,19 @@ class TrainerConfig(BaseModel):
     torch_threads: int = Field(1, ge=1)
     device: str = "cpu"
     metrics_num_episodes_for_smoothing: int = Field(100, ge=1)
-    evaluation_num_episodes: int = Field(20, ge=1)
+    # the run lifecycle: outputs, checkpoints, evaluation, callbacks
     name: str | None = None
     run_dir: str | None = None
     save_outputs: bool = True
     verbose: int = Field(1, ge=0, le=2)
+    checkpoint_interval: int = Field(100, ge=0)  # iterations; 0 = only at the end and when stopped
+    keep_checkpoints: int = Field(3, ge=1)
+    evaluation_interval: int | None = Field(None, ge=1)  # iterations; None = no periodic evaluation
+    evaluation_num_episodes: int = Field(20, ge=1)
+    evaluation_deterministic: bool = True
+    callbacks: list[Any] = Field(default_factory=list)
+    wandb_project: str | None = None
+    wandb_mode: Literal["offline", "online"] = "offline"
     # discount, optimizer step size, and the actor-critic every algorithm builds
     gamma: float = Field(0.98, ge=0.0, le=1.0)
     learning_rate: float = Field(1e-3, gt=0.0)
@@ -99,11 +107,18 @@ class TrainerConfig(BaseModel):
             raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        """The config as plain data (env objects become their repr), for config.yaml."""
+        """The config as plain data, for config.yaml and checkpoints: an env object or a callback
+        object becomes its repr (``env_is_object`` says which; such callbacks are passed again
+        when a checkpoint is loaded)."""
         data = self.model_dump()
         if not isinstance(data["env"], str):
             data["env"] = repr(self.env)
+        data["callbacks"] = [c if isinstance(c, str) else repr(c) for c in self.callbacks]
         return data
+
+    @property
+    def env_is_object(self) -> bool:
+        return not isinstance(self.env, str)
 
 
 class PPOConfig(TrainerConfig):

@@ -27,6 +27,15 @@ class PPOLearner:
         self.policy, self.config, self.generator = policy, config, generator
         self.optimizer = FlatAdam(flatten_parameters(policy), lr=config.learning_rate, eps=config.adam_eps)
 
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(),
+                "generator": None if self.generator is None else self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
+
     def update(self, rollout: TensorDict, learning_rate: float) -> dict[str, float]:
         """One PPO update on a full ``[N, T+1]`` rollout; returns loss statistics."""
         c = self.config

@@ -62,7 +62,7 @@ class Collector:
             terminated[t].copy_(batch.terminated)
             truncated[t].copy_(batch.truncated)
             valid[t].copy_(batch.valid)
-            self.tracker.step(self._reward_np, done[t].numpy(), self._valid_np)
+            self.tracker.step(self._reward_np, done[t].numpy(), self._valid_np, backend.final_infos)
             if backend.autoreset == "same_step" and batch.truncated.any():
                 rows = batch.truncated.nonzero().squeeze(-1)
                 final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[t][rows]), update=False)

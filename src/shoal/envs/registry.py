@@ -47,18 +47,25 @@ def env_name(env: Any) -> str:
 
 
 def env_creator(env: Any, env_config: dict) -> Callable[[int], gym.Env]:
-    """Return ``make(index) -> gym.Env`` for an id, a registered name or a factory.
+    """Return ``make(index) -> gym.Env`` for an id, a registered name or a factory."""
+    make = config_creator(env)
+    return lambda index: make(env_config)
 
-    The factory may take ``env_config`` (seed 004 style) or no argument.
+
+def config_creator(env: Any) -> Callable[[dict], gym.Env]:
+    """Return ``make(env_config) -> gym.Env`` for an id, a registered name or a factory.
+
+    A Gymnasium id gets ``env_config`` as ``gym.make`` keyword arguments; a factory may take
+    ``env_config`` (seed 004 style) or no argument.
     """
     if isinstance(env, str):
         check_env_id(env)
         if env in _REGISTRY:
             creator = _REGISTRY[env]
-            return lambda index: _call_creator(creator, env_config, env)
-        return lambda index: gym.make(env, **env_config)
+            return lambda env_config: _call_creator(creator, env_config, env)
+        return lambda env_config: gym.make(env, **env_config)
     if callable(env) and not isinstance(env, gym.Env):
-        return lambda index: _call_creator(env, env_config, env_name(env))
+        return lambda env_config: _call_creator(env, env_config, env_name(env))
     raise EnvError(f"cannot make environments from {env!r}: expected an env id, a gym.Env, a VectorEnv or a factory.")
 
 

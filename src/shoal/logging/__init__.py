@@ -1,6 +1,7 @@
-"""Run outputs: result writers and the console display."""
+"""Run outputs: the metric names, the log writers and the console display."""
 
 from shoal.logging.console import ProgressDisplay
-from shoal.logging.writers import RunLogger, tag_for
+from shoal.logging.metrics import MetricAnalysis, log_key, log_record
+from shoal.logging.writers import RunLogger
 
-__all__ = ["ProgressDisplay", "RunLogger", "tag_for"]
+__all__ = ["MetricAnalysis", "ProgressDisplay", "RunLogger", "log_key", "log_record"]

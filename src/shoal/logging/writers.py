@@ -1,41 +1,41 @@
-"""Result writers: every iteration's result dict goes to JSONL, CSV and TensorBoard."""
+"""Run logs: every iteration's record (see ``metrics.log_record``) goes to JSONL, CSV and
+TensorBoard, and optionally to Weights & Biases. A resumed run appends to the same files after
+dropping the rows logged after its checkpoint, so the logs never hold an iteration twice.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-# TensorBoard tags are grouped so related curves sit together; files keep the flat RLlib keys.
-_GROUPS = {
-    "rollout": ("episode_", "episodes_"),
-    "losses": ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac", "explained_variance", "num_sgd"),
-    "perf": ("sps", "time_", "sample_time", "learn_time"),
-}
-
-
-def tag_for(key: str) -> str:
-    for group, prefixes in _GROUPS.items():
-        if key.startswith(prefixes):
-            return f"{group}/{key}"
-    return f"info/{key}"
+from shoal.errors import ConfigError
 
 
 def _finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def _scalars(record: dict[str, Any]):
+    return ((k, v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 class JsonlWriter:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resume_iteration: int | None = None):
+        if resume_iteration is not None and path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("training_iteration", 0) <= resume_iteration]
+            path.write_text("".join(line + "\n" for line in kept))
         self.file = path.open("a", encoding="utf-8")
 
-    def write(self, result: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         # Non-finite floats become null: NaN is not JSON.
-        self.file.write(json.dumps({k: _finite_or_none(v) for k, v in result.items()}) + "\n")
+        self.file.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
         self.file.flush()
 
     def close(self) -> None:
@@ -43,67 +43,107 @@ class JsonlWriter:
 
 
 class CsvWriter:
-    """progress.csv; if a later result brings new keys, the file is rewritten with the wider header."""
+    """progress.csv; if a later record brings new keys, the file is rewritten with the wider header."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resume_iteration: int | None = None):
         self.path = path
         self.fields: list[str] = []
         if path.exists() and path.stat().st_size:
             with path.open(newline="") as f:
-                self.fields = next(csv.reader(f), [])
+                reader = csv.DictReader(f)
+                rows = list(reader)
+                self.fields = list(reader.fieldnames or [])
+            if resume_iteration is not None:
+                self._rewrite([r for r in rows if float(r.get("training_iteration") or 0) <= resume_iteration])
 
-    def write(self, result: dict[str, Any]) -> None:
-        new = [k for k in result if k not in self.fields]
+    def write(self, record: dict[str, Any]) -> None:
+        new = [k for k in record if k not in self.fields]
         if new:
             rows = []
             if self.path.exists():
                 with self.path.open(newline="") as f:
                     rows = list(csv.DictReader(f))
             self.fields += new
-            with self.path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.fields)
-                writer.writeheader()
-                writer.writerows(rows)
+            self._rewrite(rows)
         with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.fields).writerow(result)
+            csv.DictWriter(f, fieldnames=self.fields).writerow(record)
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        with self.path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.fields)
+            writer.writeheader()
+            writer.writerows(rows)
 
     def close(self) -> None:
         pass
 
 
 class TensorBoardWriter:
-    def __init__(self, run_dir: Path):
+    """Scalars against ``timesteps_total``; on resume, events past the checkpoint are purged."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
 
-        self.writer = SummaryWriter(log_dir=str(run_dir))
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge)
 
-    def write(self, result: dict[str, Any]) -> None:
-        step = result["timesteps_total"]
-        for key, value in result.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "timesteps_total":
-                self.writer.add_scalar(tag_for(key), value, step)
+    def write(self, record: dict[str, Any]) -> None:
+        step = record["timesteps_total"]
+        for key, value in _scalars(record):
+            if key != "timesteps_total":
+                self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
 
 
-class RunLogger:
-    """The run directory: config.yaml, metrics.jsonl, progress.csv and TensorBoard events."""
+class WandbWriter:
+    """Weights & Biases (``pip install 'shoal[wandb]'``). ``wandb_mode='offline'`` needs no account
+    or network and writes under the run directory; ``wandb sync`` uploads it later."""
 
-    def __init__(self, run_dir: str | Path, config: dict[str, Any]):
+    def __init__(self, run_dir: Path, config: dict[str, Any], project: str, mode: str, resume: bool):
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("wandb_project is set but wandb is not installed: pip install 'shoal[wandb]'.") from None
+        id_file = run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),
+                              config=config, mode=mode, reinit="create_new")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.run.log(dict(_scalars(record)), step=record["timesteps_total"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class RunLogger:
+    """The run directory: config.yaml, metrics.jsonl, progress.csv, TensorBoard events (and W&B).
+
+    ``resume`` is the ``(training_iteration, timesteps_total)`` of the checkpoint a run resumes
+    from: rows logged after it are dropped before appending.
+    """
+
+    def __init__(self, run_dir: str | Path, config: dict[str, Any], resume: tuple[int, int] | None = None,
+                 wandb_project: str | None = None, wandb_mode: str = "offline"):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
+        iteration, step = resume if resume is not None else (None, None)
         self.writers = [
-            JsonlWriter(self.run_dir / "metrics.jsonl"),
-            CsvWriter(self.run_dir / "progress.csv"),
-            TensorBoardWriter(self.run_dir),
+            JsonlWriter(self.run_dir / "metrics.jsonl", iteration),
+            CsvWriter(self.run_dir / "progress.csv", iteration),
+            TensorBoardWriter(self.run_dir, step),
         ]
+        if wandb_project:
+            self.writers.append(WandbWriter(self.run_dir, config, wandb_project, wandb_mode, resume is not None))
 
-    def write(self, result: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         for w in self.writers:
-            w.write(result)
+            w.write(record)
 
     def close(self) -> None:
         for w in self.writers:

@@ -62,3 +62,12 @@ class FlatAdam:
         torch._fused_adam_([self.param], [self.param.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
                            lr=self.lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.eps,
                            amsgrad=False, maximize=False)
+
+    def state_dict(self) -> dict[str, torch.Tensor | float]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "step": self.step_count, "lr": self.lr}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor | float]) -> None:
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.step_count.copy_(state["step"])
+        self.lr = float(state["lr"])

@@ -1,14 +1,24 @@
-"""The training loop: collect -> learn -> (weights are already where the collector reads them) -> log.
+"""The training loop: collect -> learn -> sync weights -> evaluate -> log -> checkpoint.
 
 ``Trainer`` is algorithm-agnostic; an algorithm names its config class and learner. With the
 in-process backends the collector and learner share one policy module, so the "sync weights"
 step of seed 000 is a no-op today; remote backends will hook in at ``_sync_weights``.
+
+The run lifecycle lives here once for every algorithm: periodic evaluation, callbacks,
+checkpoints (periodic, at the end, and on Ctrl-C / SIGTERM, which stop the run after the current
+iteration), exact resume via ``from_checkpoint``, and ``result.json`` with each metric's analysis.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
+import re
+import signal
+import threading
 import time
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,12 +29,19 @@ import torch
 
 from shoal.buffers.rollout import RolloutBuffer, torch_dtype
 from shoal.collect import Collector, EpisodeTracker
+from shoal.collect.episodes import Episode
 from shoal.config import TrainerConfig
-from shoal.envs.registry import env_name
+from shoal.envs.registry import config_creator, env_name
+from shoal.envs.snapshot import decode, encode
 from shoal.errors import ConfigError, EnvError
-from shoal.logging import ProgressDisplay, RunLogger
+from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models import ActorCritic, ObsNormalizer, RewardScaler
+from shoal.train import checkpoint as ckpt
+from shoal.train.callbacks import CallbackList
+from shoal.train.evaluation import filmed_backend, run_episodes
 from shoal.vector import VecBackend, make_backend
+
+_IMPORT_SPEC = re.compile(r"[\w.]+:[\w.]+")
 
 
 class Trainer:
@@ -44,17 +61,18 @@ class Trainer:
         torch.set_flush_denormal(True)
         self._seed_everything(c.seed)
         self.env_name = env_name(c.env)
+        self.callbacks = CallbackList(c.callbacks)
 
         self.backend = self._make_backend(c.num_envs)
         spec = self.backend.obs_spec
         self.policy = ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, c.hiddens, c.activation,
                                   c.log_std_init).to(c.device)
         self.obs_normalizer = ObsNormalizer(spec.shape, c.clip_obs) if c.normalize_obs else None
-        scaler = None
-        if c.normalize_reward:
-            scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward)
-        self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing)
-        self.collector = Collector(self.backend, self.policy, self.tracker, self.obs_normalizer, scaler)
+        self.reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
+        on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
+        self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing,
+                                      self.backend.batch.env_id.numpy(), on_episode_end)
+        self.collector = Collector(self.backend, self.policy, self.tracker, self.obs_normalizer, self.reward_scaler)
         self.buffer = RolloutBuffer(self.backend.num_rows, c.rollout_fragment_length, spec.shape,
                                     torch_dtype(spec.dtype), self.backend.act_spec.shape,
                                     torch_dtype(self.backend.act_spec.dtype), c.device)
@@ -64,9 +82,12 @@ class Trainer:
         self.timesteps_total = 0
         self.time_total_s = 0.0
         self._schedule_end = c.total_timesteps
+        self.analysis = MetricAnalysis()
+        self.stop_reason: str | None = None
         self.collector.reset(c.seed)
         self.run_dir = self._resolve_run_dir()
-        self.logger = RunLogger(self.run_dir, c.to_yaml_dict()) if self.run_dir else None
+        self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
+        self._logger: RunLogger | None = None
 
     # ----- set-up -------------------------------------------------------------------------
     def _make_learner(self):
@@ -86,10 +107,18 @@ class Trainer:
         c = self.config
         if not c.save_outputs:
             return None
-        if c.run_dir:
-            return Path(c.run_dir)
-        name = c.name or f"{self.algo_name}_{self.env_name}_seed{c.seed}_{datetime.now():%Y%m%d-%H%M%S}"
-        return Path("runs") / name.replace("/", "_")
+        if not c.run_dir:  # recorded in the config, so a checkpoint knows where its run logs
+            name = c.name or f"{self.algo_name}_{self.env_name}_seed{c.seed}_{datetime.now():%Y%m%d-%H%M%S}"
+            c.run_dir = str(Path("runs") / name.replace("/", "_"))
+        return Path(c.run_dir)
+
+    @property
+    def logger(self) -> RunLogger | None:
+        """Opened on first use, so loading a checkpoint to evaluate it writes nothing."""
+        if self._logger is None and self.run_dir is not None:
+            c = self.config
+            self._logger = RunLogger(self.run_dir, c.to_yaml_dict(), self._resume_point, c.wandb_project, c.wandb_mode)
+        return self._logger
 
     # ----- the loop -----------------------------------------------------------------------
     def learning_rate(self) -> float:
@@ -100,7 +129,9 @@ class Trainer:
         return c.learning_rate
 
     def train(self) -> dict[str, Any]:
-        """One iteration: collect ``train_batch_size`` steps, update, log. Returns the result dict."""
+        """One iteration: collect ``train_batch_size`` steps, update, evaluate if due, log,
+        checkpoint if due. Returns the result dict."""
+        c = self.config
         t0 = time.perf_counter()
         rollout = self.buffer.start_rollout()
         steps = self.collector.collect(rollout)
@@ -118,36 +149,179 @@ class Trainer:
             "training_iteration": self.iteration,
             "timesteps_total": self.timesteps_total,
             "timesteps_this_iter": steps,
+            "time_total_s": self.time_total_s,
             **self.tracker.summarize(),
             "sps": steps / elapsed,
             "time_this_iter_s": elapsed,
-            "time_total_s": self.time_total_s,
             "sample_time_ms": 1e3 * (t1 - t0),
             "learn_time_ms": 1e3 * (t2 - t1),
             "learning_rate": self.learner.optimizer.lr,
             **stats,
         }
+        if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
+            result["evaluation"] = self.evaluate()
+            self.callbacks("on_evaluate_end", self, result["evaluation"])
+        record = log_record(result)
+        self.analysis.add(record)
         if self.logger is not None:
-            self.logger.write(result)
+            self.logger.write(record)
+        self.callbacks("on_train_result", self, result)
+        if self.run_dir is not None and c.checkpoint_interval and self.iteration % c.checkpoint_interval == 0:
+            self.save()
         return result
 
     def _sync_weights(self) -> None:
         """Hand the new weights to whoever steps the envs (in process: they already share them)."""
 
+    def _on_episode_end(self, episode: Episode) -> None:
+        self.callbacks("on_episode_end", self, episode)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.stop_reason is not None or self.callbacks.stop_requested
+
     def learn(self, total_timesteps: int | None = None, progress: bool | None = None) -> dict[str, Any]:
-        """Train for ``total_timesteps`` more env steps (default: the config's). Returns the last result."""
-        total = self.config.total_timesteps if total_timesteps is None else int(total_timesteps)
-        if total < 1:
+        """Train for ``total_timesteps`` more env steps (default: what the config's total leaves).
+
+        Ctrl-C or SIGTERM stops after the current iteration (a second Ctrl-C stops at once), as
+        does a callback returning True; the run is checkpointed and ``result.json`` written either way.
+        """
+        c = self.config
+        total = max(c.total_timesteps - self.timesteps_total, 0) if total_timesteps is None else int(total_timesteps)
+        if total < 1 and total_timesteps is not None:
             raise ConfigError(f"total_timesteps must be >= 1, got {total}.")
         start = self.timesteps_total
         self._schedule_end = start + total
-        show = self.config.verbose > 0 if progress is None else progress
+        show = c.verbose > 0 if progress is None else progress
         result: dict[str, Any] = {}
-        with ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display:
-            while self.timesteps_total - start < total:
+        with self._stop_on_signals(), ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display:
+            while self.timesteps_total - start < total and not self.should_stop:
                 result = self.train()
                 display.update(self.timesteps_total - start, result)
+        if self.callbacks.stop_requested and self.stop_reason is None:
+            self.stop_reason = "callback"
+        if self.run_dir is not None:
+            last = self.save()
+            self._write_result_json(last)
         return result
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGINT / SIGTERM ask the loop to stop at the next iteration boundary, where the state
+        is whole and can be checkpointed; a second SIGINT interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum, frame):
+            if self.stop_reason is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_reason = signal.Signals(signum).name
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _write_result_json(self, checkpoint: Path | None) -> None:
+        summary = {
+            "training_iteration": self.iteration,
+            "timesteps_total": self.timesteps_total,
+            "time_total_s": self.time_total_s,
+            "stop_reason": self.stop_reason,
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "metric_analysis": self.analysis.summary(),
+        }
+        tmp = self.run_dir / "result.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.run_dir / "result.json")
+
+    # ----- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit, as tensors and plain data."""
+        return {
+            "config": self.config.to_yaml_dict(),
+            "counters": {"iteration": self.iteration, "timesteps_total": self.timesteps_total,
+                         "time_total_s": self.time_total_s, "schedule_end": self._schedule_end},
+            "policy": self.policy.state_dict(),
+            "learner": self.learner.state_dict(),
+            "obs_normalizer": None if self.obs_normalizer is None else self.obs_normalizer.state_dict(),
+            "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
+            "tracker": self.tracker.state_dict(),
+            "analysis": self.analysis.stats,
+            "backend": self.backend.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": encode(np.random.get_state()),
+                    "torch": torch.get_rng_state()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            self.policy.load_state_dict(state["policy"])
+            self.learner.load_state_dict(state["learner"])
+            for module, key in ((self.obs_normalizer, "obs_normalizer"), (self.reward_scaler, "reward_scaler")):
+                if module is not None and state[key] is not None:
+                    module.load_state_dict(state[key])
+            self.tracker.load_state_dict(state["tracker"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise ckpt.CheckpointError(f"the checkpoint does not fit this trainer's config: {e}") from None
+        counters = state["counters"]
+        self.iteration, self.timesteps_total = counters["iteration"], counters["timesteps_total"]
+        self.time_total_s, self._schedule_end = counters["time_total_s"], counters["schedule_end"]
+        self.analysis = MetricAnalysis(state["analysis"])
+        if not self.backend.load_state_dict(state["backend"]):
+            warnings.warn(f"env '{self.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
+                          f"the resumed run starts new episodes instead of continuing them.", stacklevel=2)
+            self.collector.reset(self.config.seed + self.iteration)
+            self.tracker.ret[:] = 0.0
+            self.tracker.len[:] = 0
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(decode(rng["numpy"]))
+        torch.set_rng_state(rng["torch"])
+
+    def save(self, checkpoint_dir: str | Path | None = None) -> Path:
+        """Write a checkpoint (default: ``<run_dir>/checkpoints/checkpoint_<iteration>``, keeping
+        the newest ``keep_checkpoints``); returns its directory."""
+        if checkpoint_dir is None:
+            if self.run_dir is None:
+                raise ConfigError("save() needs a directory when save_outputs=False.")
+            root = self.run_dir / "checkpoints"
+            path = ckpt.write_checkpoint(root / f"{ckpt.PREFIX}{self.iteration:06d}", self.state_dict(), self._meta())
+            ckpt.rotate(root, self.config.keep_checkpoints)
+        else:
+            path = ckpt.write_checkpoint(Path(checkpoint_dir), self.state_dict(), self._meta())
+        self.callbacks("on_checkpoint", self, path)
+        return path
+
+    def _meta(self) -> dict[str, Any]:
+        from shoal import __version__
+
+        return {"algo": self.algo_name, "env": self.env_name, "env_is_object": self.config.env_is_object,
+                "training_iteration": self.iteration, "timesteps_total": self.timesteps_total,
+                "shoal_version": __version__, "saved_at": datetime.now().isoformat(timespec="seconds")}
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Trainer:
+        """Rebuild a trainer from a checkpoint (or the newest good one in a run directory) and
+        restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``)."""
+        path = ckpt.resolve_checkpoint(path)
+        state, meta = ckpt.read_checkpoint(path)
+        if meta.get("algo") != cls.algo_name:
+            raise ckpt.CheckpointError(f"checkpoint '{path}' was written by {meta.get('algo')}, not {cls.algo_name}; "
+                                       f"load it with shoal.{meta.get('algo')}.from_checkpoint.")
+        if meta.get("env_is_object") and "env" not in overrides:
+            raise ckpt.CheckpointError(f"checkpoint '{path}' was trained on an env object ({state['config']['env']}); "
+                                       f"pass the same env again: from_checkpoint(path, env=...).")
+        settings = dict(state["config"])
+        # Callback objects are not stored (only their repr): keep importable ones, take others anew.
+        settings["callbacks"] = [cb for cb in settings.get("callbacks", []) if _IMPORT_SPEC.fullmatch(cb)]
+        settings.update(overrides)
+        trainer = cls(**settings)
+        trainer.load_state_dict(state)
+        trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
+        return trainer
 
     # ----- using the policy ---------------------------------------------------------------
     def _prepare_obs(self, obs: Any) -> tuple[torch.Tensor, bool]:
@@ -179,40 +353,42 @@ class Trainer:
         return action[0] if single else action
 
     @torch.inference_mode()
-    def evaluate(self, num_episodes: int | None = None, deterministic: bool = True, seed: int | None = None) -> dict[str, float]:
-        """Run ``num_episodes`` fresh episodes, one per env copy, and summarise their returns."""
-        n = num_episodes or self.config.evaluation_num_episodes
-        backend = self._make_backend(n)
+    def evaluate(self, num_episodes: int | None = None, deterministic: bool | None = None, seed: int | None = None,
+                 video_dir: str | Path | None = None) -> dict[str, Any]:
+        """Play ``num_episodes`` fresh episodes on separate env copies and summarise their returns.
+
+        Evaluation never touches the training envs or random state. With ``video_dir`` each
+        episode is also written there as an mp4 (the env must render ``rgb_array`` frames).
+        """
+        c = self.config
+        n = num_episodes or c.evaluation_num_episodes
+        deterministic = c.evaluation_deterministic if deterministic is None else deterministic
+        filmers = []
+        if video_dir is None:
+            backend = self._make_backend(n)
+        else:
+            backend, filmers = filmed_backend(config_creator(c.env), c.env_config, n, Path(video_dir),
+                                              f"iter{self.iteration:06d}_", self.env_name)
+
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            x = obs if self.obs_normalizer is None else self.obs_normalizer.normalize(obs)
+            return self.policy.act(x, deterministic=deterministic)[0]
+
         try:
-            backend.reset(self.config.seed + 10_000 if seed is None else seed)
-            returns = np.zeros(n)
-            lengths = np.zeros(n, dtype=np.int64)
-            finished = np.zeros(n, dtype=bool)
-            batch = backend.recv()
-            while not finished.all():
-                x = batch.obs if self.obs_normalizer is None else self.obs_normalizer.normalize(batch.obs)
-                action, _, _ = self.policy.act(x, deterministic=deterministic)
-                backend.send(action)
-                batch = backend.recv()
-                live = ~finished & batch.valid.numpy()
-                returns[live] += batch.reward.numpy()[live]
-                lengths[live] += 1
-                finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
+            with torch.random.fork_rng(devices=[]):
+                out = run_episodes(backend, act, c.seed + 10_000 if seed is None else seed)
         finally:
+            for filmer in filmers:
+                filmer.stop()
             backend.close()
-        return {
-            "episode_reward_mean": float(returns.mean()),
-            "episode_reward_std": float(returns.std()),
-            "episode_reward_min": float(returns.min()),
-            "episode_reward_max": float(returns.max()),
-            "episode_len_mean": float(lengths.mean()),
-            "episodes": n,
-        }
+        if filmers:
+            out["videos"] = [str(f.path) for f in filmers]
+        return out
 
     def close(self) -> None:
         self.backend.close()
-        if self.logger is not None:
-            self.logger.close()
+        if self._logger is not None:
+            self._logger.close()
 
     def __enter__(self):
         return self
@@ -222,4 +398,3 @@ class Trainer:
 
     def __repr__(self) -> str:
         return f"{self.algo_name}(env={self.env_name!r}, timesteps_total={self.timesteps_total})"
-

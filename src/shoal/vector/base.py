@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shoal.envs.snapshot import env_state, load_env_state
 from shoal.envs.spaces import ActionSpec, ObsSpec
 
 
@@ -66,6 +67,9 @@ class VecBackend:
             env_id=torch.from_numpy(env_id),
             rows=slice(0, a),
         )
+        # Rows whose episode ended in the last send(), mapped to their last step's info (only
+        # non-empty infos travel): the tracker turns their numbers into custom metrics.
+        self.final_infos: dict[int, dict] = {}
         space = act.space
         if act.kind == "continuous":
             self._act_low = torch.as_tensor(space.low, dtype=torch.float32)
@@ -86,6 +90,35 @@ class VecBackend:
 
     def send(self, actions: torch.Tensor) -> None:
         raise NotImplementedError
+
+    # ----- checkpoints: where every env is, so a resumed run continues the same episodes -----
+    def _snapshot_envs(self) -> list:
+        """The env objects whose attributes hold this backend's env state."""
+        raise NotImplementedError
+
+    def _snapshot_buffers(self) -> dict[str, np.ndarray]:
+        return {"obs": self._obs, "final_obs": self._final_obs, "reward": self._reward,
+                "terminated": self._terminated, "truncated": self._truncated, "valid": self._valid}
+
+    def state_dict(self) -> dict:
+        envs = [env_state(env) for env in self._snapshot_envs()]
+        exact = all(s["exact"] for s in envs)
+        return {
+            "exact": exact,
+            "reason": next((s["reason"] for s in envs if not s["exact"]), ""),
+            "envs": envs if exact else [],
+            "buffers": {k: torch.from_numpy(v.copy()) for k, v in self._snapshot_buffers().items()},
+        }
+
+    def load_state_dict(self, state: dict) -> bool:
+        """Put every env back where it was; returns False (and changes nothing) for an inexact snapshot."""
+        if not state["exact"]:
+            return False
+        for env, saved in zip(self._snapshot_envs(), state["envs"], strict=True):
+            load_env_state(env, saved)
+        for key, buf in self._snapshot_buffers().items():
+            buf[...] = state["buffers"][key].numpy()
+        return True
 
     def close(self) -> None:
         pass

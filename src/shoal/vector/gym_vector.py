@@ -53,6 +53,10 @@ class GymVectorBackend(VecBackend):
         self._write("rewards", self._reward, rew)
         self._write("terminations", self._terminated, term)
         self._write("truncations", self._truncated, trunc)
+        if self.final_infos:
+            self.final_infos.clear()
+        if info and (self._terminated.any() or self._truncated.any()):
+            self._keep_final_infos(info.get("final_info", info))
         if self.autoreset == "next_step":
             np.logical_not(self._prev_done, out=self._valid)
             np.logical_or(self._terminated, self._truncated, out=self._prev_done)
@@ -60,6 +64,20 @@ class GymVectorBackend(VecBackend):
             rows = np.flatnonzero(info["_final_obs"] & self._truncated)
             for i in rows:
                 self._final_obs[i] = info["final_obs"][i]
+
+    def _keep_final_infos(self, info: dict) -> None:
+        """Vector infos are dicts of per-env arrays with ``_key`` masks; split out the done rows."""
+        arrays = [(k, v, info.get(f"_{k}")) for k, v in info.items() if not k.startswith("_") and isinstance(v, np.ndarray)]
+        for i in np.flatnonzero(self._terminated | self._truncated).tolist():
+            row = {k: v[i] for k, v, present in arrays if present is None or present[i]}
+            if row:
+                self.final_infos[i] = row
+
+    def _snapshot_envs(self) -> list:
+        return [self.venv]
+
+    def _snapshot_buffers(self) -> dict[str, np.ndarray]:
+        return {**super()._snapshot_buffers(), "prev_done": self._prev_done}
 
     def close(self) -> None:
         self.venv.close()

@@ -42,17 +42,24 @@ class SerialBackend(VecBackend):
         acts = self.env_actions(actions)  # numpy scalars: Gymnasium's Discrete.contains checks them fastest
         write, name = self.obs_spec.write, self.name
         obs_buf, final_buf = self._obs, self._final_obs
-        rew, term, trunc = self._reward, self._terminated, self._truncated
+        rew, term, trunc, final_infos = self._reward, self._terminated, self._truncated, self.final_infos
+        if final_infos:
+            final_infos.clear()
         for i, env in enumerate(self.envs):
-            obs, r, te, tr, _ = env.step(acts[i])
+            obs, r, te, tr, info = env.step(acts[i])
             rew[i] = r
             term[i] = te
             trunc[i] = tr
             if te or tr:
+                if info:
+                    final_infos[i] = info
                 if tr:
                     write(final_buf[i], obs, name)
                 obs, _ = env.reset()
             write(obs_buf[i], obs, name)
+
+    def _snapshot_envs(self) -> list:
+        return self.envs
 
     def close(self) -> None:
         for env in self.envs:

@@ -1,0 +1,68 @@
+"""Trainer hooks (seed 004's callbacks, plain): subclass ``Callback`` and override what you need.
+
+Every hook may return True to stop training after the current iteration (the run is then
+checkpointed like any other stop). ``config.callbacks`` takes instances, classes, or
+``"package.module:Name"`` strings (the only form that survives a checkpoint, since objects are
+not pickled into it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shoal.collect.episodes import Episode
+from shoal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shoal.train.trainer import Trainer
+
+
+class Callback:
+    def on_episode_end(self, trainer: Trainer, episode: Episode) -> bool | None:
+        """An episode finished; add to ``episode.custom_metrics`` to aggregate more numbers."""
+
+    def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> bool | None:
+        """An iteration finished; ``result`` is what ``train()`` returns."""
+
+    def on_evaluate_end(self, trainer: Trainer, evaluation: dict[str, Any]) -> bool | None:
+        """A periodic evaluation finished."""
+
+    def on_checkpoint(self, trainer: Trainer, path: Path) -> bool | None:
+        """A checkpoint was written to ``path``."""
+
+
+HOOKS = ("on_episode_end", "on_train_result", "on_evaluate_end", "on_checkpoint")
+
+
+def _instantiate(spec: Any) -> Callback:
+    if isinstance(spec, str):
+        module, _, name = spec.partition(":")
+        try:
+            spec = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ConfigError(f"callback '{spec}' cannot be imported ({e}); use 'package.module:ClassName'.") from None
+    if isinstance(spec, type):
+        spec = spec()
+    if not any(callable(getattr(spec, hook, None)) for hook in HOOKS):
+        raise ConfigError(f"callback {spec!r} has none of the hooks {', '.join(HOOKS)}; subclass shoal.Callback.")
+    return spec
+
+
+class CallbackList:
+    """Calls each hook on every callback that defines it; remembers whether any asked to stop."""
+
+    def __init__(self, specs: list[Any]):
+        self.callbacks = [_instantiate(s) for s in specs]
+        self.stop_requested = False
+
+    def has(self, hook: str) -> bool:
+        return any(getattr(type(cb), hook, None) is not getattr(Callback, hook) for cb in self.callbacks
+                   if callable(getattr(cb, hook, None)))
+
+    def __call__(self, hook: str, trainer: Trainer, arg: Any) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, hook, None)
+            if fn is not None and fn(trainer, arg):
+                self.stop_requested = True

@@ -1,0 +1,110 @@
+"""Evaluation episodes on their own env copies, optionally filmed to mp4.
+
+One episode per env copy, all stepped together through a backend, so evaluation uses the same
+data path as training. Filming wraps each copy in ``_Filmer``, which streams the frames of that
+copy's first episode into an mp4 (the frame after each step is taken before the backend's
+autoreset, so the last frame is the true final state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shoal.errors import ConfigError, EnvError
+from shoal.vector import SerialBackend, VecBackend
+
+
+class _Filmer(gym.Wrapper):
+    """Writes the rgb_array frames of the wrapped env's first episode to ``path`` as it goes."""
+
+    def __init__(self, env: gym.Env, path: Path, fps: int):
+        super().__init__(env)
+        self.path, self.fps = path, fps
+        self.writer = None
+        self.frames = 0
+        self.filming = True
+
+    def _film(self) -> None:
+        if not self.filming:
+            return
+        frame = self.env.render()
+        if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+            raise EnvError(f"env render() returned {type(frame).__name__}, not an rgb_array frame [H, W, 3].")
+        if self.writer is None:
+            import imageio.v2 as imageio
+
+            # macro_block_size=1 keeps odd frame sizes as they are instead of resizing with a warning
+            self.writer = imageio.get_writer(self.path, fps=self.fps, macro_block_size=1)
+        self.writer.append_data(frame)
+        self.frames += 1
+
+    def reset(self, **kwargs):
+        out = self.env.reset(**kwargs)
+        self._film()
+        return out
+
+    def step(self, action):
+        out = self.env.step(action)
+        self._film()
+        if out[2] or out[3]:
+            self.stop()
+        return out
+
+    def stop(self) -> None:
+        self.filming = False
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_envs: int, video_dir: Path,
+                   prefix: str, name: str) -> tuple[SerialBackend, list[_Filmer]]:
+    """A serial backend of ``num_envs`` copies made with ``render_mode='rgb_array'``, each filmed."""
+    try:
+        import imageio.v2  # noqa: F401  (fail here, before any env is built)
+    except ImportError:
+        raise ConfigError("video needs imageio with ffmpeg: pip install 'shoal[video]'.") from None
+    video_dir.mkdir(parents=True, exist_ok=True)
+    filmers: list[_Filmer] = []
+
+    def make(index: int) -> gym.Env:
+        env = make_env({**env_config, "render_mode": "rgb_array"})
+        if getattr(env, "render_mode", None) != "rgb_array":
+            raise EnvError(f"env '{name}' was made with render_mode={getattr(env, 'render_mode', None)!r}; video needs "
+                           f"'rgb_array' (a registered creator should pass env_config['render_mode'] on to its env).")
+        filmer = _Filmer(env, video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30)))
+        filmers.append(filmer)
+        return filmer
+
+    return SerialBackend(make, num_envs, name), filmers
+
+
+def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor], torch.Tensor], seed: int) -> dict[str, Any]:
+    """Play one episode on each of the backend's envs; summarise returns and lengths."""
+    n = backend.num_rows
+    backend.reset(seed)
+    returns = np.zeros(n)
+    lengths = np.zeros(n, dtype=np.int64)
+    finished = np.zeros(n, dtype=bool)
+    batch = backend.recv()
+    while not finished.all():
+        backend.send(act(batch.obs))
+        batch = backend.recv()
+        live = ~finished & batch.valid.numpy()
+        returns[live] += batch.reward.numpy()[live]
+        lengths[live] += 1
+        finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
+    return {
+        "episode_reward_mean": float(returns.mean()),
+        "episode_reward_std": float(returns.std()),
+        "episode_reward_min": float(returns.min()),
+        "episode_reward_max": float(returns.max()),
+        "episode_len_mean": float(lengths.mean()),
+        "episodes": n,
+    }
