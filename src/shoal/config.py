@@ -8,6 +8,8 @@ iteration as ``num_envs`` rows times ``rollout_fragment_length`` steps, then spl
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +29,7 @@ class TrainerConfig(BaseModel):
     vectorization_mode: Literal["vector_entry_point", "sync", "async"] | None = None
     seed: int = 0
     num_envs: int = Field(8, ge=1)
+    num_workers: int = Field(0, ge=0)  # 0: envs step in this process; N: in N worker processes
     rollout_fragment_length: int | None = Field(None, ge=1)
     train_batch_size: int | None = Field(None, ge=1)
     total_timesteps: int = Field(100_000, ge=1)
@@ -80,6 +83,23 @@ class TrainerConfig(BaseModel):
                 f"Set only two of the three, e.g. drop train_batch_size or use rollout_fragment_length={max(1, batch // n)}."
             )
         self.rollout_fragment_length, self.train_batch_size = frag, batch
+        return self
+
+    @model_validator(mode="after")
+    def _check_workers(self) -> TrainerConfig:
+        n, w = self.num_envs, self.num_workers
+        if w and self.vectorization_mode:
+            raise ConfigError(f"num_workers={w} and vectorization_mode='{self.vectorization_mode}' both choose how envs "
+                              f"are stepped; set one of them.")
+        if w and n % w:
+            fits = [d for d in range(1, n + 1) if n % d == 0]
+            near = min(fits, key=lambda d: abs(d - w))
+            raise ConfigError(f"num_envs={n} must be a multiple of num_workers={w} (each worker steps the same "
+                              f"number of envs). Try num_workers={near} or num_envs={(n // w + 1) * w}.")
+        cores = os.cpu_count() or 1
+        if w > cores:
+            warnings.warn(f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.",
+                          stacklevel=2)
         return self
 
     @classmethod

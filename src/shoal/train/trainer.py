@@ -63,7 +63,7 @@ class Trainer:
         self.env_name = env_name(c.env)
         self.callbacks = CallbackList(c.callbacks)
 
-        self.backend = self._make_backend(c.num_envs)
+        self.backend = self._make_backend(c.num_envs, c.num_workers)
         spec = self.backend.obs_spec
         self.policy = ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, c.hiddens, c.activation,
                                   c.log_std_init).to(c.device)
@@ -93,9 +93,9 @@ class Trainer:
     def _make_learner(self):
         raise NotImplementedError
 
-    def _make_backend(self, num_envs: int) -> VecBackend:
+    def _make_backend(self, num_envs: int, num_workers: int = 0) -> VecBackend:
         c = self.config
-        return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode)
+        return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode, num_workers)
 
     @staticmethod
     def _seed_everything(seed: int) -> None:

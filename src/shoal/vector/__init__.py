@@ -11,14 +11,17 @@ from shoal.envs.registry import check_env_id, env_creator, env_name
 from shoal.errors import EnvError
 from shoal.vector.base import StepBatch, VecBackend
 from shoal.vector.gym_vector import GymVectorBackend
+from shoal.vector.mp import MultiprocessBackend
 from shoal.vector.serial import SerialBackend
 
-__all__ = ["GymVectorBackend", "SerialBackend", "StepBatch", "VecBackend", "make_backend"]
+__all__ = ["GymVectorBackend", "MultiprocessBackend", "SerialBackend", "StepBatch", "VecBackend", "make_backend"]
 
 
-def make_backend(env: Any, num_envs: int, env_config: dict | None = None,
-                 vectorization_mode: str | None = None) -> VecBackend:
-    """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory or a VectorEnv."""
+def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vectorization_mode: str | None = None,
+                 num_workers: int = 0, async_factor: int = 1) -> VecBackend:
+    """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory or a VectorEnv.
+
+    ``num_workers=0`` steps the envs in this process; more spreads them over worker processes."""
     env_config = env_config or {}
     name = env_name(env)
     if isinstance(env, gym.vector.VectorEnv):
@@ -30,9 +33,10 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None,
             raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
         check_env_id(env)
         return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
-    if isinstance(env, gym.Env):
-        return SerialBackend(_copies_of(env, name), num_envs, name)
-    return SerialBackend(env_creator(env, env_config), num_envs, name)
+    make = _copies_of(env, name) if isinstance(env, gym.Env) else env_creator(env, env_config)
+    if num_workers:
+        return MultiprocessBackend(make, num_envs, name, num_workers, async_factor)
+    return SerialBackend(make, num_envs, name)
 
 
 def _copies_of(env: gym.Env, name: str):

@@ -39,34 +39,52 @@ class StepBatch:
     rows: slice  # agent rows this batch covers
 
 
+def allocate_buffers(num_rows: int, obs: ObsSpec, alloc) -> dict[str, np.ndarray]:
+    """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed)."""
+    return {
+        "obs": alloc((num_rows, *obs.shape), obs.dtype),
+        "final_obs": alloc((num_rows, *obs.shape), obs.dtype),
+        "reward": alloc((num_rows,), np.float32),
+        "terminated": alloc((num_rows,), np.bool_),
+        "truncated": alloc((num_rows,), np.bool_),
+        "valid": alloc((num_rows,), np.bool_),
+    }
+
+
+def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor) -> StepBatch:
+    """A StepBatch whose tensors share memory with ``buffers[rows]``."""
+    return StepBatch(
+        obs=torch.from_numpy(buffers["obs"][rows]),
+        reward=torch.from_numpy(buffers["reward"][rows]),
+        terminated=torch.from_numpy(buffers["terminated"][rows]),
+        truncated=torch.from_numpy(buffers["truncated"][rows]),
+        valid=torch.from_numpy(buffers["valid"][rows]),
+        final_obs=torch.from_numpy(buffers["final_obs"][rows]),
+        env_id=env_id,
+        rows=rows,
+    )
+
+
 class VecBackend:
     """Shared buffers and bookkeeping; subclasses implement ``reset`` and ``send``."""
 
     autoreset: str = "same_step"
 
-    def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1):
+    def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,
+                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
         self.name = name
         self.num_envs = num_envs
         self.num_rows = num_envs * rows_per_env
         self.obs_spec, self.act_spec = obs, act
-        a = self.num_rows
-        self._obs = np.zeros((a, *obs.shape), dtype=obs.dtype)
-        self._final_obs = np.zeros_like(self._obs)
-        self._reward = np.zeros(a, dtype=np.float32)
-        self._terminated = np.zeros(a, dtype=bool)
-        self._truncated = np.zeros(a, dtype=bool)
-        self._valid = np.ones(a, dtype=bool)
-        env_id = np.repeat(np.arange(num_envs), rows_per_env)
-        self.batch = StepBatch(
-            obs=torch.from_numpy(self._obs),
-            reward=torch.from_numpy(self._reward),
-            terminated=torch.from_numpy(self._terminated),
-            truncated=torch.from_numpy(self._truncated),
-            valid=torch.from_numpy(self._valid),
-            final_obs=torch.from_numpy(self._final_obs),
-            env_id=torch.from_numpy(env_id),
-            rows=slice(0, a),
-        )
+        if buffers is None:
+            buffers = allocate_buffers(self.num_rows, obs, np.zeros)
+        self._buffers = buffers
+        self._obs, self._final_obs = buffers["obs"], buffers["final_obs"]
+        self._reward, self._terminated, self._truncated = buffers["reward"], buffers["terminated"], buffers["truncated"]
+        self._valid = buffers["valid"]
+        self._valid[:] = True
+        env_id = np.repeat(np.arange(first_env_id, first_env_id + num_envs), rows_per_env)
+        self.batch = batch_view(buffers, slice(0, self.num_rows), torch.from_numpy(env_id))
         # Rows whose episode ended in the last send(), mapped to their last step's info (only
         # non-empty infos travel): the tracker turns their numbers into custom metrics.
         self.final_infos: dict[int, dict] = {}
@@ -97,8 +115,7 @@ class VecBackend:
         raise NotImplementedError
 
     def _snapshot_buffers(self) -> dict[str, np.ndarray]:
-        return {"obs": self._obs, "final_obs": self._final_obs, "reward": self._reward,
-                "terminated": self._terminated, "truncated": self._truncated, "valid": self._valid}
+        return dict(self._buffers)
 
     def state_dict(self) -> dict:
         envs = [env_state(env) for env in self._snapshot_envs()]

@@ -1,22 +1,36 @@
-"""Serial backend: K gym.Env instances stepped in this process, written straight into shared buffers."""
+"""Serial backend: K gym.Env instances stepped in this process, written straight into shared buffers.
+
+It is also what each worker process of the multiprocessing backend runs, over its slice of
+the shared-memory buffers (``buffers``, ``first_env_id``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from shoal.envs.spaces import action_spec, obs_spec
-from shoal.errors import EnvError
-from shoal.vector.base import VecBackend
+from shoal.errors import EnvError, ShoalError
+from shoal.vector.base import StepBatch, VecBackend
+
+
+class EnvStepError(EnvError):
+    """An env raised inside reset() or step(); ``env_id`` says which one."""
+
+    def __init__(self, message: str, env_id: int):
+        super().__init__(message)
+        self.env_id = env_id
 
 
 class SerialBackend(VecBackend):
     autoreset = "same_step"
 
-    def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str):
-        self.envs = [make_env(i) for i in range(num_envs)]
+    def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str,
+                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
+        self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
         first = self.envs[0]
         for i, env in enumerate(self.envs[1:], start=1):
             if env.observation_space != first.observation_space or env.action_space != first.action_space:
@@ -24,39 +38,60 @@ class SerialBackend(VecBackend):
                     f"env '{name}' copy {i} has spaces {env.observation_space} / {env.action_space}, "
                     f"copy 0 has {first.observation_space} / {first.action_space}; all copies must match."
                 )
-        super().__init__(name, num_envs, obs_spec(first.observation_space), action_spec(first.action_space))
+        super().__init__(name, num_envs, obs_spec(first.observation_space), action_spec(first.action_space),
+                         buffers=buffers, first_env_id=first_env_id)
+        self.first_env_id = first_env_id
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
 
+    def _failed(self, index: int, phase: str, error: Exception) -> EnvStepError:
+        env_id = self.first_env_id + index
+        return EnvStepError(f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id)
+
     def reset(self, seed: int | None = None) -> None:
         for i, env in enumerate(self.envs):
-            s = None if seed is None else seed + i
-            obs, _ = env.reset(seed=s)
+            s = None if seed is None else seed + self.first_env_id + i
+            try:
+                obs, _ = env.reset(seed=s)
+            except ShoalError:
+                raise
+            except Exception as e:
+                raise self._failed(i, "reset", e) from e
             if s is not None:
                 env.action_space.seed(s)
             self.obs_spec.write(self._obs[i], obs, self.name)
         self._terminated[:] = False
         self._truncated[:] = False
 
-    def send(self, actions: torch.Tensor) -> None:
-        acts = self.env_actions(actions)  # numpy scalars: Gymnasium's Discrete.contains checks them fastest
+    def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
+        # numpy scalars: Gymnasium's Discrete.contains checks them fastest
+        self.step(self.env_actions(actions))
+
+    def step(self, acts: np.ndarray) -> None:
+        """Step every env with its row of ``acts`` (env-ready actions), autoresetting done ones."""
         write, name = self.obs_spec.write, self.name
         obs_buf, final_buf = self._obs, self._final_obs
         rew, term, trunc, final_infos = self._reward, self._terminated, self._truncated, self.final_infos
         if final_infos:
             final_infos.clear()
-        for i, env in enumerate(self.envs):
-            obs, r, te, tr, info = env.step(acts[i])
-            rew[i] = r
-            term[i] = te
-            trunc[i] = tr
-            if te or tr:
-                if info:
-                    final_infos[i] = info
-                if tr:
-                    write(final_buf[i], obs, name)
-                obs, _ = env.reset()
-            write(obs_buf[i], obs, name)
+        i = 0
+        try:
+            for i, env in enumerate(self.envs):
+                obs, r, te, tr, info = env.step(acts[i])
+                rew[i] = r
+                term[i] = te
+                trunc[i] = tr
+                if te or tr:
+                    if info:
+                        final_infos[i] = info
+                    if tr:
+                        write(final_buf[i], obs, name)
+                    obs, _ = env.reset()
+                write(obs_buf[i], obs, name)
+        except ShoalError:
+            raise
+        except Exception as e:  # free when nothing is raised; names the env when something is
+            raise self._failed(i, "step", e) from e
 
     def _snapshot_envs(self) -> list:
         return self.envs

@@ -1,0 +1,256 @@
+"""Multiprocessing backend: worker processes step envs into shared memory (seeds 001 and 003).
+
+``num_workers`` processes each run a ``SerialBackend`` over its slice of the flat-batch arrays.
+The arrays live in anonymous shared memory mapped before the workers are forked, so the main
+process reads them as torch tensors with no copies, and no named segment exists that a crash
+could leak. Only one-byte commands cross the pipes on the hot path; infos travel (pickled)
+only when an env sets them at an episode's end, and errors travel with their traceback.
+
+Async batches: the workers form ``async_factor`` groups. ``recv()`` returns the first group whose
+workers have all finished stepping (its rows and env ids are in the batch), and
+``send(actions, batch)`` starts that group stepping again, so the policy's forward for one group
+overlaps the stepping of the others. With ``async_factor=1`` there is one group: synchronous.
+
+Workers are forked: envs and their factories need not be picklable, and start-up is fast.
+Workers never run torch ops (the main process clips actions), so they are safe to fork from a
+process that has used torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import traceback
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shoal.envs.spaces import action_spec, obs_spec
+from shoal.errors import EnvError
+from shoal.vector.base import StepBatch, VecBackend, allocate_buffers, batch_view
+from shoal.vector.serial import EnvStepError, SerialBackend
+
+# one-byte commands and replies
+_STEP, _RESET, _CLOSE = b"s", b"r", b"c"
+_OK, _INFOS, _ERROR = b"k", b"i", b"e"
+
+
+def _shared_array(shape: tuple[int, ...], dtype, maps: list[mmap.mmap]) -> np.ndarray:
+    """A zeroed array in anonymous shared memory, inherited by processes forked after it."""
+    count = int(np.prod(shape))
+    buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
+    maps.append(buf)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker if the main process dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _worker(make_env: Callable[[int], gym.Env], first_env: int, num_envs: int, name: str,
+            buffers: dict[str, np.ndarray], actions: np.ndarray, conn: Connection, siblings: list[Connection],
+            parent_pid: int) -> None:
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    for other in siblings:  # inherited ends of earlier workers' pipes: holding them would hide their EOF
+        other.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    rows = slice(first_env, first_env + num_envs)
+    try:
+        envs = SerialBackend(make_env, num_envs, name, {k: v[rows] for k, v in buffers.items()}, first_env)
+        acts = actions[rows]
+        conn.send_bytes(_OK)
+        while True:
+            cmd = conn.recv_bytes()
+            if cmd == _STEP:
+                envs.step(acts)
+            elif cmd[:1] == _RESET:
+                envs.reset(pickle.loads(cmd[1:]))
+            else:
+                break
+            if envs.final_infos:
+                conn.send_bytes(_INFOS + pickle.dumps({first_env + i: info for i, info in envs.final_infos.items()}))
+            else:
+                conn.send_bytes(_OK)
+        envs.close()
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the main process is gone or closing: nothing to report to
+    except BaseException as e:
+        env_id = e.env_id if isinstance(e, EnvStepError) else -1
+        try:
+            conn.send_bytes(_ERROR + pickle.dumps((env_id, str(e), traceback.format_exc())))
+        except (BrokenPipeError, OSError):
+            pass
+
+
+class MultiprocessBackend(VecBackend):
+    autoreset = "same_step"
+
+    def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str, num_workers: int,
+                 async_factor: int = 1):
+        if num_envs % num_workers or num_workers % async_factor:
+            raise EnvError(f"num_envs={num_envs} must be a multiple of num_workers={num_workers}, and num_workers "
+                           f"a multiple of async_factor={async_factor}.")
+        probe = make_env(0)  # the spaces, before any process starts (not closed: it may be the user's instance)
+        obs, act = obs_spec(probe.observation_space), action_spec(probe.action_space)
+        self.single_observation_space, self.single_action_space = probe.observation_space, probe.action_space
+        del probe
+        self._maps: list[mmap.mmap] = []
+        buffers = allocate_buffers(num_envs, obs, lambda shape, dtype: _shared_array(shape, dtype, self._maps))
+        super().__init__(name, num_envs, obs, act, buffers=buffers)
+        self._actions = _shared_array((num_envs, *act.shape), act.dtype, self._maps)
+
+        self.num_workers, self.async_factor = num_workers, async_factor
+        per_worker = num_envs // num_workers
+        self._worker_rows = [slice(w * per_worker, (w + 1) * per_worker) for w in range(num_workers)]
+        workers_per_group = num_workers // async_factor
+        self._group_workers = [list(range(g * workers_per_group, (g + 1) * workers_per_group)) for g in range(async_factor)]
+        rows_per_group = per_worker * workers_per_group
+        env_id = self.batch.env_id
+        self.batches = [batch_view(buffers, slice(g * rows_per_group, (g + 1) * rows_per_group),
+                                   env_id[g * rows_per_group:(g + 1) * rows_per_group]) for g in range(async_factor)]
+        self._group_of = {id(b): g for g, b in enumerate(self.batches)}
+        self._group_infos: list[dict[int, dict]] = [{} for _ in range(async_factor)]
+        self._pending = [0] * async_factor  # workers of each group still stepping
+        self._ready: list[int] = []  # groups whose results are in, in arrival order
+        self._last: StepBatch | None = None
+
+        ctx = mp.get_context("fork")
+        self._conns: list[Connection] = []
+        self._procs = []
+        for w in range(num_workers):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=_worker, name=f"shoal-env-worker-{w}", daemon=True,
+                               args=(make_env, w * per_worker, per_worker, name, buffers, self._actions,
+                                     child_end, list(self._conns), os.getpid()))
+            proc.start()
+            child_end.close()
+            self._conns.append(parent_end)
+            self._procs.append(proc)
+        self._closer = weakref.finalize(self, _shutdown, self._conns, self._procs)
+        self._worker_of = {conn: w for w, conn in enumerate(self._conns)}
+        self._group_conns = [[self._conns[w] for w in ws] for ws in self._group_workers]
+        self._stepping: list[Connection] = []  # workers whose reply has not been read yet
+        self._receive_all()  # every worker has built its envs
+
+    # ----- talking to workers -------------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        self.close()
+        raise EnvError(message)
+
+    def _receive(self, w: int) -> None:
+        try:
+            reply = self._conns[w].recv_bytes()
+        except (EOFError, ConnectionResetError):
+            self._procs[w].join(timeout=1.0)
+            self._fail(f"env worker {w} (envs {self._worker_rows[w].start}-{self._worker_rows[w].stop - 1} of "
+                       f"'{self.name}') died with exit code {self._procs[w].exitcode}.")
+        tag = reply[:1]
+        if tag == _INFOS:
+            infos = pickle.loads(reply[1:])
+            self._group_infos[w // (self.num_workers // self.async_factor)].update(infos)
+        elif tag == _ERROR:
+            env_id, message, tb = pickle.loads(reply[1:])
+            where = f"env {env_id}" if env_id >= 0 else f"worker {w}"
+            self._fail(f"{message}\n--- traceback in env worker {w} ({where} of '{self.name}') ---\n{tb.rstrip()}")
+
+    def _await(self, conns: list[Connection]) -> Connection:
+        """Block until one of ``conns`` replies (a dead worker's pipe reads as EOF, so a death
+        wakes this at once instead of hanging); handle the reply and return its connection."""
+        conn = wait(conns)[0]
+        self._receive(self._worker_of[conn])
+        return conn
+
+    # ----- the flat-batch protocol --------------------------------------------------------
+    def _receive_all(self) -> None:
+        for w in range(self.num_workers):
+            self._receive(w)
+
+    def reset(self, seed: int | None = None) -> None:
+        for conn in self._conns:
+            conn.send_bytes(_RESET + pickle.dumps(seed))
+        for infos in self._group_infos:
+            infos.clear()
+        self._receive_all()
+        self._stepping.clear()
+        self._pending = [0] * self.async_factor
+        self._ready = list(range(self.async_factor))
+
+    def recv(self) -> StepBatch:
+        """The next group whose envs have all stepped (the whole batch when ``async_factor=1``).
+        With nothing stepping, the last batch received is still the current one, as in the
+        serial backend."""
+        if not self._ready and not any(self._pending) and self._last is not None:
+            return self._last
+        if self.async_factor == 1 and self._pending[0]:
+            self._receive_all()  # synchronous: read every worker in turn, no polling
+            self._stepping.clear()
+            self._pending[0] = 0
+            self._ready.append(0)
+        while not self._ready:
+            conn = self._await(self._stepping)
+            self._stepping.remove(conn)
+            g = self._worker_of[conn] // len(self._group_workers[0])
+            self._pending[g] -= 1
+            if self._pending[g] == 0:
+                self._ready.append(g)
+        g = self._ready.pop(0)
+        self._last = self.batches[g]
+        self.final_infos = self._group_infos[g]
+        return self._last
+
+    def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
+        """Step the envs of ``batch`` (default: the one the last recv() returned) with ``actions``."""
+        batch = batch or self._last
+        g = self._group_of[id(batch)]
+        self._actions[batch.rows] = self.env_actions(actions)
+        if self._group_infos[g]:
+            self._group_infos[g].clear()
+        for conn in self._group_conns[g]:
+            conn.send_bytes(_STEP)
+        if self.async_factor > 1:
+            self._stepping.extend(self._group_conns[g])
+        self._pending[g] = len(self._group_conns[g])
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _snapshot_envs(self) -> list:
+        raise NotImplementedError("env state lives in the worker processes")
+
+    def state_dict(self) -> dict:
+        # Env state stays in the workers; a resumed run starts new episodes (Trainer warns).
+        return {"exact": False, "reason": "envs run in worker processes", "envs": [], "buffers": {}}
+
+    def close(self) -> None:
+        self._closer()
+
+
+def _shutdown(conns: list[Connection], procs: list) -> None:
+    """Ask workers to exit, then make sure they have: no orphan survives a close."""
+    for conn in conns:
+        try:
+            conn.send_bytes(_CLOSE)
+        except (BrokenPipeError, OSError):
+            pass
+    for proc in procs:
+        proc.join(timeout=2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=2.0)
+    for conn in conns:
+        conn.close()
