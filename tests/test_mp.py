@@ -159,3 +159,15 @@ def test_worker_config_is_checked():
         shoal.PPO(num_workers=2, vectorization_mode="vector_entry_point", save_outputs=False)
     with pytest.warns(UserWarning, match="more than the"):
         shoal.PPOConfig.build(num_workers=os.cpu_count() * 2, num_envs=os.cpu_count() * 2, sgd_minibatch_size=32)
+
+
+def test_bench_env_prints_throughput_for_each_backend(capsys):
+    from shoal.cli import main
+
+    assert main(["bench", "env", "CartPole-v1", "--num-envs", "4", "--seconds", "0.2"]) == 0
+    assert main(["bench", "env", "CartPole-v1", "--backend", "mp", "--num-envs", "4", "--num-workers", "2",
+                 "--async-factor", "2", "--seconds", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("shoal bench env") == 2 and "serial" in out and "mp" in out
+    assert main(["bench", "env", "benchmarks.no_such:Env-v0", "--seconds", "0.1"]) == 2
+    assert "cannot import module 'benchmarks.no_such'" in capsys.readouterr().err

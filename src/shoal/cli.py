@@ -47,6 +47,19 @@ def _build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="table of final and best (highest) values over runs")
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR")
     compare.add_argument("--metric", default="episode_reward_mean")
+    bench = sub.add_parser("bench", help="throughput: env-only stepping or end-to-end training")
+    what = bench.add_subparsers(dest="bench_command", required=True)
+    benv = what.add_parser("env", help="env-only agent steps per second with random actions")
+    benv.add_argument("env", help="env id (or module:EnvId, e.g. benchmarks.busy_env:Busy-v0)")
+    benv.add_argument("--backend", choices=["serial", "mp"], default="serial")
+    benv.add_argument("--num-envs", type=int, default=8)
+    benv.add_argument("--num-workers", type=int, default=2, help="worker processes (mp backend)")
+    benv.add_argument("--async-factor", type=int, default=1, help="worker groups stepping in turn (mp backend)")
+    benv.add_argument("--seconds", type=float, default=5.0)
+    btrain = what.add_parser("train", help="end-to-end PPO steps per second")
+    btrain.add_argument("env")
+    btrain.add_argument("overrides", nargs="*", metavar="key=value")
+    btrain.add_argument("--timesteps", type=int, default=50_000)
     return parser
 
 
@@ -141,7 +154,24 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare}
+def bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shoal.bench import env_sps, train_sps
+
+    if args.bench_command == "env":
+        workers = args.num_workers if args.backend == "mp" else 0
+        row = env_sps(args.env, args.num_envs, workers, args.async_factor if workers else 1, args.seconds)
+    else:
+        row = train_sps({"env": args.env, **parse_overrides(args.overrides)}, args.timesteps)
+    table = Table(*row.keys(), title=f"shoal bench {args.bench_command}")
+    table.add_row(*(f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console().print(table)
+    return 0
+
+
+COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare, "bench": bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +26,20 @@ def registered_envs() -> list[str]:
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise a clear error when ``env_id`` is neither a shoal nor a Gymnasium id."""
+    """Raise a clear error when ``env_id`` is neither a shoal nor a Gymnasium id.
+
+    ``module:EnvId`` (Gymnasium's form) imports ``module`` first, which registers the id."""
     if env_id in _REGISTRY or env_id in gym.registry:
         return
+    module, sep, short = env_id.partition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise EnvError(f"env '{env_id}': cannot import module '{module}' ({e}).") from None
+        if short in _REGISTRY or short in gym.registry:
+            return
+        env_id = short
     known = list(_REGISTRY) + list(gym.registry)
     hint = did_you_mean(env_id, known)
     raise EnvError(
@@ -60,6 +72,7 @@ def config_creator(env: Any) -> Callable[[dict], gym.Env]:
     """
     if isinstance(env, str):
         check_env_id(env)
+        env = env.partition(":")[2] if ":" in env and env not in gym.registry else env
         if env in _REGISTRY:
             creator = _REGISTRY[env]
             return lambda env_config: _call_creator(creator, env_config, env)
