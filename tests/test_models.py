@@ -131,3 +131,9 @@ def test_engine_free_gradient_equals_autograd(space):
         obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args))
     assert got_loss.item() == pytest.approx(loss.item(), rel=1e-6)
     assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6), (flat.grad - want).abs().max()
+
+    flat.grad.fill_(float("nan"))  # the gradient alone, without the loss values
+    outputs, _ = policy.evaluate_backward(
+        obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args, with_values=False))
+    assert outputs is None
+    assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6)

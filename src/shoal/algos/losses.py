@@ -40,31 +40,35 @@ def normalize_advantage(adv: torch.Tensor, mask: torch.Tensor | None, eps: float
 
 
 def _ppo_forward(logp, value, entropy, old_logp, adv, old_value, returns, weights, clip_coef, vf_clip_coef,
-                 vf_coef, ent_coef):
-    """``(loss, ratio, pg_loss, v_loss)`` and what ``_ppo_backward`` needs."""
+                 vf_coef, ent_coef, with_values: bool = True):
+    """``(loss, ratio, pg_loss, v_loss)`` (None unless ``with_values``) and what ``_ppo_backward`` needs."""
     ratio = (logp - old_logp).exp()
-    surr = -adv * ratio
-    surr_clipped = -adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    neg_adv = -adv
+    surr = neg_adv * ratio
+    surr_clipped = neg_adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
     # Inside the clip range both terms are equal and both carry the gradient -A r; outside it
     # only the unclipped term does, and only when it is the larger.
     unclipped = surr >= surr_clipped
-    pg_loss = (torch.maximum(surr, surr_clipped) * weights).sum()
 
     diff = value - returns
     if vf_clip_coef is None:
-        v_grad = diff
-        v_loss = 0.5 * (diff.square() * weights).sum()
+        v_grad = v_err = diff
     else:
         delta = value - old_value
         diff_clipped = old_value + delta.clamp(-vf_clip_coef, vf_clip_coef) - returns
         use_plain = diff.square() >= diff_clipped.square()
         v_grad = torch.where(use_plain, diff, diff_clipped * (delta.abs() < vf_clip_coef))
-        v_loss = 0.5 * (torch.where(use_plain, diff, diff_clipped).square() * weights).sum()
+        v_err = torch.where(use_plain, diff, diff_clipped)
+    saved = (surr, unclipped, v_grad)
+    if not with_values:  # the gradient alone: the loss values are diagnostics, half the ops
+        return None, saved
 
+    pg_loss = (torch.maximum(surr, surr_clipped) * weights).sum()
+    v_loss = 0.5 * (v_err.square() * weights).sum()
     loss = pg_loss + vf_coef * v_loss
     if ent_coef:
         loss = loss - ent_coef * (entropy * weights).sum()
-    return (loss, ratio, pg_loss, v_loss), (surr, unclipped, v_grad)
+    return (loss, ratio, pg_loss, v_loss), saved
 
 
 def _ppo_backward(saved, w, vf_coef: float, ent_coef: float, need_entropy_grad: bool):
@@ -107,12 +111,13 @@ def ppo_loss(logp: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor | No
 
 def ppo_loss_and_grad(logp: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor | None, old_logp: torch.Tensor,
                       adv: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None,
-                      clip_coef: float, vf_clip_coef: float | None, vf_coef: float, ent_coef: float):
-    """``ppo_loss``'s outputs without autograd, and the loss's gradient wrt ``(logp, value, entropy)``
-    (the entropy's is None when ``ent_coef`` is 0)."""
+                      clip_coef: float, vf_clip_coef: float | None, vf_coef: float, ent_coef: float,
+                      with_values: bool = True):
+    """``ppo_loss``'s outputs without autograd (None unless ``with_values``), and the loss's gradient
+    wrt ``(logp, value, entropy)`` (the entropy's is None when ``ent_coef`` is 0)."""
     weights = _row_weights(mask, logp)
     outputs, saved = _ppo_forward(logp, value, entropy, old_logp, adv, old_value, returns, weights, clip_coef,
-                                  vf_clip_coef, vf_coef, ent_coef)
+                                  vf_clip_coef, vf_coef, ent_coef, with_values)
     return outputs, _ppo_backward(saved, weights, vf_coef, ent_coef, entropy is not None)
 
 

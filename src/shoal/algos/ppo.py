@@ -21,6 +21,7 @@ from shoal.models.flat import FlatAdam, flatten_parameters
 from shoal.models.policy import ActorCritic
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
+LEARN_KEYS = ("obs", "action", "sample_log_prob", "value", "return", "advantage", "valid")
 
 
 class PPOLearner:
@@ -45,9 +46,13 @@ class PPOLearner:
                             rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], c.gamma, c.gae_lambda)
             rollout["advantage"][:, :-1] = advantage
             rollout["return"][:, :-1] = advantage + value[:, :-1]
-        data = transition_view(rollout, flatten=True)
+        data = transition_view(rollout.select(*LEARN_KEYS), flatten=True)
         # Padding / next-step reset rows exist only with some backends; skip the masking cost otherwise.
         mask_all = None if bool(data["valid"].all()) else data["valid"]
+        # One minibatch per epoch sees the same rows every epoch: normalize their advantages once.
+        normalize_once = c.norm_adv and c.sgd_minibatch_size == data.batch_size[0]
+        if normalize_once:
+            data["advantage"] = normalize_advantage(data["advantage"], mask_all)
 
         # 2. Epochs of shuffled minibatches. Diagnostics are kept for the last epoch (and for
         #    every epoch when target_kl needs them): they cost a dozen ops per minibatch.
@@ -61,7 +66,7 @@ class PPOLearner:
                 mask = None if mask_all is None else mb["valid"]
                 need_entropy = track or c.ent_coef > 0
                 adv = mb["advantage"]
-                if c.norm_adv:
+                if c.norm_adv and not normalize_once:
                     adv = normalize_advantage(adv, mask)
                 loss_args = (mb["sample_log_prob"], adv, mb["value"], mb["return"], mask, c.clip_coef,
                              c.vf_clip_coef, c.vf_coef, c.ent_coef)
@@ -71,9 +76,12 @@ class PPOLearner:
                     self.optimizer.zero_grad()
                     loss.backward()
                 else:
-                    (loss, ratio, pg_loss, v_loss), entropy = self.policy.evaluate_backward(
-                        mb["obs"], mb["action"], lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *loss_args),
+                    outputs, entropy = self.policy.evaluate_backward(
+                        mb["obs"], mb["action"],
+                        lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *loss_args, with_values=track),
                         entropy=need_entropy)
+                    if track:
+                        _, ratio, pg_loss, v_loss = outputs
                 if c.max_grad_norm is not None:
                     self.optimizer.clip_grad_norm_(c.max_grad_norm)
                 self.optimizer.step()
