@@ -10,15 +10,16 @@ from shoal.algos.losses import ppo_loss, ppo_loss_and_grad
 from shoal.envs.spaces import action_spec
 from shoal.models.flat import flatten_parameters
 from shoal.models.policy import ActorCritic
-from shoal.models.layers import StackedMLP, _StackedMLPFunction
+from shoal.models.layers import SMALL_BATCH, StackedMLP, _StackedMLPFunction
 from shoal.models.normalize import RewardScaler, RunningMeanStd
 
 
+@pytest.mark.parametrize("rows", [4, SMALL_BATCH + 1])  # both forms of tanh
 @pytest.mark.parametrize("activation,ref", [("tanh", torch.tanh), ("relu", torch.relu)])
-def test_stacked_mlp_equals_separate_mlps(activation, ref):
+def test_stacked_mlp_equals_separate_mlps(activation, ref, rows):
     torch.manual_seed(0)
     net = StackedMLP(5, [7, 6], [3, 1], [0.01, 1.0], activation).double()
-    x = torch.randn(4, 5, dtype=torch.float64)
+    x = torch.randn(rows, 5, dtype=torch.float64)
     outs = net(x)
     for k in range(2):
         h = x

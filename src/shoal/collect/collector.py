@@ -22,6 +22,7 @@ class Collector:
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
         self._started = False
         self._reward_np, self._valid_np = backend.batch.reward.numpy(), backend.batch.valid.numpy()
+        self._truncated_np = backend.batch.truncated.numpy()  # numpy's any() costs a third of torch's
 
     def reset(self, seed: int | None) -> None:
         self.backend.reset(seed)
@@ -63,7 +64,7 @@ class Collector:
             truncated[t].copy_(batch.truncated)
             valid[t].copy_(batch.valid)
             self.tracker.step(self._reward_np, done[t].numpy(), self._valid_np)
-            if backend.autoreset == "same_step" and batch.truncated.any():
+            if backend.autoreset == "same_step" and self._truncated_np.any():
                 rows = batch.truncated.nonzero().squeeze(-1)
                 final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[t][rows]), update=False)
                 final_value[t][rows] = policy.value(final_obs)

@@ -5,8 +5,9 @@ dispatch, more than its arithmetic, so the fewest ops win. ``StackedMLP`` runs t
 critic towers side by side as one batched matmul per layer, inside a single autograd node whose
 backward is written out (four ops per layer instead of autograd's dozen). tanh is computed as
 2 * sigmoid(2x) - 1: torch's CPU sigmoid kernel is several times faster than its tanh
-(measured here: 8 us vs 43 us for a 256x64 block). tests/test_models.py checks both against
-autograd with gradcheck.
+(measured here: 14 us vs 86 us for a 2x256x64 block); below ``SMALL_BATCH`` rows, as in a
+rollout step, one tanh_ op is cheaper than those three. tests/test_models.py checks both
+against autograd with gradcheck.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ def _relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 # activation name -> (in-place forward, backward from the activation's output, scale the layer
 # applies to its pre-activation: tanh takes 2x, see _tanh_)
 ACTIVATIONS = {"tanh": (_tanh_, _tanh_backward, 2.0), "relu": (torch.relu_, _relu_backward, 1.0)}
+SMALL_BATCH = 16  # measured crossover of the two tanh forms for 2 x 64 units
 
 
 def stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
     """Head outputs per tower, and the hidden activations ``[k, B, h]`` the backward needs."""
     act, _, scale = ACTIVATIONS[activation]
+    if activation == "tanh" and x.shape[0] <= SMALL_BATCH:
+        act, scale = torch.tanh_, 1.0
     weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
     heads = params[2 * n_hidden:]
     h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape)
