@@ -11,33 +11,35 @@ import numpy as np
 class EpisodeTracker:
     """Accumulates raw env rewards per agent row; finished episodes go to a smoothing window.
 
-    Works on the backend's numpy views in place; Python touches only rows whose episode ended.
+    Takes a whole rollout at once: a few numpy ops over the block, and Python only for the
+    episodes that ended in it (per step, the bookkeeping cost as much as a policy forward).
     """
 
     def __init__(self, num_rows: int, window: int):
         self.ret = np.zeros(num_rows, dtype=np.float64)
         self.len = np.zeros(num_rows, dtype=np.int64)
-        self._done = np.zeros(num_rows, dtype=bool)
-        self._reward = np.zeros(num_rows, dtype=np.float64)
         self.returns: deque[float] = deque(maxlen=window)
         self.lengths: deque[int] = deque(maxlen=window)
         self.episodes_total = 0
         self.episodes_this_iter = 0
 
-    def step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
-        """Add one step; ``done`` rows (terminated or truncated, and valid) close their episode."""
-        np.multiply(reward, valid, out=self._reward)
-        self.ret += self._reward
-        self.len += valid
-        np.logical_and(done, valid, out=self._done)
-        if self._done.any():
-            rows = np.flatnonzero(self._done)
-            self.returns.extend(self.ret[rows].tolist())
-            self.lengths.extend(self.len[rows].tolist())
-            self.episodes_this_iter += len(rows)
-            self.episodes_total += len(rows)
-            self.ret[rows] = 0.0
-            self.len[rows] = 0
+    def add(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
+        """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated, and valid)
+        close their episode. Episodes enter the window in the order they ended."""
+        # Running sums since the start of the block: an episode ending at step t has its
+        # return so far plus cum_ret[t]; the next one starts from -cum_ret[t].
+        cum_ret = np.cumsum(reward * valid, axis=0, dtype=np.float64)
+        cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
+        steps, rows = np.nonzero(done & valid)
+        for t, row in zip(steps.tolist(), rows.tolist()):
+            self.returns.append(float(self.ret[row] + cum_ret[t, row]))
+            self.lengths.append(int(self.len[row] + cum_len[t, row]))
+            self.ret[row] = -cum_ret[t, row]
+            self.len[row] = -cum_len[t, row]
+        self.ret += cum_ret[-1]
+        self.len += cum_len[-1]
+        self.episodes_this_iter += len(rows)
+        self.episodes_total += len(rows)
 
     def summarize(self) -> dict[str, float]:
         """Stats over the last ``window`` episodes; nan before the first one ends."""
