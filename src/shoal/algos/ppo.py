@@ -96,8 +96,10 @@ class PPOLearner:
                 break  # early stop: the policy moved too far from the one that collected the data
 
         stats = dict(zip(STAT_NAMES, (totals / epoch_steps).tolist()))
-        valid = data["valid"]
-        stats["explained_variance"] = explained_variance(data["value"][valid], data["return"][valid])
+        value, returns = data["value"], data["return"]
+        if mask_all is not None:
+            value, returns = value[mask_all], returns[mask_all]
+        stats["explained_variance"] = explained_variance(value, returns)
         stats["num_sgd_epochs"] = epochs
         stats["num_sgd_steps"] = sgd_steps
         return stats
