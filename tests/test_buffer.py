@@ -1,9 +1,11 @@
-"""Rollout storage: layout, transition view, minibatches."""
+"""Rollout storage: layout, transition view, minibatches; episode bookkeeping over a rollout."""
 
+import numpy as np
 import pytest
 import torch
 
 from shoal.buffers import RolloutBuffer, iterate_minibatches, transition_view
+from shoal.collect import EpisodeTracker
 
 
 def make_buffer(n=4, t=6):
@@ -49,3 +51,29 @@ def test_add_rejects_foreign_storage():
     buf.start_rollout()
     with pytest.raises(ValueError, match="start_rollout"):
         buf.add(make_buffer().start_rollout())
+
+
+def test_episode_tracker_block_equals_step_by_step():
+    """EpisodeTracker.add over whole rollouts against a per-step, per-row reference loop."""
+    rng = np.random.default_rng(0)
+    rows, horizon, blocks = 5, 9, 4
+    tracker = EpisodeTracker(rows, window=1000)
+    ret, length, want_returns, want_lengths = [0.0] * rows, [0] * rows, [], []
+    for _ in range(blocks):
+        reward = rng.normal(size=(horizon, rows)).astype(np.float32)
+        done = rng.random((horizon, rows)) < 0.3  # several episodes per row and block
+        valid = rng.random((horizon, rows)) < 0.9
+        tracker.add(reward, done, valid)
+        for t in range(horizon):
+            for r in range(rows):
+                if valid[t, r]:
+                    ret[r] += float(reward[t, r])
+                    length[r] += 1
+                    if done[t, r]:
+                        want_returns.append(ret[r])
+                        want_lengths.append(length[r])
+                        ret[r], length[r] = 0.0, 0
+    assert list(tracker.returns) == pytest.approx(want_returns, abs=1e-9)
+    assert list(tracker.lengths) == want_lengths
+    assert tracker.ret == pytest.approx(ret, abs=1e-9) and tracker.len.tolist() == length
+    assert tracker.summarize()["episodes_this_iter"] == len(want_returns)

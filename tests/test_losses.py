@@ -89,7 +89,7 @@ def test_explained_variance():
 def test_categorical_matches_torch_distributions():
     logits = torch.randn(32, 5)
     action = torch.randint(0, 5, (32,))
-    logp, ent = Categorical(5).log_prob_entropy(logits, action)
+    logp, ent, _ = Categorical(5).log_prob_entropy(logits, action)
     ref = torch.distributions.Categorical(logits=logits)
     assert torch.allclose(logp, ref.log_prob(action), atol=1e-6)
     assert torch.allclose(ent, ref.entropy(), atol=1e-6)
@@ -103,7 +103,7 @@ def test_multicategorical_is_a_sum_of_parts():
     dist = MultiCategorical((3, 4))
     logits = torch.randn(8, 7)
     action = torch.stack([torch.randint(0, 3, (8,)), torch.randint(0, 4, (8,))], -1)
-    logp, ent = dist.log_prob_entropy(logits, action)
+    logp, ent, _ = dist.log_prob_entropy(logits, action)
     a = torch.distributions.Categorical(logits=logits[:, :3])
     b = torch.distributions.Categorical(logits=logits[:, 3:])
     assert torch.allclose(logp, a.log_prob(action[:, 0]) + b.log_prob(action[:, 1]), atol=1e-6)

@@ -29,10 +29,12 @@ def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tenso
     not_terminal = (~terminated_t).float()
     delta = reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
     carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).float()
-    advantage = torch.empty_like(reward_t)
-    last = torch.zeros(n, dtype=reward_t.dtype, device=reward_t.device)
-    # The time loop stays in Python; each step is one fused op over all rows.
-    for step in range(t - 1, -1, -1):
-        last = torch.addcmul(delta[:, step], carry[:, step], last)
-        advantage[:, step] = last
-    return advantage
+    # The time loop stays in Python. Time-major copies make each step's rows one contiguous slice,
+    # so a step is a single fused op writing straight into the result.
+    delta, carry = delta.t().contiguous().unbind(0), carry.t().contiguous().unbind(0)
+    advantage = torch.empty(t, n, dtype=reward_t.dtype, device=reward_t.device)
+    adv = advantage.unbind(0)
+    adv[t - 1].copy_(delta[t - 1])
+    for step in range(t - 2, -1, -1):
+        torch.addcmul(delta[step], carry[step], adv[step + 1], out=adv[step])
+    return advantage.t()

@@ -39,47 +39,63 @@ def normalize_advantage(adv: torch.Tensor, mask: torch.Tensor | None, eps: float
     return (adv - mean) / (var.sqrt() + eps)
 
 
+def _ppo_forward(logp, value, entropy, old_logp, adv, old_value, returns, weights, clip_coef, vf_clip_coef,
+                 vf_coef, ent_coef, with_values: bool = True):
+    """``(loss, ratio, pg_loss, v_loss)`` (None unless ``with_values``) and what ``_ppo_backward`` needs."""
+    ratio = (logp - old_logp).exp()
+    neg_adv = -adv
+    surr = neg_adv * ratio
+    surr_clipped = neg_adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    # Inside the clip range both terms are equal and both carry the gradient -A r; outside it
+    # only the unclipped term does, and only when it is the larger.
+    unclipped = surr >= surr_clipped
+
+    diff = value - returns
+    if vf_clip_coef is None:
+        v_grad = v_err = diff
+    else:
+        delta = value - old_value
+        diff_clipped = old_value + delta.clamp(-vf_clip_coef, vf_clip_coef) - returns
+        use_plain = diff.square() >= diff_clipped.square()
+        v_grad = torch.where(use_plain, diff, diff_clipped * (delta.abs() < vf_clip_coef))
+        v_err = torch.where(use_plain, diff, diff_clipped)
+    saved = (surr, unclipped, v_grad)
+    if not with_values:  # the gradient alone: the loss values are diagnostics, half the ops
+        return None, saved
+
+    pg_loss = (torch.maximum(surr, surr_clipped) * weights).sum()
+    v_loss = 0.5 * (v_err.square() * weights).sum()
+    loss = pg_loss + vf_coef * v_loss
+    if ent_coef:
+        loss = loss - ent_coef * (entropy * weights).sum()
+    return (loss, ratio, pg_loss, v_loss), saved
+
+
+def _ppo_backward(saved, w, vf_coef: float, ent_coef: float, need_entropy_grad: bool):
+    """Gradients of the loss wrt logp, value and entropy; ``w`` is the row weights times d(output)/d(loss)."""
+    surr, unclipped, v_grad = saved
+    grad_logp = torch.where(unclipped, surr, 0.0).mul_(w)  # d(-A r)/d logp = -A r
+    grad_value = v_grad * (vf_coef * w)
+    grad_entropy = None
+    if need_entropy_grad and ent_coef:
+        grad_entropy = torch.full_like(surr, -ent_coef) * w
+    return grad_logp, grad_value, grad_entropy
+
+
 class _PPOLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, value, entropy, old_logp, adv, old_value, returns, weights, clip_coef, vf_clip_coef,
-                vf_coef, ent_coef):
-        ratio = (logp - old_logp).exp()
-        surr = -adv * ratio
-        surr_clipped = -adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
-        # Inside the clip range both terms are equal and both carry the gradient -A; outside it
-        # only the unclipped term does, and only when it is the larger.
-        unclipped = surr >= surr_clipped
-        pg_loss = (torch.maximum(surr, surr_clipped) * weights).sum()
-
-        diff = value - returns
-        if vf_clip_coef is None:
-            v_grad = diff
-            v_loss = 0.5 * (diff.square() * weights).sum()
-        else:
-            delta = value - old_value
-            diff_clipped = old_value + delta.clamp(-vf_clip_coef, vf_clip_coef) - returns
-            use_plain = diff.square() >= diff_clipped.square()
-            v_grad = torch.where(use_plain, diff, diff_clipped * (delta.abs() < vf_clip_coef))
-            v_loss = 0.5 * (torch.where(use_plain, diff, diff_clipped).square() * weights).sum()
-
-        loss = pg_loss + vf_coef * v_loss
-        if ent_coef:
-            loss = loss - ent_coef * (entropy * weights).sum()
-        ctx.save_for_backward(ratio, adv, unclipped, v_grad)
+    def forward(ctx, logp, value, entropy, *args):
+        outputs, saved = _ppo_forward(logp, value, entropy, *args)
+        weights, _, _, vf_coef, ent_coef = args[4:]
+        ctx.save_for_backward(*saved)
         ctx.weights, ctx.vf_coef, ctx.ent_coef = weights, vf_coef, ent_coef
-        ctx.mark_non_differentiable(ratio, pg_loss, v_loss)
-        return loss, ratio, pg_loss, v_loss
+        ctx.mark_non_differentiable(*outputs[1:])
+        return outputs
 
     @staticmethod
     def backward(ctx, grad, *_):
-        ratio, adv, unclipped, v_grad = ctx.saved_tensors
-        w = grad * ctx.weights
-        grad_logp = -adv * ratio * unclipped * w
-        grad_value = v_grad * (ctx.vf_coef * w)
-        grad_entropy = None
-        if ctx.needs_input_grad[2] and ctx.ent_coef:
-            grad_entropy = torch.full_like(ratio, -ctx.ent_coef) * w
-        return grad_logp, grad_value, grad_entropy, *([None] * 9)
+        grads = _ppo_backward(ctx.saved_tensors, grad * ctx.weights, ctx.vf_coef, ctx.ent_coef, ctx.needs_input_grad[2])
+        return *grads, *([None] * 9)
 
 
 def ppo_loss(logp: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor | None, old_logp: torch.Tensor,
@@ -91,6 +107,18 @@ def ppo_loss(logp: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor | No
     weights = _row_weights(mask, logp)
     return _PPOLoss.apply(logp, value, entropy, old_logp, adv, old_value, returns, weights, clip_coef,
                           vf_clip_coef, vf_coef, ent_coef)
+
+
+def ppo_loss_and_grad(logp: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor | None, old_logp: torch.Tensor,
+                      adv: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None,
+                      clip_coef: float, vf_clip_coef: float | None, vf_coef: float, ent_coef: float,
+                      with_values: bool = True):
+    """``ppo_loss``'s outputs without autograd (None unless ``with_values``), and the loss's gradient
+    wrt ``(logp, value, entropy)`` (the entropy's is None when ``ent_coef`` is 0)."""
+    weights = _row_weights(mask, logp)
+    outputs, saved = _ppo_forward(logp, value, entropy, old_logp, adv, old_value, returns, weights, clip_coef,
+                                  vf_clip_coef, vf_coef, ent_coef, with_values)
+    return outputs, _ppo_backward(saved, weights, vf_coef, ent_coef, entropy is not None)
 
 
 @torch.no_grad()

@@ -45,15 +45,13 @@ def numeric_items(info: dict[str, Any]) -> dict[str, float]:
 class EpisodeTracker:
     """Accumulates raw env rewards per agent row; finished episodes go to a smoothing window.
 
-    Works on the backend's numpy views in place; Python touches only rows whose episode ended.
+    Python touches only rows whose episode ended.
     """
 
     def __init__(self, num_rows: int, window: int, env_id: np.ndarray | None = None,
                  on_episode_end: Callable[[Episode], None] | None = None):
         self.ret = np.zeros(num_rows, dtype=np.float64)
         self.len = np.zeros(num_rows, dtype=np.int64)
-        self._done = np.zeros(num_rows, dtype=bool)
-        self._reward = np.zeros(num_rows, dtype=np.float64)
         self.window = window
         self.env_id = np.arange(num_rows) if env_id is None else env_id
         self.on_episode_end = on_episode_end
@@ -63,29 +61,35 @@ class EpisodeTracker:
         self.episodes_total = 0
         self.episodes_this_iter = 0
 
-    def step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray,
-             final_infos: dict[int, dict] | None = None) -> None:
-        """Add one step; ``done`` rows (terminated or truncated, and valid) close their episode.
-        ``final_infos`` maps rows that ended this step to the info of their last step."""
-        np.multiply(reward, valid, out=self._reward)
-        self.ret += self._reward
-        self.len += valid
-        np.logical_and(done, valid, out=self._done)
-        if self._done.any():
-            rows = np.flatnonzero(self._done)
-            self.returns.extend(self.ret[rows].tolist())
-            self.lengths.extend(self.len[rows].tolist())
-            if final_infos or self.on_episode_end is not None:
-                for row in rows.tolist():
-                    self._close(row, (final_infos or {}).get(row, {}))
-            self.episodes_this_iter += len(rows)
-            self.episodes_total += len(rows)
-            self.ret[rows] = 0.0
-            self.len[rows] = 0
+    def add(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray,
+            step_infos: dict[int, dict[int, dict]] | None = None) -> None:
+        """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated, and valid)
+        close their episode. ``step_infos[t][row]`` is the info of an episode that ended at step t.
+        Episodes enter the window in the order they ended.
 
-    def _close(self, row: int, info: dict[str, Any]) -> None:
-        episode = Episode(row, int(self.env_id[row]), float(self.ret[row]), int(self.len[row]), info,
-                          numeric_items(info))
+        A whole rollout at once: a few numpy ops over the block, and Python only for the episodes
+        that ended in it (per step, the bookkeeping cost as much as a policy forward)."""
+        # Running sums since the start of the block: an episode ending at step t has its
+        # return so far plus cum_ret[t]; the next one starts from -cum_ret[t].
+        cum_ret = np.cumsum(reward * valid, axis=0, dtype=np.float64)
+        cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
+        steps, rows = np.nonzero(done & valid)
+        step_infos = step_infos or {}
+        for t, row in zip(steps.tolist(), rows.tolist()):
+            ret, length = float(self.ret[row] + cum_ret[t, row]), int(self.len[row] + cum_len[t, row])
+            self.returns.append(ret)
+            self.lengths.append(length)
+            if step_infos or self.on_episode_end is not None:
+                self._close(row, ret, length, step_infos.get(t, {}).get(row, {}))
+            self.ret[row] = -cum_ret[t, row]
+            self.len[row] = -cum_len[t, row]
+        self.ret += cum_ret[-1]
+        self.len += cum_len[-1]
+        self.episodes_this_iter += len(rows)
+        self.episodes_total += len(rows)
+
+    def _close(self, row: int, ret: float, length: int, info: dict[str, Any]) -> None:
+        episode = Episode(row, int(self.env_id[row]), ret, length, info, numeric_items(info))
         if self.on_episode_end is not None:
             self.on_episode_end(episode)
         for name, value in episode.custom_metrics.items():

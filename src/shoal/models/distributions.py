@@ -2,6 +2,10 @@
 
 No torch.distributions objects: building one per forward costs more than the math itself at
 rollout batch sizes. Each class is stateless and works on batches of flat parameters.
+
+``log_prob_entropy`` also returns what its hand-written ``backward`` needs, so the learn step can
+run without the autograd engine (``ActorCritic.evaluate_backward``); tests/test_models.py checks
+each backward against autograd.
 """
 
 from __future__ import annotations
@@ -30,9 +34,22 @@ class Categorical:
         return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
     def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True):
+        """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
         logp = logits.log_softmax(-1)
         ent = -(logp.exp() * logp).sum(-1) if entropy else None
-        return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), ent
+        index = action.unsqueeze(-1)
+        return logp.gather(-1, index).squeeze(-1), ent, (logp, index, ent)
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None) -> torch.Tensor:
+        """Gradient wrt the logits. With p = softmax, l = log p, H = -sum p l:
+        d l_a / dz = onehot(a) - p  and  dH / dz = -p (l + H)."""
+        logp, index, ent = ctx
+        coef = grad_logp.unsqueeze(-1)
+        if grad_entropy is not None:
+            coef = coef + grad_entropy.unsqueeze(-1) * (logp + ent.unsqueeze(-1))
+        grad = logp.exp().mul_(coef).neg_()
+        return grad.scatter_add_(-1, index, grad_logp.unsqueeze(-1))
 
 
 class MultiCategorical:
@@ -48,8 +65,13 @@ class MultiCategorical:
         return torch.stack([a for a, _ in pairs], -1), sum(lp for _, lp in pairs)
 
     def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True):
-        pairs = [p.log_prob_entropy(x, a, entropy) for p, x, a in zip(self.parts, logits.split(self.nvec, -1), action.unbind(-1))]
-        return sum(lp for lp, _ in pairs), sum(e for _, e in pairs) if entropy else None
+        parts = [p.log_prob_entropy(x, a, entropy) for p, x, a in zip(self.parts, logits.split(self.nvec, -1), action.unbind(-1))]
+        ent = sum(e for _, e, _ in parts) if entropy else None
+        return sum(lp for lp, _, _ in parts), ent, [c for _, _, c in parts]
+
+    def backward(self, ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None) -> torch.Tensor:
+        # log-probability and entropy are sums over the parts: each part gets the same gradients
+        return torch.cat([p.backward(c, grad_logp, grad_entropy) for p, c in zip(self.parts, ctx)], -1)
 
 
 class DiagGaussian:
@@ -72,3 +94,21 @@ class DiagGaussian:
 
     def entropy(self, log_std: torch.Tensor, batch: int) -> torch.Tensor:
         return (log_std + 0.5 + _LOG_SQRT_2PI).sum(-1).expand(batch)
+
+    def log_prob_entropy(self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor, entropy: bool = True):
+        """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
+        inv_std = (-log_std).exp()
+        z = (action - mean) * inv_std
+        logp = -(0.5 * z.square() + log_std + _LOG_SQRT_2PI).sum(-1)
+        return logp, self.entropy(log_std, mean.shape[0]) if entropy else None, (z, inv_std)
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradients wrt the mean and log_std. With z = (a - mean) / std:
+        d logp / d mean = z / std,  d logp / d log_std = z^2 - 1,  d H / d log_std = 1."""
+        z, inv_std = ctx
+        g = grad_logp.unsqueeze(-1)
+        grad_log_std = (g * (z.square() - 1.0)).sum(0)
+        if grad_entropy is not None:
+            grad_log_std += grad_entropy.sum()
+        return g * z * inv_std, grad_log_std

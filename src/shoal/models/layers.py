@@ -5,8 +5,9 @@ dispatch, more than its arithmetic, so the fewest ops win. ``StackedMLP`` runs t
 critic towers side by side as one batched matmul per layer, inside a single autograd node whose
 backward is written out (four ops per layer instead of autograd's dozen). tanh is computed as
 2 * sigmoid(2x) - 1: torch's CPU sigmoid kernel is several times faster than its tanh
-(measured here: 8 us vs 43 us for a 256x64 block). tests/test_models.py checks both against
-autograd with gradcheck.
+(measured here: 14 us vs 86 us for a 2x256x64 block); below ``SMALL_BATCH`` rows, as in a
+rollout step, one tanh_ op is cheaper than those three. tests/test_models.py checks both
+against autograd with gradcheck.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ def _relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 # activation name -> (in-place forward, backward from the activation's output, scale the layer
 # applies to its pre-activation: tanh takes 2x, see _tanh_)
 ACTIVATIONS = {"tanh": (_tanh_, _tanh_backward, 2.0), "relu": (torch.relu_, _relu_backward, 1.0)}
+SMALL_BATCH = 16  # measured crossover of the two tanh forms for 2 x 64 units
 
 
-def _stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
+def stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
     """Head outputs per tower, and the hidden activations ``[k, B, h]`` the backward needs."""
     act, _, scale = ACTIVATIONS[activation]
+    if activation == "tanh" and x.shape[0] <= SMALL_BATCH:
+        act, scale = torch.tanh_, 1.0
     weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
     heads = params[2 * n_hidden:]
     h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape)
@@ -49,41 +53,51 @@ def _stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) ->
     return outs, hidden
 
 
+def stacked_backward(x: torch.Tensor, activation: str, params, hidden: list, grad_outs, grads,
+                     need_grad_x: bool = False) -> torch.Tensor | None:
+    """The backward of ``stacked_forward``: writes each parameter's gradient into ``grads`` (same
+    order as ``params``, overwritten, not accumulated); returns the input's gradient if asked.
+
+    Shared by the autograd node and by the engine-free learn step (``ActorCritic.evaluate_backward``).
+    """
+    _, act_backward, _ = ACTIVATIONS[activation]
+    n = len(hidden)
+    weights, head_weights = params[0:2 * n:2], params[2 * n::2]
+    last = hidden[-1]
+    grad = torch.empty_like(last)
+    for k, (g, hw) in enumerate(zip(grad_outs, head_weights)):
+        torch.mm(g.t(), last[k], out=grads[2 * n + 2 * k])
+        torch.sum(g, 0, out=grads[2 * n + 2 * k + 1])
+        torch.mm(g, hw, out=grad[k])
+    for i in reversed(range(n)):
+        grad = act_backward(grad, hidden[i])
+        inp = hidden[i - 1] if i > 0 else x.unsqueeze(0).expand(len(grad_outs), *x.shape)
+        torch.bmm(inp.transpose(1, 2), grad, out=grads[2 * i])
+        torch.sum(grad, 1, keepdim=True, out=grads[2 * i + 1])
+        if i > 0:
+            grad = torch.bmm(grad, weights[i].transpose(1, 2))
+        elif need_grad_x:
+            return torch.bmm(grad, weights[0].transpose(1, 2)).sum(0)
+    return None
+
+
 class _StackedMLPFunction(torch.autograd.Function):
     """Forward and backward of ``StackedMLP``; the backward is autograd's, written out."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, activation: str, n_hidden: int, *params: torch.Tensor):
-        outs, hidden = _stacked_forward(x, activation, n_hidden, params)
-        ctx.activation = activation
-        ctx.save_for_backward(x, *params[0:2 * n_hidden:2], *params[2 * n_hidden::2], *hidden)
+        outs, hidden = stacked_forward(x, activation, n_hidden, params)
+        ctx.activation, ctx.n_hidden = activation, n_hidden
+        ctx.save_for_backward(x, *params, *hidden)
         return outs
 
     @staticmethod
     def backward(ctx, *grad_outs: torch.Tensor):
-        _, act_backward, _ = ACTIVATIONS[ctx.activation]
         x, *saved = ctx.saved_tensors
-        towers = len(grad_outs)
-        n = (len(saved) - towers) // 2
-        weights, head_weights, hidden = saved[:n], saved[n:n + towers], saved[n + towers:]
-        last = hidden[-1]
-        head_grads: list[torch.Tensor] = []
-        grad = torch.empty_like(last)
-        for k, (g, hw) in enumerate(zip(grad_outs, head_weights)):
-            head_grads += [g.t().mm(last[k]), g.sum(0)]
-            torch.mm(g, hw, out=grad[k])
-        grads: list[torch.Tensor | None] = [None] * (2 * n)
-        grad_x = None
-        for i in reversed(range(n)):
-            grad = act_backward(grad, hidden[i])
-            inp = hidden[i - 1] if i > 0 else x.unsqueeze(0).expand(towers, *x.shape)
-            grads[2 * i] = torch.bmm(inp.transpose(1, 2), grad)
-            grads[2 * i + 1] = grad.sum(1, keepdim=True)
-            if i > 0:
-                grad = torch.bmm(grad, weights[i].transpose(1, 2))
-            elif ctx.needs_input_grad[0]:
-                grad_x = torch.bmm(grad, weights[0].transpose(1, 2)).sum(0)
-        return grad_x, None, None, *grads, *head_grads
+        params, hidden = saved[:-ctx.n_hidden], saved[-ctx.n_hidden:]
+        grads = [torch.empty_like(p) for p in params]
+        grad_x = stacked_backward(x, ctx.activation, params, hidden, grad_outs, grads, ctx.needs_input_grad[0])
+        return grad_x, None, None, *grads
 
 
 class StackedMLP(nn.Module):
@@ -118,7 +132,15 @@ class StackedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if torch.is_grad_enabled():
             return _StackedMLPFunction.apply(x, self.activation, len(self.weights), *self._params)
-        return _stacked_forward(x, self.activation, len(self.weights), self._params)[0]  # rollout: no graph
+        return stacked_forward(x, self.activation, len(self.weights), self._params)[0]  # rollout: no graph
+
+    def forward_for_backward(self, x: torch.Tensor) -> tuple[tuple, list]:
+        """Outputs without an autograd graph, plus the hidden activations ``backward_into_grad`` needs."""
+        return stacked_forward(x, self.activation, len(self.weights), self._params)
+
+    def backward_into_grad(self, x: torch.Tensor, hidden: list, grad_outs) -> None:
+        """Write the gradient of the outputs (``grad_outs``, one per tower) into each parameter's ``.grad``."""
+        stacked_backward(x, self.activation, self._params, hidden, grad_outs, [p.grad for p in self._params])
 
 
 def _orthogonal(rows: int, cols: int, gain: float) -> torch.Tensor:

@@ -56,8 +56,30 @@ class ActorCritic(nn.Module):
         """Log-probability of ``action`` under the current policy, its entropy (None when not asked
         for) and values."""
         params, value = self.forward(obs)
+        return *self._log_prob_entropy(params, action, entropy)[:2], value
+
+    @torch.no_grad()
+    def evaluate_backward(self, obs: torch.Tensor, action: torch.Tensor, loss_and_grad, entropy: bool = True):
+        """``evaluate`` and the backward pass of a loss of its outputs, without the autograd engine.
+
+        ``loss_and_grad(logp, entropy, value)`` returns ``(result, (grad_logp, grad_value,
+        grad_entropy))``; the gradient is written (not accumulated) into every parameter's
+        ``.grad``, which must exist (see ``flatten_parameters``). Returns ``result`` and the entropy.
+        The engine's graph bookkeeping costs more than the arithmetic on networks this small.
+        """
+        x = obs.reshape(obs.shape[0], -1).float()
+        (params, value), hidden = self.net.forward_for_backward(x)
+        logp, ent, ctx = self._log_prob_entropy(params, action, entropy)
+        result, (grad_logp, grad_value, grad_entropy) = loss_and_grad(logp, ent, value.squeeze(-1))
         if self.continuous:
-            ent = self.dist.entropy(self.log_std, obs.shape[0]) if entropy else None
-            return self.dist.log_prob(params, self.log_std, action), ent, value
-        logp, ent = self.dist.log_prob_entropy(params, action, entropy)
-        return logp, ent, value
+            grad_params, grad_log_std = self.dist.backward(ctx, grad_logp, grad_entropy)
+            self.log_std.grad.copy_(grad_log_std)
+        else:
+            grad_params = self.dist.backward(ctx, grad_logp, grad_entropy)
+        self.net.backward_into_grad(x, hidden, (grad_params, grad_value.unsqueeze(-1)))
+        return result, ent
+
+    def _log_prob_entropy(self, params: torch.Tensor, action: torch.Tensor, entropy: bool):
+        if self.continuous:
+            return self.dist.log_prob_entropy(params, self.log_std, action, entropy)
+        return self.dist.log_prob_entropy(params, action, entropy)
