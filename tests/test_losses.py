@@ -116,7 +116,9 @@ def test_diag_gaussian_matches_torch_distributions():
     dist = DiagGaussian(3)
     action, logp = dist.sample(mean, log_std)
     assert torch.allclose(logp, ref.log_prob(action).sum(-1), atol=1e-5)
-    assert torch.allclose(dist.log_prob(mean, log_std, action), ref.log_prob(action).sum(-1), atol=1e-5)
+    assert torch.allclose(dist.log_prob_entropy(mean, log_std, action)[0], ref.log_prob(action).sum(-1), atol=1e-5)
+    mode, mode_logp = dist.sample(mean, log_std, deterministic=True)
+    assert torch.equal(mode, mean) and torch.allclose(mode_logp, ref.log_prob(mean).sum(-1), atol=1e-5)
     assert torch.allclose(dist.entropy(log_std, 16), ref.entropy().sum(-1), atol=1e-5)
 
 

@@ -98,7 +98,7 @@ def train(args: argparse.Namespace) -> int:
         if algo.run_dir:
             verb = f"resuming at iteration {algo.iteration} in" if args.resume else "writing to"
             print(f"shoal: {verb} {algo.run_dir}", file=sys.stderr)
-        algo.learn()
+        result = algo.learn()
         if algo.stop_reason is not None:
             hint = f"; continue with: shoal train --resume {algo.run_dir}" if algo.run_dir else ""
             print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)
@@ -106,7 +106,7 @@ def train(args: argparse.Namespace) -> int:
             "env": algo.env_name,
             "timesteps_total": algo.timesteps_total,
             "time_total_s": round(algo.time_total_s, 2),
-            "episode_reward_mean": algo.tracker.summarize()["episode_reward_mean"],
+            "episode_reward_mean": result.get("episode_reward_mean"),
             "stop_reason": algo.stop_reason,
             "evaluation": None if algo.stop_reason in EXIT_CODES else algo.evaluate(args.eval_episodes),
             "run_dir": str(algo.run_dir) if algo.run_dir else None,

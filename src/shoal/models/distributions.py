@@ -80,17 +80,14 @@ class DiagGaussian:
     def __init__(self, dim: int):
         self.param_dim = dim
 
-    def sample(self, mean: torch.Tensor, log_std: torch.Tensor, deterministic: bool = False):
-        if deterministic:
-            return mean, self.log_prob(mean, log_std, mean)
-        noise = torch.randn_like(mean)
-        action = mean + noise * log_std.exp()
-        logp = -(0.5 * noise.square() + log_std + _LOG_SQRT_2PI).sum(-1)
-        return action, logp
-
-    def log_prob(self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        z = (action - mean) * (-log_std).exp()
+    @staticmethod
+    def _log_density(z: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        """log N(a; mean, std) summed over dims, from the standardized action z = (a - mean) / std."""
         return -(0.5 * z.square() + log_std + _LOG_SQRT_2PI).sum(-1)
+
+    def sample(self, mean: torch.Tensor, log_std: torch.Tensor, deterministic: bool = False):
+        noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
+        return mean + noise * log_std.exp(), self._log_density(noise, log_std)
 
     def entropy(self, log_std: torch.Tensor, batch: int) -> torch.Tensor:
         return (log_std + 0.5 + _LOG_SQRT_2PI).sum(-1).expand(batch)
@@ -99,8 +96,7 @@ class DiagGaussian:
         """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
         inv_std = (-log_std).exp()
         z = (action - mean) * inv_std
-        logp = -(0.5 * z.square() + log_std + _LOG_SQRT_2PI).sum(-1)
-        return logp, self.entropy(log_std, mean.shape[0]) if entropy else None, (z, inv_std)
+        return self._log_density(z, log_std), self.entropy(log_std, mean.shape[0]) if entropy else None, (z, inv_std)
 
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -88,8 +88,8 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify and load a checkpoint directory; returns ``(state, meta)``."""
+def verify(path: Path) -> dict[str, Any]:
+    """The checkpoint's meta, once ``state.pt`` is found whole (its SHA-256 matches)."""
     path = Path(path)
     meta = read_meta(path)
     state_file = path / STATE_FILE
@@ -98,6 +98,14 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if _sha256(state_file) != meta.get("sha256"):
         raise CheckpointError(f"checkpoint '{path}': {STATE_FILE} does not match the checksum in {META_FILE}; "
                               f"the file is truncated or was modified. Use an earlier checkpoint.")
+    return meta
+
+
+def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Verify and load a checkpoint directory; returns ``(state, meta)``."""
+    path = Path(path)
+    meta = verify(path)
+    state_file = path / STATE_FILE
     try:
         state = torch.load(state_file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -141,9 +149,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     candidates = list_checkpoints(root)
     for candidate in reversed(candidates):
         try:
-            meta = read_meta(candidate)
-            if _sha256(candidate / STATE_FILE) != meta.get("sha256"):
-                raise CheckpointError(f"'{candidate}' does not match its checksum")
+            verify(candidate)
             return candidate
         except (CheckpointError, OSError) as e:
             warnings.warn(f"skipping damaged checkpoint: {e}", stacklevel=2)

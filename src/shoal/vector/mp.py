@@ -117,7 +117,8 @@ class MultiprocessBackend(VecBackend):
         per_worker = num_envs // num_workers
         self._worker_rows = [slice(w * per_worker, (w + 1) * per_worker) for w in range(num_workers)]
         workers_per_group = num_workers // async_factor
-        self._group_workers = [list(range(g * workers_per_group, (g + 1) * workers_per_group)) for g in range(async_factor)]
+        group_workers = [list(range(g * workers_per_group, (g + 1) * workers_per_group)) for g in range(async_factor)]
+        self._group_of_worker = [w // workers_per_group for w in range(num_workers)]
         rows_per_group = per_worker * workers_per_group
         env_id = self.batch.env_id
         self.batches = [batch_view(buffers, slice(g * rows_per_group, (g + 1) * rows_per_group),
@@ -142,7 +143,7 @@ class MultiprocessBackend(VecBackend):
             self._procs.append(proc)
         self._closer = weakref.finalize(self, _shutdown, self._conns, self._procs)
         self._worker_of = {conn: w for w, conn in enumerate(self._conns)}
-        self._group_conns = [[self._conns[w] for w in ws] for ws in self._group_workers]
+        self._group_conns = [[self._conns[w] for w in ws] for ws in group_workers]
         self._stepping: list[Connection] = []  # workers whose reply has not been read yet
         self._receive_all()  # every worker has built its envs
 
@@ -161,7 +162,7 @@ class MultiprocessBackend(VecBackend):
         tag = reply[:1]
         if tag == _INFOS:
             infos = pickle.loads(reply[1:])
-            self._group_infos[w // (self.num_workers // self.async_factor)].update(infos)
+            self._group_infos[self._group_of_worker[w]].update(infos)
         elif tag == _ERROR:
             env_id, message, tb = pickle.loads(reply[1:])
             where = f"env {env_id}" if env_id >= 0 else f"worker {w}"
@@ -203,7 +204,7 @@ class MultiprocessBackend(VecBackend):
         while not self._ready:
             conn = self._await(self._stepping)
             self._stepping.remove(conn)
-            g = self._worker_of[conn] // len(self._group_workers[0])
+            g = self._group_of_worker[self._worker_of[conn]]
             self._pending[g] -= 1
             if self._pending[g] == 0:
                 self._ready.append(g)
@@ -228,9 +229,6 @@ class MultiprocessBackend(VecBackend):
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
-
-    def _snapshot_envs(self) -> list:
-        raise NotImplementedError("env state lives in the worker processes")
 
     def state_dict(self) -> dict:
         # Env state stays in the workers; a resumed run starts new episodes (Trainer warns).
