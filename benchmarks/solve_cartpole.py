@@ -1,7 +1,10 @@
 """Do the library defaults solve CartPole-v1? For each seed: PPO(env="CartPole-v1", seed=s).learn(100_000),
 then 20 deterministic evaluation episodes; solved means a mean return >= 475.
 
-    python benchmarks/solve_cartpole.py [--seeds 1 2 3] [--steps 100000]
+    python benchmarks/solve_cartpole.py [--seeds 1 2 3] [--steps 100000] [key=value ...]
+
+Config overrides ask the same of other settings, e.g. ``num_workers=2`` for the multiprocessing
+backend or ``num_workers=2 async_factor=2`` for async rollouts.
 """
 
 from __future__ import annotations
@@ -11,18 +14,23 @@ import sys
 import time
 
 import shoal
+from shoal.config import parse_overrides
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
+    overrides = parse_overrides(args.overrides)
+    if overrides:
+        print("settings:", " ".join(args.overrides))
     print(f"{'seed':>4} {'steps':>8} {'wall (s)':>9} {'train return':>13} {'eval mean':>10} {'eval min':>9}  solved")
     ok = True
     for seed in args.seeds:
         start = time.perf_counter()
-        with shoal.PPO(env="CartPole-v1", seed=seed, save_outputs=False, verbose=0) as algo:
+        with shoal.PPO(env="CartPole-v1", seed=seed, save_outputs=False, verbose=0, **overrides) as algo:
             result = algo.learn(args.steps)
             wall = time.perf_counter() - start
             ev = algo.evaluate(20)

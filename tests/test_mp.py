@@ -146,8 +146,46 @@ def test_ctrl_c_stops_a_multiprocess_run_cleanly(tmp_path):
     assert (run / "result.json").exists()
 
 
-def test_ppo_learns_cartpole_with_worker_processes():
-    with shoal.PPO(env="CartPole-v1", seed=1, num_workers=2, save_outputs=False, verbose=0) as algo:
+class JitteryCounterEnv(CounterEnv):
+    """CounterEnv whose steps take a random 0-2 ms, so async groups finish in no fixed order."""
+
+    def __init__(self):
+        super().__init__(limit=5)
+
+    def step(self, action):
+        time.sleep(self.np_random.uniform(0.0, 0.002))
+        return super().step(action)
+
+
+@pytest.mark.filterwarnings("ignore:num_workers=4 is more")
+def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
+    algo = shoal.PPO(env=JitteryCounterEnv, num_envs=8, num_workers=4, async_factor=4, rollout_fragment_length=16,
+                     sgd_minibatch_size=32, save_outputs=False, verbose=0)
+    arrivals = []
+    recv = algo.backend.recv
+    algo.backend.recv = lambda: arrivals.append((batch := recv()).rows.start) or batch
+    with algo:
+        rollout = algo.buffer.start_rollout()
+        algo.collector.collect(rollout)
+        first_last_obs = rollout["obs"][:, -1].clone()
+        algo.collector.collect(rollout)
+    assert len(arrivals) == 2 * 4 * 16
+    in_order = [sorted(arrivals[i:i + 4]) == arrivals[i:i + 4] for i in range(0, len(arrivals), 4)]
+    assert not all(in_order)  # the groups really did interleave out of order
+    obs, done = rollout["obs"][..., 0], rollout["done"]
+    # Within a row, obs counts 0, 1, 2, ... and restarts at 0 exactly after a done step.
+    expected_next = torch.where(done[:, :-1], torch.zeros_like(obs[:, 1:]), obs[:, :-1] + 1)
+    assert torch.equal(obs[:, 1:], expected_next)
+    assert torch.equal(done[:, :-1], obs[:, :-1] == 4)
+    # The second rollout starts where the first parked each row.
+    assert torch.equal(rollout["obs"][:, 0], first_last_obs)
+    assert torch.equal(rollout["reward"][:, :-1], torch.ones(8, 16))
+
+
+@pytest.mark.parametrize("async_factor", [1, 2])
+def test_ppo_learns_cartpole_with_worker_processes(async_factor):
+    with shoal.PPO(env="CartPole-v1", seed=1, num_workers=2, async_factor=async_factor, save_outputs=False,
+                   verbose=0) as algo:
         algo.learn(40_000)
         assert algo.evaluate(20)["episode_reward_mean"] >= 300
 
@@ -157,6 +195,12 @@ def test_worker_config_is_checked():
         shoal.PPO(num_workers=3, save_outputs=False)
     with pytest.raises(shoal.ConfigError, match="set one of them"):
         shoal.PPO(num_workers=2, vectorization_mode="vector_entry_point", save_outputs=False)
+    with pytest.raises(shoal.ConfigError, match="async_factor=2 needs env worker processes"):
+        shoal.PPO(async_factor=2, save_outputs=False)
+    with pytest.raises(shoal.ConfigError, match="num_workers=2 must be a multiple of async_factor=4.*async_factor=2"):
+        shoal.PPO(num_workers=2, async_factor=4, save_outputs=False)
+    with pytest.raises(shoal.ConfigError, match="'async_factor': 0"):
+        shoal.PPO(num_workers=2, async_factor=0, save_outputs=False)
     with pytest.warns(UserWarning, match="more than the"):
         shoal.PPOConfig.build(num_workers=os.cpu_count() * 2, num_envs=os.cpu_count() * 2, sgd_minibatch_size=32)
 

@@ -30,6 +30,7 @@ class TrainerConfig(BaseModel):
     seed: int = 0
     num_envs: int = Field(8, ge=1)
     num_workers: int = Field(0, ge=0)  # 0: envs step in this process; N: in N worker processes
+    async_factor: int = Field(1, ge=1)  # worker groups stepping while the policy acts on another (seed 003)
     rollout_fragment_length: int | None = Field(None, ge=1)
     train_batch_size: int | None = Field(None, ge=1)
     total_timesteps: int = Field(100_000, ge=1)
@@ -96,6 +97,15 @@ class TrainerConfig(BaseModel):
             near = min(fits, key=lambda d: abs(d - w))
             raise ConfigError(f"num_envs={n} must be a multiple of num_workers={w} (each worker steps the same "
                               f"number of envs). Try num_workers={near} or num_envs={(n // w + 1) * w}.")
+        f = self.async_factor
+        if f > 1 and not w:
+            raise ConfigError(f"async_factor={f} needs env worker processes to overlap with; set num_workers to a "
+                              f"multiple of {f} (e.g. num_workers={f}) or async_factor=1.")
+        if f > 1 and w % f:
+            fits = [d for d in range(1, w + 1) if w % d == 0]
+            near = min(fits, key=lambda d: abs(d - f))
+            raise ConfigError(f"num_workers={w} must be a multiple of async_factor={f} (each of the {f} groups gets "
+                              f"the same number of workers). Try async_factor={near} or num_workers={(w // f + 1) * f}.")
         cores = os.cpu_count() or 1
         if w > cores:
             warnings.warn(f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.",

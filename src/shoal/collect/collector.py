@@ -1,7 +1,14 @@
 """The collector: runs the policy on a backend and writes the rollout in place.
 
-Per step it does one policy forward over all agent rows and a fixed handful of tensor copies
-into preallocated storage; nothing else is allocated.
+Batches arrive in whatever order the backend's env groups finish stepping (``async_factor``
+groups; one when synchronous). Every agent row keeps its own write position, so each row's
+trajectory is whole however the groups interleave. A group that has taken its ``T`` steps is
+*parked*: its latest observation goes in slot ``T`` as the bootstrap, and it waits, not stepping,
+until the next rollout starts from exactly that observation.
+
+Per batch it does one policy forward over the batch's rows and a fixed handful of copies into
+views of the preallocated storage (made once per rollout storage and batch); nothing else is
+allocated.
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ from tensordict import TensorDict
 from shoal.collect.episodes import EpisodeTracker
 from shoal.errors import EnvError
 from shoal.models.normalize import ObsNormalizer, RewardScaler
-from shoal.vector.base import VecBackend
+from shoal.vector.base import StepBatch, VecBackend
+
+_FIELDS = ("obs", "action", "sample_log_prob", "value", "final_value", "reward", "done", "terminated",
+           "truncated", "valid", "raw_reward")
 
 
 class Collector:
@@ -21,13 +31,16 @@ class Collector:
                  obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None):
         self.backend, self.policy, self.tracker = backend, policy, tracker
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
-        self._started = False
-        self._reward_np = backend.batch.reward.numpy()
-        self._truncated_np = backend.batch.truncated.numpy()  # numpy's any() costs a third of torch's
+        self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
+        self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
+        self._views: dict[int, dict[str, tuple[torch.Tensor, ...]]] = {}
+        self._views_of: TensorDict | None = None
+        self._raw_reward: torch.Tensor | None = None  # [N, T+1]: the tracker reads unscaled rewards
 
     def reset(self, seed: int | None) -> None:
+        """Reset every env; all groups start parked on their first observation."""
         self.backend.reset(seed)
-        self._started = True
+        self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
 
     def _write_obs(self, raw: torch.Tensor, out: torch.Tensor, update: bool) -> torch.Tensor:
         if self.obs_normalizer is None:
@@ -36,51 +49,75 @@ class Collector:
             self.obs_normalizer.stats.update(raw)
         return self.obs_normalizer.normalize(raw, out=out)
 
+    def _views_for(self, rollout: TensorDict, batch: StepBatch) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Per-step views ``field[t] -> [rows of batch, ...]`` of the storage, made once."""
+        if self._views_of is not rollout:
+            self._views, self._views_of = {}, rollout
+            self._raw_reward = torch.zeros(rollout.batch_size)
+        views = self._views.get(id(batch))
+        if views is None:
+            views = {key: (self._raw_reward if key == "raw_reward" else rollout[key])[batch.rows].unbind(1)
+                     for key in _FIELDS}
+            views["truncated_np"] = batch.truncated.numpy()  # numpy's any() costs a third of torch's
+            self._views[id(batch)] = views
+        return views
+
     @torch.inference_mode()
     def collect(self, rollout: TensorDict) -> int:
-        """Fill ``rollout`` ([N, T+1]) with T steps; returns the number of env steps taken."""
-        if not self._started:
+        """Fill ``rollout`` ([N, T+1]) with T steps of every row; returns the number of env steps."""
+        if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
         backend, policy = self.backend, self.policy
-        # Per-step views of the [N, T+1] storage, made once per rollout.
-        obs, action, logp, value, final_value, reward, done, terminated, truncated, valid = (
-            rollout[key].unbind(1) for key in ("obs", "action", "sample_log_prob", "value", "final_value",
-                                               "reward", "done", "terminated", "truncated", "valid"))
         horizon = rollout.batch_size[1] - 1
-        # The tracker reads raw env rewards once per rollout; the rollout's may be scaled.
-        raw_reward = np.empty((horizon, backend.num_rows), dtype=np.float32)
         step_infos: dict[int, dict[int, dict]] = {}  # step -> row -> info of an episode's last step
-        batch = backend.recv()
-        for t in range(horizon):
-            obs_t = self._write_obs(batch.obs, obs[t], update=True)
-            a, lp, v = policy.act(obs_t)
-            action[t].copy_(a)
-            logp[t].copy_(lp)
-            value[t].copy_(v)
-            backend.send(a)
-            batch = backend.recv()
-            torch.logical_or(batch.terminated, batch.truncated, out=done[t])
-            if self.reward_scaler is None:
-                reward[t].copy_(batch.reward)
+        ready, self._parked = self._parked, []
+        num_groups = len(ready)
+        self._position[:] = 0
+        while len(self._parked) < num_groups:
+            if ready:  # parked since the last rollout: its obs is current, no step result to record
+                batch = ready.pop()
+                t = 0
             else:
-                self.reward_scaler.scale(batch.reward, done[t], out=reward[t])
-            terminated[t].copy_(batch.terminated)
-            truncated[t].copy_(batch.truncated)
-            valid[t].copy_(batch.valid)
-            raw_reward[t] = self._reward_np
-            if backend.final_infos:  # only at episode ends, and only when an env sets infos
-                step_infos[t] = dict(backend.final_infos)
-            if backend.autoreset == "same_step" and self._truncated_np.any():
-                rows = batch.truncated.nonzero().squeeze(-1)
-                final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(obs[t][rows]), update=False)
-                final_value[t][rows] = policy.value(final_obs)
-        last = self._write_obs(batch.obs, obs[horizon], update=False)
-        value[horizon].copy_(policy.value(last))
+                batch = backend.recv()
+                t = int(self._position[batch.rows.start])
+                self._record_step(batch, self._views_for(rollout, batch), t - 1, step_infos)
+            views = self._views_for(rollout, batch)
+            if t < horizon:
+                obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
+                a, lp, v = policy.act(obs_t)
+                views["action"][t].copy_(a)
+                views["sample_log_prob"][t].copy_(lp)
+                views["value"][t].copy_(v)
+                backend.send(a, batch)
+                self._position[batch.rows] = t + 1
+            else:  # T steps taken: bootstrap from the current obs and park until the next rollout
+                last = self._write_obs(batch.obs, views["obs"][horizon], update=False)
+                views["value"][horizon].copy_(policy.value(last))
+                self._parked.append(batch)
         steps = slice(0, horizon)
-        self.tracker.add(raw_reward, rollout["done"].numpy()[:, steps].T, rollout["valid"].numpy()[:, steps].T,
-                         step_infos)
+        self.tracker.add(self._raw_reward[:, steps].numpy().T, rollout["done"].numpy()[:, steps].T,
+                         rollout["valid"].numpy()[:, steps].T, step_infos)
         self._check_rewards(rollout, horizon)
         return backend.num_rows * horizon
+
+    def _record_step(self, batch: StepBatch, views: dict, t: int, step_infos: dict[int, dict[int, dict]]) -> None:
+        """Write the result of step ``t`` (reward, flags, bootstrap values) for ``batch``'s rows."""
+        done = torch.logical_or(batch.terminated, batch.truncated, out=views["done"][t])
+        if self.reward_scaler is None:
+            views["reward"][t].copy_(batch.reward)
+        else:
+            self.reward_scaler.scale(batch.reward, done, out=views["reward"][t], rows=batch.rows)
+        views["raw_reward"][t].copy_(batch.reward)
+        views["terminated"][t].copy_(batch.terminated)
+        views["truncated"][t].copy_(batch.truncated)
+        views["valid"][t].copy_(batch.valid)
+        if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
+            step_infos.setdefault(t, {}).update(self.backend.final_infos)
+        if self.backend.autoreset == "same_step" and views["truncated_np"].any():
+            rows = batch.truncated.nonzero().squeeze(-1)
+            final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(views["obs"][t][rows]),
+                                        update=False)
+            views["final_value"][t][rows] = self.policy.value(final_obs)
 
     def _check_rewards(self, rollout: TensorDict, horizon: int) -> None:
         reward = rollout["reward"][:, :horizon]

@@ -55,8 +55,10 @@ class RewardScaler(nn.Module):
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
     @torch.no_grad()
-    def scale(self, reward: torch.Tensor, done: torch.Tensor, out: torch.Tensor) -> None:
-        self.ret.mul_(self.gamma).add_(reward)
-        self.stats.update(self.ret)
-        self.ret.masked_fill_(done, 0.0)
+    def scale(self, reward: torch.Tensor, done: torch.Tensor, out: torch.Tensor, rows: slice = slice(None)) -> None:
+        """Scale the rewards of agent rows ``rows`` (an async batch covers only some)."""
+        ret = self.ret[rows]
+        ret.mul_(self.gamma).add_(reward)
+        self.stats.update(ret)
+        ret.masked_fill_(done, 0.0)
         torch.div(reward, (self.stats.var + self.eps).sqrt().float(), out=out).clamp_(-self.clip, self.clip)

@@ -95,7 +95,8 @@ class Trainer:
 
     def _make_backend(self, num_envs: int, num_workers: int = 0) -> VecBackend:
         c = self.config
-        return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode, num_workers)
+        return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode, num_workers,
+                            c.async_factor if num_workers else 1)
 
     @staticmethod
     def _seed_everything(seed: int) -> None:

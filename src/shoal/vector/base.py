@@ -4,8 +4,11 @@ A backend steps ``num_envs`` environments and shows them as ``num_rows`` agent r
 for single-agent Gymnasium). Its fields are preallocated tensors that share memory with numpy
 arrays the backend writes in place; the collector reads them without copies.
 
-Protocol (sync today, async-ready): ``reset(seed)`` once, then repeat ``batch = recv()``,
-``send(actions)``. ``batch.rows`` says which agent rows the batch covers.
+Protocol: ``reset(seed)``, then ``recv()`` once per group to get each group's first batch, then
+repeat ``send(actions, batch)`` and ``batch = recv()``. A backend steps its envs in
+``async_factor`` fixed groups; ``recv()`` returns whichever group finished first, and
+``batch.rows`` (a slice, so the batch is a view of the shared arrays) and ``batch.env_id`` say
+which agent rows and envs it covers. Synchronous backends have one group covering every row.
 
 Autoreset: after a done step the env is reset at once (``same_step``): ``obs`` holds the first
 observation of the next episode and, for truncated rows, ``final_obs`` holds the true last
@@ -69,6 +72,7 @@ class VecBackend:
     """Shared buffers and bookkeeping; subclasses implement ``reset`` and ``send``."""
 
     autoreset: str = "same_step"
+    async_factor: int = 1
 
     def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,
                  buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
@@ -106,7 +110,7 @@ class VecBackend:
     def recv(self) -> StepBatch:
         return self.batch
 
-    def send(self, actions: torch.Tensor) -> None:
+    def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
         raise NotImplementedError
 
     # ----- checkpoints: where every env is, so a resumed run continues the same episodes -----

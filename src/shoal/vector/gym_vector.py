@@ -9,7 +9,7 @@ from gymnasium.vector import AutoresetMode
 
 from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError
-from shoal.vector.base import VecBackend
+from shoal.vector.base import StepBatch, VecBackend
 
 
 class GymVectorBackend(VecBackend):
@@ -47,7 +47,7 @@ class GymVectorBackend(VecBackend):
         self._prev_done[:] = False
         self._valid[:] = True
 
-    def send(self, actions: torch.Tensor) -> None:
+    def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
         obs, rew, term, trunc, info = self.venv.step(self.env_actions(actions))
         self._write("observations", self._obs, obs)
         self._write("rewards", self._reward, rew)

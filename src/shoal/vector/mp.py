@@ -23,12 +23,13 @@ import mmap
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
 import sys
 import traceback
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 import gymnasium as gym
 import numpy as np
@@ -142,9 +143,11 @@ class MultiprocessBackend(VecBackend):
             self._conns.append(parent_end)
             self._procs.append(proc)
         self._closer = weakref.finalize(self, _shutdown, self._conns, self._procs)
-        self._worker_of = {conn: w for w, conn in enumerate(self._conns)}
+        self._worker_of_fd = {conn.fileno(): w for w, conn in enumerate(self._conns)}
+        self._poller = select.poll()
+        for conn in self._conns:  # a worker that is not stepping sends nothing, so polling all is safe
+            self._poller.register(conn.fileno(), select.POLLIN)
         self._group_conns = [[self._conns[w] for w in ws] for ws in group_workers]
-        self._stepping: list[Connection] = []  # workers whose reply has not been read yet
         self._receive_all()  # every worker has built its envs
 
     # ----- talking to workers -------------------------------------------------------------
@@ -168,12 +171,14 @@ class MultiprocessBackend(VecBackend):
             where = f"env {env_id}" if env_id >= 0 else f"worker {w}"
             self._fail(f"{message}\n--- traceback in env worker {w} ({where} of '{self.name}') ---\n{tb.rstrip()}")
 
-    def _await(self, conns: list[Connection]) -> Connection:
-        """Block until one of ``conns`` replies (a dead worker's pipe reads as EOF, so a death
-        wakes this at once instead of hanging); handle the reply and return its connection."""
-        conn = wait(conns)[0]
-        self._receive(self._worker_of[conn])
-        return conn
+    def _await_any(self) -> int:
+        """Block until a stepping worker replies (a dead worker's pipe hangs up, which wakes this
+        at once instead of hanging); handle the reply and return the worker. One poll object
+        made up front: building a selector per call cost more than the wait itself."""
+        fd, _ = self._poller.poll()[0]
+        w = self._worker_of_fd[fd]
+        self._receive(w)
+        return w
 
     # ----- the flat-batch protocol --------------------------------------------------------
     def _receive_all(self) -> None:
@@ -186,7 +191,6 @@ class MultiprocessBackend(VecBackend):
         for infos in self._group_infos:
             infos.clear()
         self._receive_all()
-        self._stepping.clear()
         self._pending = [0] * self.async_factor
         self._ready = list(range(self.async_factor))
 
@@ -198,13 +202,10 @@ class MultiprocessBackend(VecBackend):
             return self._last
         if self.async_factor == 1 and self._pending[0]:
             self._receive_all()  # synchronous: read every worker in turn, no polling
-            self._stepping.clear()
             self._pending[0] = 0
             self._ready.append(0)
         while not self._ready:
-            conn = self._await(self._stepping)
-            self._stepping.remove(conn)
-            g = self._group_of_worker[self._worker_of[conn]]
+            g = self._group_of_worker[self._await_any()]
             self._pending[g] -= 1
             if self._pending[g] == 0:
                 self._ready.append(g)
@@ -222,8 +223,6 @@ class MultiprocessBackend(VecBackend):
             self._group_infos[g].clear()
         for conn in self._group_conns[g]:
             conn.send_bytes(_STEP)
-        if self.async_factor > 1:
-            self._stepping.extend(self._group_conns[g])
         self._pending[g] = len(self._group_conns[g])
 
     @property
