@@ -2,6 +2,7 @@
 
 import pytest
 
+import shoal
 from shoal.config import PPOConfig, load_yaml, parse_overrides
 from shoal.errors import ConfigError
 
@@ -23,10 +24,12 @@ def test_conflicting_batch_sizes_name_numbers_and_suggest():
         PPOConfig.build(num_envs=8, rollout_fragment_length=64, train_batch_size=1000)
     with pytest.raises(ConfigError, match=r"train_batch_size=100 is not divisible by num_envs=8.*Try train_batch_size=96 or 104"):
         PPOConfig.build(train_batch_size=100)
-    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=100 must divide train_batch_size=256.*Try sgd_minibatch_size=128"):
-        PPOConfig.build(sgd_minibatch_size=100)
-    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=512 must divide train_batch_size=256.*Try sgd_minibatch_size=256"):
-        PPOConfig.build(sgd_minibatch_size=512)
+    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=100 must divide the 256 agent steps.*Try sgd_minibatch_size=128"):
+        PPOConfig.build(sgd_minibatch_size=100).check_batch()
+    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=512 must divide the 256 agent steps.*Try sgd_minibatch_size=256"):
+        shoal.PPO(sgd_minibatch_size=512, save_outputs=False)
+    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=500 must divide the 768 agent steps.*x 3 agents\). Try sgd_minibatch_size=384"):
+        shoal.PPO(env="pettingzoo:mpe2.simple_spread_v3", sgd_minibatch_size=500, save_outputs=False)
 
 
 def test_bad_value_names_key_and_value():

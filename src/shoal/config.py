@@ -112,6 +112,9 @@ class TrainerConfig(BaseModel):
                           stacklevel=2)
         return self
 
+    def check_batch(self, agents_per_env: int = 1) -> None:
+        """Checks that need the env's agent count; algorithms with minibatches override it."""
+
     @classmethod
     def keys(cls) -> list[str]:
         return list(cls.model_fields)
@@ -167,18 +170,19 @@ class PPOConfig(TrainerConfig):
     norm_adv: bool = True
     target_kl: float | None = Field(None, gt=0.0)
 
-    @model_validator(mode="after")
-    def _check_minibatch(self) -> PPOConfig:
-        batch, mb = self.train_batch_size, self.sgd_minibatch_size
+    def check_batch(self, agents_per_env: int = 1) -> None:
+        """The learner sees ``train_batch_size x agents_per_env`` agent steps per iteration;
+        checked once the env's agent count is known."""
+        batch, mb = self.train_batch_size * agents_per_env, self.sgd_minibatch_size
         if mb > batch or batch % mb:
             divisors = [d for d in range(1, batch + 1) if batch % d == 0]
             near = min(divisors, key=lambda d: (abs(math.log(d / mb)), -d))
+            agents = f" x {agents_per_env} agents" if agents_per_env > 1 else ""
             raise ConfigError(
-                f"sgd_minibatch_size={mb} must divide train_batch_size={batch} "
-                f"(= num_envs={self.num_envs} x rollout_fragment_length={self.rollout_fragment_length}). "
-                f"Try sgd_minibatch_size={near}."
+                f"sgd_minibatch_size={mb} must divide the {batch} agent steps of an iteration "
+                f"(train_batch_size={self.train_batch_size} = num_envs={self.num_envs} x rollout_fragment_length="
+                f"{self.rollout_fragment_length}{agents}). Try sgd_minibatch_size={near}."
             )
-        return self
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -64,7 +64,8 @@ class Collector:
 
     @torch.inference_mode()
     def collect(self, rollout: TensorDict) -> int:
-        """Fill ``rollout`` ([N, T+1]) with T steps of every row; returns the number of env steps."""
+        """Fill ``rollout`` ([N, T+1]) with T steps of every row; returns the number of env steps
+        (agent steps divided by the agent rows per env)."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
         backend, policy = self.backend, self.policy
@@ -98,7 +99,7 @@ class Collector:
         self.tracker.add(self._raw_reward[:, steps].numpy().T, rollout["done"].numpy()[:, steps].T,
                          rollout["valid"].numpy()[:, steps].T, step_infos)
         self._check_rewards(rollout, horizon)
-        return backend.num_rows * horizon
+        return backend.num_envs * horizon
 
     def _record_step(self, batch: StepBatch, views: dict, t: int, step_infos: dict[int, dict[int, dict]]) -> None:
         """Write the result of step ``t`` (reward, flags, bootstrap values) for ``batch``'s rows."""

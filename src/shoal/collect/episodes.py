@@ -1,5 +1,11 @@
 """Per-row episode return and length, summarised RLlib-style (seed 004's summarize_episodes).
 
+Multi-agent envs (``agent_names`` given, one row per agent): every agent's own episode return
+goes to ``agent_reward_mean/<agent>`` and ``policy_reward_mean/<policy>`` (RLlib's names), and
+``episode_reward_mean`` is the team's: the sum of its agents' returns over the env's episode. An
+env's episode ends at the step where every agent still acting is done (agents that left earlier
+are padding by then).
+
 Custom metrics: every numeric scalar an env puts in the ``info`` of an episode's last step (and
 anything an ``on_episode_end`` callback adds to ``episode.custom_metrics``) is aggregated over the
 same smoothing window as the returns, as ``custom_metrics/<name>_mean/min/max``.
@@ -42,6 +48,10 @@ def numeric_items(info: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _mean(values: deque[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 class EpisodeTracker:
     """Accumulates raw env rewards per agent row; finished episodes go to a smoothing window.
 
@@ -49,7 +59,17 @@ class EpisodeTracker:
     """
 
     def __init__(self, num_rows: int, window: int, env_id: np.ndarray | None = None,
-                 on_episode_end: Callable[[Episode], None] | None = None):
+                 on_episode_end: Callable[[Episode], None] | None = None, agent_names: list[str] | None = None,
+                 policy_of_agent: dict[str, str] | None = None):
+        self.agent_names = agent_names
+        if agent_names:
+            k = len(agent_names)
+            self.team_ret = np.zeros(num_rows // k, dtype=np.float64)
+            self.team_len = np.zeros(num_rows // k, dtype=np.int64)
+            self.agent_returns = {a: deque(maxlen=window) for a in agent_names}
+            policies = policy_of_agent or dict.fromkeys(agent_names, "default_policy")
+            self.policy_of_agent = [policies[a] for a in agent_names]
+            self.policy_returns = {p: deque(maxlen=window) for p in dict.fromkeys(self.policy_of_agent)}
         self.ret = np.zeros(num_rows, dtype=np.float64)
         self.len = np.zeros(num_rows, dtype=np.int64)
         self.window = window
@@ -75,18 +95,45 @@ class EpisodeTracker:
         cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
         steps, rows = np.nonzero(done & valid)
         step_infos = step_infos or {}
+        team_ends = self._team_ends(done, valid) if self.agent_names else {}
         for t, row in zip(steps.tolist(), rows.tolist()):
             ret, length = float(self.ret[row] + cum_ret[t, row]), int(self.len[row] + cum_len[t, row])
-            self.returns.append(ret)
-            self.lengths.append(length)
+            if self.agent_names:
+                self._agent_episode(t, row, ret, length, team_ends)
+            else:
+                self.returns.append(ret)
+                self.lengths.append(length)
             if step_infos or self.on_episode_end is not None:
                 self._close(row, ret, length, step_infos.get(t, {}).get(row, {}))
             self.ret[row] = -cum_ret[t, row]
             self.len[row] = -cum_len[t, row]
         self.ret += cum_ret[-1]
         self.len += cum_len[-1]
-        self.episodes_this_iter += len(rows)
-        self.episodes_total += len(rows)
+        ended = len(team_ends) if self.agent_names else len(rows)  # multi-agent: the team's episodes
+        self.episodes_this_iter += ended
+        self.episodes_total += ended
+
+    def _team_ends(self, done: np.ndarray, valid: np.ndarray) -> dict[tuple[int, int], int]:
+        """Where an env's episode ended, an agent finished and none is left acting:
+        ``(step, env) -> slot of the last agent finishing there``."""
+        k = len(self.agent_names)
+        finished = (done & valid).reshape(done.shape[0], -1, k)
+        left = (done | ~valid).reshape(done.shape[0], -1, k)
+        steps, envs = np.nonzero(finished.any(-1) & left.all(-1))
+        last = k - 1 - finished[steps, envs, ::-1].argmax(-1)
+        return dict(zip(zip(steps.tolist(), envs.tolist()), last.tolist()))
+
+    def _agent_episode(self, t: int, row: int, ret: float, length: int, team_ends: dict[tuple[int, int], int]) -> None:
+        """One agent's episode ended at step t; the last of its team closes the team's episode."""
+        env, slot = divmod(row, len(self.agent_names))
+        self.agent_returns[self.agent_names[slot]].append(ret)
+        self.policy_returns[self.policy_of_agent[slot]].append(ret)
+        self.team_ret[env] += ret
+        self.team_len[env] = max(self.team_len[env], length)
+        if team_ends.get((t, env)) == slot:
+            self.returns.append(float(self.team_ret[env]))
+            self.lengths.append(int(self.team_len[env]))
+            self.team_ret[env], self.team_len[env] = 0.0, 0
 
     def _close(self, row: int, ret: float, length: int, info: dict[str, Any]) -> None:
         episode = Episode(row, int(self.env_id[row]), ret, length, info, numeric_items(info))
@@ -106,6 +153,9 @@ class EpisodeTracker:
             "episodes_this_iter": self.episodes_this_iter,
             "episodes_total": self.episodes_total,
         }
+        if self.agent_names:
+            out["policy_reward_mean"] = {p: _mean(r) for p, r in self.policy_returns.items()}
+            out["agent_reward_mean"] = {a: _mean(r) for a, r in self.agent_returns.items()}
         if self.custom:
             out["custom_metrics"] = {f"{name}_{stat}": fn(values) for name, values in sorted(self.custom.items())
                                      for stat, fn in (("mean", lambda v: sum(v) / len(v)), ("min", min), ("max", max))}
@@ -113,9 +163,14 @@ class EpisodeTracker:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ret": self.ret.tolist(), "len": self.len.tolist(), "returns": list(self.returns),
-                "lengths": list(self.lengths), "custom": {k: list(v) for k, v in self.custom.items()},
-                "episodes_total": self.episodes_total}
+        state = {"ret": self.ret.tolist(), "len": self.len.tolist(), "returns": list(self.returns),
+                 "lengths": list(self.lengths), "custom": {k: list(v) for k, v in self.custom.items()},
+                 "episodes_total": self.episodes_total}
+        if self.agent_names:
+            state |= {"team_ret": self.team_ret.tolist(), "team_len": self.team_len.tolist(),
+                      "agent_returns": {a: list(r) for a, r in self.agent_returns.items()},
+                      "policy_returns": {p: list(r) for p, r in self.policy_returns.items()}}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ret[:] = state["ret"]
@@ -126,3 +181,9 @@ class EpisodeTracker:
         self.lengths.extend(state["lengths"])
         self.custom = {k: deque(v, maxlen=self.window) for k, v in state["custom"].items()}
         self.episodes_total = state["episodes_total"]
+        if self.agent_names:
+            self.team_ret[:], self.team_len[:] = state["team_ret"], state["team_len"]
+            for name, windows in (("agent_returns", self.agent_returns), ("policy_returns", self.policy_returns)):
+                for key, values in state[name].items():
+                    windows[key].clear()
+                    windows[key].extend(values)

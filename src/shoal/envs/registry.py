@@ -25,11 +25,36 @@ def registered_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
+PETTINGZOO = "pettingzoo:"
+
+
+def is_parallel_env(env: Any) -> bool:
+    """A PettingZoo ParallelEnv (checked by its API, so pettingzoo need not be imported)."""
+    return hasattr(env, "possible_agents") and hasattr(env, "observation_space") and not isinstance(env, gym.Env)
+
+
+def _pettingzoo_module(env_id: str):
+    path = env_id[len(PETTINGZOO):]
+    try:
+        module = importlib.import_module(path)
+    except ImportError as e:
+        raise EnvError(f"env '{env_id}': cannot import PettingZoo env module '{path}' ({e}); e.g. "
+                       f"'pettingzoo:mpe2.simple_spread_v3' needs `pip install mpe2`.") from None
+    if not hasattr(module, "parallel_env"):
+        raise EnvError(f"env '{env_id}': module '{path}' has no parallel_env(); shoal takes PettingZoo envs "
+                       f"through their Parallel API.")
+    return module
+
+
 def check_env_id(env_id: str) -> None:
     """Raise a clear error when ``env_id`` is neither a shoal nor a Gymnasium id.
 
-    ``module:EnvId`` (Gymnasium's form) imports ``module`` first, which registers the id."""
+    ``module:EnvId`` (Gymnasium's form) imports ``module`` first, which registers the id;
+    ``pettingzoo:module`` names a PettingZoo env module with a ``parallel_env()``."""
     if env_id in _REGISTRY or env_id in gym.registry:
+        return
+    if env_id.startswith(PETTINGZOO):
+        _pettingzoo_module(env_id)
         return
     module, sep, short = env_id.partition(":")
     if sep:
@@ -70,6 +95,9 @@ def config_creator(env: Any) -> Callable[[dict], gym.Env]:
     A Gymnasium id gets ``env_config`` as ``gym.make`` keyword arguments; a factory may take
     ``env_config`` (seed 004 style) or no argument.
     """
+    if isinstance(env, str) and env.startswith(PETTINGZOO):
+        module = _pettingzoo_module(env)
+        return lambda env_config: module.parallel_env(**env_config)
     if isinstance(env, str):
         check_env_id(env)
         env = env.partition(":")[2] if ":" in env and env not in gym.registry else env
@@ -77,7 +105,7 @@ def config_creator(env: Any) -> Callable[[dict], gym.Env]:
             creator = _REGISTRY[env]
             return lambda env_config: _call_creator(creator, env_config, env)
         return lambda env_config: gym.make(env, **env_config)
-    if callable(env) and not isinstance(env, gym.Env):
+    if callable(env) and not isinstance(env, gym.Env) and not is_parallel_env(env):
         return lambda env_config: _call_creator(env, env_config, env_name(env))
     raise EnvError(f"cannot make environments from {env!r}: expected an env id, a gym.Env, a VectorEnv or a factory.")
 
@@ -92,6 +120,7 @@ def _call_creator(creator: Callable, env_config: dict, name: str) -> gym.Env:
             made = creator()
         except TypeError:
             raise first from None
-    if not isinstance(made, gym.Env):
-        raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env.")
+    if not isinstance(made, gym.Env) and not is_parallel_env(made):
+        raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env or a "
+                       f"PettingZoo ParallelEnv.")
     return made

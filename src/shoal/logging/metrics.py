@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-COUNTERS = ("training_iteration", "timesteps_total", "timesteps_this_iter", "time_total_s")
+COUNTERS = ("training_iteration", "timesteps_total", "agent_timesteps_total", "timesteps_this_iter", "time_total_s")
 _GROUPS = {
     "rollout": ("episode_", "episodes_"),
     "losses": ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac", "explained_variance"),
-    "perf": ("sps", "time_this_iter_s", "sample_time_ms", "learn_time_ms"),
+    "perf": ("sps", "agent_sps", "time_this_iter_s", "sample_time_ms", "learn_time_ms"),
     "learner": ("learning_rate", "num_sgd_"),
 }
 # Groups where a larger value is better; "best" is reported only where that direction is known.

@@ -64,6 +64,11 @@ class Trainer:
         self.callbacks = CallbackList(c.callbacks)
 
         self.backend = self._make_backend(c.num_envs, c.num_workers)
+        try:
+            c.check_batch(self.backend.rows_per_env)
+        except ConfigError:
+            self.backend.close()
+            raise
         spec = self.backend.obs_spec
         self.policy = ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, c.hiddens, c.activation,
                                   c.log_std_init).to(c.device)
@@ -71,7 +76,8 @@ class Trainer:
         self.reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
         on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
         self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing,
-                                      self.backend.batch.env_id.numpy(), on_episode_end)
+                                      self.backend.batch.env_id.numpy(), on_episode_end,
+                                      self.backend.agents)
         self.collector = Collector(self.backend, self.policy, self.tracker, self.obs_normalizer, self.reward_scaler)
         self.buffer = RolloutBuffer(self.backend.num_rows, c.rollout_fragment_length, spec.shape,
                                     torch_dtype(spec.dtype), self.backend.act_spec.shape,
@@ -130,7 +136,7 @@ class Trainer:
         return c.learning_rate
 
     def train(self) -> dict[str, Any]:
-        """One iteration: collect ``train_batch_size`` steps, update, evaluate if due, log,
+        """One iteration: collect ``train_batch_size`` env steps (times the agents per env), update, evaluate if due, log,
         checkpoint if due. Returns the result dict."""
         c = self.config
         t0 = time.perf_counter()
@@ -146,13 +152,16 @@ class Trainer:
         self.timesteps_total += steps
         elapsed = t2 - t0
         self.time_total_s += elapsed
+        agents = self.backend.rows_per_env  # agent rows per env, padding included
         result: dict[str, Any] = {
             "training_iteration": self.iteration,
             "timesteps_total": self.timesteps_total,
+            "agent_timesteps_total": self.timesteps_total * agents,
             "timesteps_this_iter": steps,
             "time_total_s": self.time_total_s,
             **self.tracker.summarize(),
             "sps": steps / elapsed,
+            "agent_sps": steps * agents / elapsed,
             "time_this_iter_s": elapsed,
             "sample_time_ms": 1e3 * (t1 - t0),
             "learn_time_ms": 1e3 * (t2 - t1),

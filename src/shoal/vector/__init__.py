@@ -7,14 +7,16 @@ from typing import Any
 
 import gymnasium as gym
 
-from shoal.envs.registry import check_env_id, env_creator, env_name
+from shoal.envs.pettingzoo import ParallelEnvAdapter
+from shoal.envs.registry import check_env_id, env_creator, env_name, is_parallel_env
 from shoal.errors import EnvError
+from shoal.vector.agents import AgentEnvBackend
 from shoal.vector.base import StepBatch, VecBackend
 from shoal.vector.gym_vector import GymVectorBackend
 from shoal.vector.mp import MultiprocessBackend
 from shoal.vector.serial import SerialBackend
 
-__all__ = ["GymVectorBackend", "MultiprocessBackend", "SerialBackend", "StepBatch", "VecBackend", "make_backend"]
+__all__ = ["AgentEnvBackend", "GymVectorBackend", "MultiprocessBackend", "SerialBackend", "StepBatch", "VecBackend", "make_backend"]
 
 
 def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vectorization_mode: str | None = None,
@@ -33,13 +35,24 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
             raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
         check_env_id(env)
         return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
-    make = _copies_of(env, name) if isinstance(env, gym.Env) else env_creator(env, env_config)
+    instance = isinstance(env, gym.Env) or is_parallel_env(env)
+    make = _copies_of(env, name) if instance else env_creator(env, env_config)
+    make, serial_class = _adapted(make, name)
     if num_workers:
-        return MultiprocessBackend(make, num_envs, name, num_workers, async_factor)
-    return SerialBackend(make, num_envs, name)
+        return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
+    return serial_class(make, num_envs, name)
 
 
-def _copies_of(env: gym.Env, name: str):
+def _adapted(make, name: str):
+    """Multi-agent envs step through an adapter on the agent-env backend; gym envs as they are.
+    The env made to find out which is the one handed out for index 0."""
+    first = make(0)
+    if not is_parallel_env(first):
+        return (lambda index: first if index == 0 else make(index)), SerialBackend
+    return (lambda index: ParallelEnvAdapter(first if index == 0 else make(index), name)), AgentEnvBackend
+
+
+def _copies_of(env, name: str):
     """The instance itself for index 0, deep copies for the others (a factory is the better way)."""
     def make(index: int) -> gym.Env:
         if index == 0:

@@ -39,12 +39,16 @@ class StepBatch:
     valid: torch.Tensor  # [A] bool: False where this step was a next-step reset, not a transition
     final_obs: torch.Tensor  # [A, *obs_shape]: last obs of rows truncated this step (same_step mode)
     env_id: torch.Tensor  # [A] int64
+    agent_id: torch.Tensor  # [A] int64: the row's agent slot within its env
+    action_mask: torch.Tensor | None  # [A, n] bool, True = allowed; None when no env masks actions
     rows: slice  # agent rows this batch covers
 
 
-def allocate_buffers(num_rows: int, obs: ObsSpec, alloc) -> dict[str, np.ndarray]:
-    """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed)."""
-    return {
+def allocate_buffers(num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0) -> dict[str, np.ndarray]:
+    """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed);
+    with ``mask_size``, also the ``[rows, mask_size]`` action mask."""
+    mask = {"action_mask": alloc((num_rows, mask_size), np.bool_)} if mask_size else {}
+    return mask | {
         "obs": alloc((num_rows, *obs.shape), obs.dtype),
         "final_obs": alloc((num_rows, *obs.shape), obs.dtype),
         "reward": alloc((num_rows,), np.float32),
@@ -54,8 +58,9 @@ def allocate_buffers(num_rows: int, obs: ObsSpec, alloc) -> dict[str, np.ndarray
     }
 
 
-def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor) -> StepBatch:
+def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor, agent_id: torch.Tensor) -> StepBatch:
     """A StepBatch whose tensors share memory with ``buffers[rows]``."""
+    mask = buffers.get("action_mask")
     return StepBatch(
         obs=torch.from_numpy(buffers["obs"][rows]),
         reward=torch.from_numpy(buffers["reward"][rows]),
@@ -64,6 +69,8 @@ def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor
         valid=torch.from_numpy(buffers["valid"][rows]),
         final_obs=torch.from_numpy(buffers["final_obs"][rows]),
         env_id=env_id,
+        agent_id=agent_id,
+        action_mask=None if mask is None else torch.from_numpy(mask[rows]),
         rows=rows,
     )
 
@@ -73,22 +80,25 @@ class VecBackend:
 
     autoreset: str = "same_step"
     async_factor: int = 1
+    agents: list[str] | None = None  # multi-agent envs: the name of each agent row slot
 
     def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,
-                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
+                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0, mask_size: int = 0):
         self.name = name
         self.num_envs = num_envs
+        self.rows_per_env = rows_per_env
         self.num_rows = num_envs * rows_per_env
         self.obs_spec, self.act_spec = obs, act
         if buffers is None:
-            buffers = allocate_buffers(self.num_rows, obs, np.zeros)
+            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size)
         self._buffers = buffers
         self._obs, self._final_obs = buffers["obs"], buffers["final_obs"]
         self._reward, self._terminated, self._truncated = buffers["reward"], buffers["terminated"], buffers["truncated"]
         self._valid = buffers["valid"]
         self._valid[:] = True
         env_id = np.repeat(np.arange(first_env_id, first_env_id + num_envs), rows_per_env)
-        self.batch = batch_view(buffers, slice(0, self.num_rows), torch.from_numpy(env_id))
+        agent_id = np.tile(np.arange(rows_per_env), num_envs)
+        self.batch = batch_view(buffers, slice(0, self.num_rows), torch.from_numpy(env_id), torch.from_numpy(agent_id))
         # Rows whose episode ended in the last send(), mapped to their last step's info (only
         # non-empty infos travel): the tracker turns their numbers into custom metrics.
         self.final_infos: dict[int, dict] = {}

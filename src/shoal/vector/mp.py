@@ -35,7 +35,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError
 from shoal.vector.base import StepBatch, VecBackend, allocate_buffers, batch_view
 from shoal.vector.serial import EnvStepError, SerialBackend
@@ -60,18 +59,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _worker(make_env: Callable[[int], gym.Env], first_env: int, num_envs: int, name: str,
-            buffers: dict[str, np.ndarray], actions: np.ndarray, conn: Connection, siblings: list[Connection],
-            parent_pid: int) -> None:
+def _worker(serial_class: type, make_env: Callable[[int], gym.Env], first_env: int, num_envs: int, name: str,
+            buffers: dict[str, np.ndarray], actions: np.ndarray, rows_per_env: int, conn: Connection,
+            siblings: list[Connection], parent_pid: int) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     for other in siblings:  # inherited ends of earlier workers' pipes: holding them would hide their EOF
         other.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    rows = slice(first_env, first_env + num_envs)
+    first_row = first_env * rows_per_env
+    rows = slice(first_row, first_row + num_envs * rows_per_env)
     try:
-        envs = SerialBackend(make_env, num_envs, name, {k: v[rows] for k, v in buffers.items()}, first_env)
+        envs = serial_class(make_env, num_envs, name, {k: v[rows] for k, v in buffers.items()}, first_env)
         acts = actions[rows]
         conn.send_bytes(_OK)
         while True:
@@ -83,7 +83,7 @@ def _worker(make_env: Callable[[int], gym.Env], first_env: int, num_envs: int, n
             else:
                 break
             if envs.final_infos:
-                conn.send_bytes(_INFOS + pickle.dumps({first_env + i: info for i, info in envs.final_infos.items()}))
+                conn.send_bytes(_INFOS + pickle.dumps({first_row + i: info for i, info in envs.final_infos.items()}))
             else:
                 conn.send_bytes(_OK)
         envs.close()
@@ -101,29 +101,33 @@ class MultiprocessBackend(VecBackend):
     autoreset = "same_step"
 
     def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str, num_workers: int,
-                 async_factor: int = 1):
+                 async_factor: int = 1, serial_class: type = SerialBackend):
         if num_envs % num_workers or num_workers % async_factor:
             raise EnvError(f"num_envs={num_envs} must be a multiple of num_workers={num_workers}, and num_workers "
                            f"a multiple of async_factor={async_factor}.")
-        probe = make_env(0)  # the spaces, before any process starts (not closed: it may be the user's instance)
-        obs, act = obs_spec(probe.observation_space), action_spec(probe.action_space)
-        self.single_observation_space, self.single_action_space = probe.observation_space, probe.action_space
+        # The row layout, before any process starts: a one-env backend in this process (its env is
+        # not closed, since it may be the user's own instance).
+        probe = serial_class(make_env, 1, name)
+        obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
+        mask = probe._buffers.get("action_mask")
+        self.agents = probe.agents
+        self.single_observation_space, self.single_action_space = probe.single_observation_space, probe.single_action_space
         del probe
         self._maps: list[mmap.mmap] = []
-        buffers = allocate_buffers(num_envs, obs, lambda shape, dtype: _shared_array(shape, dtype, self._maps))
-        super().__init__(name, num_envs, obs, act, buffers=buffers)
-        self._actions = _shared_array((num_envs, *act.shape), act.dtype, self._maps)
+        buffers = allocate_buffers(num_envs * k, obs, lambda shape, dtype: _shared_array(shape, dtype, self._maps),
+                                   0 if mask is None else mask.shape[1])
+        super().__init__(name, num_envs, obs, act, rows_per_env=k, buffers=buffers)
+        self._actions = _shared_array((num_envs * k, *act.shape), act.dtype, self._maps)
 
         self.num_workers, self.async_factor = num_workers, async_factor
         per_worker = num_envs // num_workers
-        self._worker_rows = [slice(w * per_worker, (w + 1) * per_worker) for w in range(num_workers)]
+        self._worker_envs = [(w * per_worker, (w + 1) * per_worker - 1) for w in range(num_workers)]
         workers_per_group = num_workers // async_factor
         group_workers = [list(range(g * workers_per_group, (g + 1) * workers_per_group)) for g in range(async_factor)]
         self._group_of_worker = [w // workers_per_group for w in range(num_workers)]
-        rows_per_group = per_worker * workers_per_group
-        env_id = self.batch.env_id
-        self.batches = [batch_view(buffers, slice(g * rows_per_group, (g + 1) * rows_per_group),
-                                   env_id[g * rows_per_group:(g + 1) * rows_per_group]) for g in range(async_factor)]
+        rows_per_group = per_worker * workers_per_group * k
+        groups = [slice(g * rows_per_group, (g + 1) * rows_per_group) for g in range(async_factor)]
+        self.batches = [batch_view(buffers, rows, self.batch.env_id[rows], self.batch.agent_id[rows]) for rows in groups]
         self._group_of = {id(b): g for g, b in enumerate(self.batches)}
         self._group_infos: list[dict[int, dict]] = [{} for _ in range(async_factor)]
         self._pending = [0] * async_factor  # workers of each group still stepping
@@ -136,8 +140,8 @@ class MultiprocessBackend(VecBackend):
         for w in range(num_workers):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=_worker, name=f"shoal-env-worker-{w}", daemon=True,
-                               args=(make_env, w * per_worker, per_worker, name, buffers, self._actions,
-                                     child_end, list(self._conns), os.getpid()))
+                               args=(serial_class, make_env, w * per_worker, per_worker, name, buffers, self._actions,
+                                     k, child_end, list(self._conns), os.getpid()))
             proc.start()
             child_end.close()
             self._conns.append(parent_end)
@@ -160,8 +164,9 @@ class MultiprocessBackend(VecBackend):
             reply = self._conns[w].recv_bytes()
         except (EOFError, ConnectionResetError):
             self._procs[w].join(timeout=1.0)
-            self._fail(f"env worker {w} (envs {self._worker_rows[w].start}-{self._worker_rows[w].stop - 1} of "
-                       f"'{self.name}') died with exit code {self._procs[w].exitcode}.")
+            first, last = self._worker_envs[w]
+            self._fail(f"env worker {w} (envs {first}-{last} of '{self.name}') died with exit code "
+                       f"{self._procs[w].exitcode}.")
         tag = reply[:1]
         if tag == _INFOS:
             infos = pickle.loads(reply[1:])

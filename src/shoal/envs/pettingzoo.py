@@ -1,0 +1,173 @@
+"""PettingZoo Parallel envs as agent rows of the flat batch: one row per possible agent.
+
+Agents absent from a step (not yet spawned, or gone after terminating mid-episode) are padding
+rows: their ``valid`` is False, so every loss skips them. The episode ends for the env when no
+agent is left; the env is then reset at once (``same_step`` autoreset) and truncated agents keep
+their true last observation in ``final_obs``.
+
+Agents with different spaces share one row layout: flat Box observations are zero-padded to the
+widest, and Discrete actions of different sizes become one Discrete(max n) whose extra actions are
+masked out. An env's own action masks (observations of the form
+``{"observation": ..., "action_mask": ...}``, as in PettingZoo's classic games) fill the
+``action_mask`` rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from shoal.envs.spaces import ObsSpec, action_spec, obs_spec
+from shoal.errors import EnvError
+
+MASK_KEYS = {"observation", "action_mask"}
+
+
+def _split_mask_space(space: gym.Space) -> tuple[gym.Space, bool]:
+    """The observation part of a space, and whether the env sends an action mask alongside it."""
+    if isinstance(space, gym.spaces.Dict) and set(space.spaces) == MASK_KEYS:
+        return space["observation"], True
+    return space, False
+
+
+class AgentLayout:
+    """How each agent's observations and actions map onto the shared row layout."""
+
+    def __init__(self, name: str, agents: list[str], obs_spaces: list[gym.Space], act_spaces: list[gym.Space]):
+        self.name = name
+        split = [_split_mask_space(s) for s in obs_spaces]
+        self.env_masks = any(m for _, m in split)
+        self.obs = [obs_spec(s) for s, _ in split]
+        if len({o.shape for o in self.obs}) == 1:
+            self.obs_space = split[0][0]
+        elif all(len(o.shape) == 1 for o in self.obs):
+            width = max(o.shape[0] for o in self.obs)
+            self.obs_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
+        else:
+            shapes = ", ".join(f"{a}: {o.shape}" for a, o in zip(agents, self.obs))
+            raise EnvError(f"env '{name}': agents' observations differ in shape ({shapes}); shoal pads flat "
+                           f"observations of different sizes but cannot pad multi-dimensional ones.")
+        self.obs_spec = obs_spec(self.obs_space)
+        self.action_space, self.action_n = self._action_layout(agents, act_spaces)
+        self.act_spec = action_spec(self.action_space)
+        self.has_mask = self.env_masks or len(set(self.action_n)) > 1
+
+    def _action_layout(self, agents: list[str], spaces: list[gym.Space]) -> tuple[gym.Space, list[int]]:
+        if all(isinstance(s, gym.spaces.Discrete) for s in spaces):
+            sizes = [int(s.n) for s in spaces]
+            return gym.spaces.Discrete(max(sizes)), sizes
+        if all(s == spaces[0] for s in spaces):
+            return spaces[0], [0] * len(spaces)
+        listed = ", ".join(f"{a}: {s}" for a, s in zip(agents, spaces))
+        raise EnvError(f"env '{self.name}': agents' action spaces differ ({listed}); shoal lays out Discrete spaces "
+                       f"of different sizes in one row layout, other spaces must be equal for every agent.")
+
+    def write_obs(self, slot: int, out: np.ndarray, obs: Any, mask_out: np.ndarray | None) -> None:
+        """Write agent ``slot``'s observation into its row ``out``, and the action mask the env sent
+        with it into ``mask_out`` (None: not wanted)."""
+        if self.env_masks:
+            if not isinstance(obs, dict) or not MASK_KEYS <= set(obs):
+                got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+                raise EnvError(f"env '{self.name}' promised observations with keys {sorted(MASK_KEYS)}, got {got}.")
+            if mask_out is not None:
+                mask_out[:] = np.asarray(obs["action_mask"], dtype=bool)
+            obs = obs["observation"]
+        spec: ObsSpec = self.obs[slot]
+        if spec.shape == self.obs_spec.shape:
+            spec.write(out, obs, self.name)
+        else:
+            size = spec.shape[0]
+            spec.write(out[:size], obs, self.name)
+            out[size:] = 0
+
+
+class ParallelEnvAdapter:
+    """Steps one PettingZoo ParallelEnv with arrays, writing into the rows it is bound to."""
+
+    def __init__(self, env: Any, name: str):
+        self.env, self.name = env, name
+        self.agents = list(env.possible_agents)
+        if not self.agents:
+            raise EnvError(f"env '{name}' has no possible_agents.")
+        self.slot = {agent: i for i, agent in enumerate(self.agents)}
+        self.layout = AgentLayout(name, self.agents, [env.observation_space(a) for a in self.agents],
+                                  [env.action_space(a) for a in self.agents])
+        self.discrete = self.layout.act_spec.kind == "discrete"
+        self.final_infos: dict[int, dict] = {}
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    def bind(self, rows: dict[str, np.ndarray]) -> None:
+        """Use ``rows`` (this env's slice of every flat-batch array) as the output."""
+        self.out = rows
+        self.mask = rows.get("action_mask")
+        if self.mask is not None:  # agents whose Discrete is smaller than the layout's never see the extra actions
+            self._size_mask = np.arange(self.mask.shape[1]) < np.asarray(self.layout.action_n)[:, None]
+
+    def _write_all(self, observations: dict[str, Any]) -> None:
+        """Rows of present agents get their observation; absent agents' rows are zeroed padding."""
+        out, mask = self.out, self.mask
+        out["obs"][:] = 0
+        if mask is not None:
+            mask[:] = self._size_mask
+        for agent, obs in observations.items():
+            slot = self._slot_of(agent)
+            mask_row = None if mask is None else mask[slot]
+            self.layout.write_obs(slot, out["obs"][slot], obs, mask_row)
+            if mask_row is not None:
+                mask_row &= self._size_mask[slot]
+
+    def _slot_of(self, agent: str) -> int:
+        try:
+            return self.slot[agent]
+        except KeyError:
+            raise EnvError(f"env '{self.name}' returned agent '{agent}', which is not in its possible_agents "
+                           f"{self.agents}.") from None
+
+    def reset(self, seed: int | None) -> None:
+        observations, _ = self.env.reset(seed=seed)
+        self._write_all(observations)
+        self.alive = np.zeros(self.num_agents, dtype=bool)  # agents in the episode, who act next step
+        self.alive[[self._slot_of(a) for a in observations]] = True
+        self.out["terminated"][:] = False
+        self.out["truncated"][:] = False
+        self.out["valid"][:] = True
+
+    def step(self, actions: np.ndarray) -> None:
+        """One parallel step of the agents present. ``valid`` marks the rows that acted, and a
+        row's done flag is set on the step its agent leaves. With no agent left the episode is
+        over and the env is reset at once."""
+        out, convert = self.out, int if self.discrete else np.asarray
+        acting = np.flatnonzero(self.alive)
+        observations, rewards, terminations, truncations, infos = self.env.step(
+            {self.agents[i]: convert(actions[i]) for i in acting})
+        out["valid"][:] = self.alive
+        out["reward"][:] = 0.0
+        out["terminated"][:] = False
+        out["truncated"][:] = False
+        self.final_infos.clear()
+        for agent, r in rewards.items():
+            out["reward"][self._slot_of(agent)] = r
+        for i in acting:
+            agent = self.agents[i]
+            te = bool(terminations.get(agent, False))
+            tr = bool(truncations.get(agent, False)) and not te
+            if te or tr:
+                out["terminated"][i], out["truncated"][i] = te, tr
+                if infos.get(agent):
+                    self.final_infos[i] = infos[agent]
+                if tr and agent in observations:
+                    self.layout.write_obs(i, out["final_obs"][i], observations[agent], None)
+        if not self.env.agents:
+            observations, _ = self.env.reset()
+        present = [a for a in self.env.agents if a in observations]
+        self._write_all({a: observations[a] for a in present})
+        self.alive[:] = False
+        self.alive[[self._slot_of(a) for a in present]] = True
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,81 @@
+"""Serial backend for multi-agent envs: each env is an adapter over a fixed set of agent rows.
+
+An adapter (``ParallelEnvAdapter`` for PettingZoo, or a native multi-agent env) is bound to its
+env's rows of the flat-batch arrays and writes observations, rewards, flags and masks straight
+into them; ``reset(seed)`` and ``step(actions)`` take and fill arrays, and autoreset inside.
+Like ``SerialBackend``, it is what each worker process of the multiprocessing backend runs over
+its slice of shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from shoal.errors import EnvError, ShoalError
+from shoal.vector.base import StepBatch, VecBackend
+from shoal.vector.serial import EnvStepError
+
+
+class AgentEnvBackend(VecBackend):
+    autoreset = "same_step"
+
+    def __init__(self, make_env: Callable[[int], object], num_envs: int, name: str,
+                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
+        self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
+        first = self.envs[0]
+        layout = first.layout
+        for i, env in enumerate(self.envs[1:], start=1):
+            if env.agents != first.agents:
+                raise EnvError(f"env '{name}' copy {i} has agents {env.agents}, copy 0 has {first.agents}; "
+                               f"all copies must match.")
+        k = first.num_agents
+        super().__init__(name, num_envs, layout.obs_spec, layout.act_spec, rows_per_env=k, buffers=buffers,
+                         first_env_id=first_env_id, mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0)
+        self.first_env_id = first_env_id
+        self.agents = first.agents
+        self.single_observation_space, self.single_action_space = layout.obs_space, layout.action_space
+        for i, env in enumerate(self.envs):
+            env.bind({key: buf[i * k:(i + 1) * k] for key, buf in self._buffers.items()})
+
+    def _failed(self, index: int, phase: str, error: Exception) -> EnvStepError:
+        env_id = self.first_env_id + index
+        return EnvStepError(f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id)
+
+    def reset(self, seed: int | None = None) -> None:
+        for i, env in enumerate(self.envs):
+            try:
+                env.reset(None if seed is None else seed + self.first_env_id + i)
+            except ShoalError:
+                raise
+            except Exception as e:
+                raise self._failed(i, "reset", e) from e
+
+    def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
+        self.step(self.env_actions(actions))
+
+    def step(self, acts: np.ndarray) -> None:
+        """Step every env with its rows of ``acts``; final infos are keyed by row."""
+        k, final_infos = self.rows_per_env, self.final_infos
+        if final_infos:
+            final_infos.clear()
+        i = 0
+        try:
+            for i, env in enumerate(self.envs):
+                env.step(acts[i * k:(i + 1) * k])
+                for slot, info in env.final_infos.items():
+                    final_infos[i * k + slot] = info
+        except ShoalError:
+            raise
+        except Exception as e:
+            raise self._failed(i, "step", e) from e
+
+    def state_dict(self) -> dict:
+        # PettingZoo envs hold their state in objects shoal cannot save as plain data.
+        return {"exact": False, "reason": "multi-agent env state is not saved", "envs": [], "buffers": {}}
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
