@@ -55,7 +55,8 @@ class PPOLearner:
                             rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], c.gamma, c.gae_lambda)
             rollout["advantage"][:, :-1] = advantage
             rollout["return"][:, :-1] = advantage + value[:, :-1]
-        data = transition_view(rollout.select(*LEARN_KEYS), flatten=True)
+        keys = (*LEARN_KEYS, "action_mask") if "action_mask" in rollout.keys() else LEARN_KEYS
+        data = transition_view(rollout.select(*keys), flatten=True)
         # Padding / next-step reset rows exist only with some backends; skip the masking cost otherwise.
         mask_all = None if bool(data["valid"].all()) else data["valid"]
         # One minibatch per epoch sees the same rows every epoch: normalize their advantages once.
@@ -73,6 +74,7 @@ class PPOLearner:
             epoch_steps = 0
             for mb in iterate_minibatches(data, c.sgd_minibatch_size, self.generator):
                 mask = None if mask_all is None else mb["valid"]
+                action_mask = mb.get("action_mask", None)  # Discrete / MultiDiscrete envs that provide one
                 need_entropy = track or c.ent_coef > 0
                 adv = mb["advantage"]
                 if c.norm_adv and not normalize_once:
@@ -80,7 +82,8 @@ class PPOLearner:
                 loss_args = (mb["sample_log_prob"], adv, mb["value"], mb["return"], mask, c.clip_coef,
                              c.vf_clip_coef, c.vf_coef, c.ent_coef)
                 if self.use_autograd:
-                    logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"], entropy=need_entropy)
+                    logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"], entropy=need_entropy,
+                                                                    action_mask=action_mask)
                     loss, ratio, pg_loss, v_loss = ppo_loss(logp, new_value, entropy, *loss_args)
                     self.optimizer.zero_grad()
                     loss.backward()
@@ -88,7 +91,7 @@ class PPOLearner:
                     outputs, entropy = self.policy.evaluate_backward(
                         mb["obs"], mb["action"],
                         lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *loss_args, with_values=track),
-                        entropy=need_entropy)
+                        entropy=need_entropy, action_mask=action_mask)
                     if track:
                         _, ratio, pg_loss, v_loss = outputs
                 if c.max_grad_norm is not None:

@@ -6,6 +6,17 @@ rollout batch sizes. Each class is stateless and works on batches of flat parame
 ``log_prob_entropy`` also returns what its hand-written ``backward`` needs, so the learn step can
 run without the autograd engine (``ActorCritic.evaluate_backward``); tests/test_models.py checks
 each backward against autograd.
+
+Action masks (Discrete and MultiDiscrete): ``mask`` is a bool tensor shaped like the logits,
+True = allowed; a MultiDiscrete mask is the sub-actions' masks concatenated (the
+PettingZoo/Gymnasium convention). Disallowed logits are replaced by -sqrt(finfo.max), -1.8e19 in
+float32: their probability is exactly 0, so every 0 * log p term is 0. Not -inf (0 * -inf is
+NaN) and not finfo.min either: the entropy's backward multiplies log p by its gradient, which
+overflows to inf (then 0 * inf = NaN, in autograd too) once that gradient exceeds 1.
+A row (or a MultiDiscrete segment) with no allowed action is treated as unmasked: such rows are
+padding (dead agents, excluded from the loss by ``valid``) and must stay finite; on a valid row
+it is the caller's bug, and it is not checked for (that would cost a sync per call).
+``mask=None`` runs exactly the unmasked code.
 """
 
 from __future__ import annotations
@@ -17,33 +28,60 @@ import torch
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def _check_mask(mask: torch.Tensor, logits: torch.Tensor, expected: str) -> None:
+    if mask.dtype != torch.bool:
+        raise ValueError(f"action_mask must be a bool tensor (True = allowed), got dtype {mask.dtype}")
+    if mask.shape != logits.shape:
+        raise ValueError(f"action_mask has shape {tuple(mask.shape)}, expected {tuple(logits.shape)} "
+                         f"({expected})")
+
+
+def _blocked(mask: torch.Tensor) -> torch.Tensor:
+    """Entries to mask out: the disallowed ones, none in a row with no allowed action (padding)."""
+    return ~mask & mask.any(-1, keepdim=True)
+
+
+def _mask_logits(logits: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(blocked, -math.sqrt(torch.finfo(logits.dtype).max))  # see the module docstring
+
+
 class Categorical:
     """One Discrete action from ``logits [B, n]``."""
 
     def __init__(self, n: int):
         self.param_dim = n
 
-    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, logits: torch.Tensor, deterministic: bool = False,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if mask is not None:
+            _check_mask(mask, logits, f"[batch, {self.param_dim}]")
+            logits = _mask_logits(logits, _blocked(mask))
         logp = logits.log_softmax(-1)
         if deterministic:
             action = logp.argmax(-1, keepdim=True)
         else:
             # Gumbel-max: argmax(logp + G) with G = -log(Exp(1)) is an exact sample, and half the
-            # cost of torch.multinomial at rollout batch sizes.
+            # cost of torch.multinomial at rollout batch sizes. exponential_ never returns 0 (torch
+            # >= 2.1), so G stays below ~104 and a masked logp near -1.8e19 can never win.
             action = (logp - torch.empty_like(logp).exponential_().log_()).argmax(-1, keepdim=True)
         return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
-    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True):
+    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True,
+                         mask: torch.Tensor | None = None):
         """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
+        if mask is not None:
+            _check_mask(mask, logits, f"[batch, {self.param_dim}]")
+            logits = _mask_logits(logits, _blocked(mask))
         logp = logits.log_softmax(-1)
-        ent = -(logp.exp() * logp).sum(-1) if entropy else None
+        ent = -(logp.exp() * logp).sum(-1) if entropy else None  # masked: p = 0 exactly, p * logp = 0
         index = action.unsqueeze(-1)
         return logp.gather(-1, index).squeeze(-1), ent, (logp, index, ent)
 
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None) -> torch.Tensor:
         """Gradient wrt the logits. With p = softmax, l = log p, H = -sum p l:
-        d l_a / dz = onehot(a) - p  and  dH / dz = -p (l + H)."""
+        d l_a / dz = onehot(a) - p  and  dH / dz = -p (l + H). A masked logit has p = 0 exactly, so
+        its gradient is 0 (its action is never the one taken)."""
         logp, index, ent = ctx
         coef = grad_logp.unsqueeze(-1)
         if grad_entropy is not None:
@@ -60,18 +98,31 @@ class MultiCategorical:
         self.param_dim = sum(nvec)
         self.parts = [Categorical(n) for n in nvec]
 
-    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [p.sample(x, deterministic) for p, x in zip(self.parts, logits.split(self.nvec, -1))]
+    def sample(self, logits: torch.Tensor, deterministic: bool = False,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [p.sample(x, deterministic, m)
+                 for p, x, m in zip(self.parts, logits.split(self.nvec, -1), self._split_mask(mask, logits))]
         return torch.stack([a for a, _ in pairs], -1), sum(lp for _, lp in pairs)
 
-    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True):
-        parts = [p.log_prob_entropy(x, a, entropy) for p, x, a in zip(self.parts, logits.split(self.nvec, -1), action.unbind(-1))]
+    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True,
+                         mask: torch.Tensor | None = None):
+        parts = [p.log_prob_entropy(x, a, entropy, m)
+                 for p, x, a, m in zip(self.parts, logits.split(self.nvec, -1), action.unbind(-1),
+                                       self._split_mask(mask, logits))]
         ent = sum(e for _, e, _ in parts) if entropy else None
         return sum(lp for lp, _, _ in parts), ent, [c for _, _, c in parts]
 
     def backward(self, ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None) -> torch.Tensor:
         # log-probability and entropy are sums over the parts: each part gets the same gradients
         return torch.cat([p.backward(c, grad_logp, grad_entropy) for p, c in zip(self.parts, ctx)], -1)
+
+    def _split_mask(self, mask: torch.Tensor | None, logits: torch.Tensor):
+        """One mask per sub-action (all None without a mask), checked whole so a wrong width is
+        reported against sum(nvec) rather than as a bad split."""
+        if mask is None:
+            return [None] * len(self.parts)
+        _check_mask(mask, logits, f"[batch, sum(nvec)] = [batch, {self.param_dim}] for nvec {self.nvec}")
+        return mask.split(self.nvec, -1)
 
 
 class DiagGaussian:

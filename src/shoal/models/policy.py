@@ -9,6 +9,9 @@ from shoal.envs.spaces import ActionSpec
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
 from shoal.models.layers import StackedMLP
 
+# raised rather than ignoring the mask: a caller passing one expects it to constrain the actions
+BOX_MASK_ERROR = "action_mask is only supported for Discrete and MultiDiscrete actions, not continuous (Box)"
+
 
 def make_distribution(spec: ActionSpec):
     if spec.kind == "discrete":
@@ -22,7 +25,10 @@ class ActorCritic(nn.Module):
     """Separate actor and critic MLPs (no shared trunk), computed side by side.
 
     ``act`` is the rollout path (sample, log-prob, value); ``evaluate`` the learning path
-    (log-prob and entropy of stored actions, value).
+    (log-prob and entropy of stored actions, value). Each takes an optional ``action_mask`` for
+    Discrete / MultiDiscrete actions, bool ``[B, sum(nvec)]``, True = allowed (see
+    ``shoal.models.distributions``); the learning path must be given the mask the action was
+    sampled under.
     """
 
     def __init__(self, obs_dim: int, action: ActionSpec, hiddens: list[int], activation: str = "tanh",
@@ -43,23 +49,27 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.forward(obs)[1]
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False):
+    def act(self, obs: torch.Tensor, deterministic: bool = False, action_mask: torch.Tensor | None = None):
         """Sample actions: returns ``(action, log_prob, value)``."""
         params, value = self.forward(obs)
         if self.continuous:
+            if action_mask is not None:
+                raise ValueError(BOX_MASK_ERROR)
             action, logp = self.dist.sample(params, self.log_std, deterministic)
         else:
-            action, logp = self.dist.sample(params, deterministic)
+            action, logp = self.dist.sample(params, deterministic, action_mask)
         return action, logp, value
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True):
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True,
+                 action_mask: torch.Tensor | None = None):
         """Log-probability of ``action`` under the current policy, its entropy (None when not asked
         for) and values."""
         params, value = self.forward(obs)
-        return *self._log_prob_entropy(params, action, entropy)[:2], value
+        return *self._log_prob_entropy(params, action, entropy, action_mask)[:2], value
 
     @torch.no_grad()
-    def evaluate_backward(self, obs: torch.Tensor, action: torch.Tensor, loss_and_grad, entropy: bool = True):
+    def evaluate_backward(self, obs: torch.Tensor, action: torch.Tensor, loss_and_grad, entropy: bool = True,
+                          action_mask: torch.Tensor | None = None):
         """``evaluate`` and the backward pass of a loss of its outputs, without the autograd engine.
 
         ``loss_and_grad(logp, entropy, value)`` returns ``(result, (grad_logp, grad_value,
@@ -69,7 +79,7 @@ class ActorCritic(nn.Module):
         """
         x = obs.reshape(obs.shape[0], -1).float()
         (params, value), hidden = self.net.forward_for_backward(x)
-        logp, ent, ctx = self._log_prob_entropy(params, action, entropy)
+        logp, ent, ctx = self._log_prob_entropy(params, action, entropy, action_mask)
         result, (grad_logp, grad_value, grad_entropy) = loss_and_grad(logp, ent, value.squeeze(-1))
         if self.continuous:
             grad_params, grad_log_std = self.dist.backward(ctx, grad_logp, grad_entropy)
@@ -79,7 +89,10 @@ class ActorCritic(nn.Module):
         self.net.backward_into_grad(x, hidden, (grad_params, grad_value.unsqueeze(-1)))
         return result, ent
 
-    def _log_prob_entropy(self, params: torch.Tensor, action: torch.Tensor, entropy: bool):
+    def _log_prob_entropy(self, params: torch.Tensor, action: torch.Tensor, entropy: bool,
+                          action_mask: torch.Tensor | None):
         if self.continuous:
+            if action_mask is not None:
+                raise ValueError(BOX_MASK_ERROR)
             return self.dist.log_prob_entropy(params, self.log_std, action, entropy)
-        return self.dist.log_prob_entropy(params, action, entropy)
+        return self.dist.log_prob_entropy(params, action, entropy, action_mask)
