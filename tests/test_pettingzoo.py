@@ -196,3 +196,10 @@ def test_ppo_learns_a_multi_agent_env_with_mixed_spaces_and_agents_leaving():
     assert first["episode_reward_mean"] < 4.5
     assert result["episode_reward_mean"] > 7.0
     assert result["agent_reward_mean"]["short"] > 2.6 and result["agent_reward_mean"]["long"] > 4.3
+
+
+def test_evaluation_sums_each_teams_episode():
+    with shoal.PPO(env=lambda: GuessEnv(), num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0) as algo:
+        out = algo.evaluate(4)
+    assert out["episodes"] == 4 and out["episode_len_mean"] == 5.0
+    assert 0.0 <= out["episode_reward_min"] <= out["episode_reward_max"] <= 8.0

@@ -56,8 +56,9 @@ class Collector:
             self._raw_reward = torch.zeros(rollout.batch_size)
         views = self._views.get(id(batch))
         if views is None:
+            keys = _FIELDS + (("action_mask",) if "action_mask" in rollout.keys() else ())
             views = {key: (self._raw_reward if key == "raw_reward" else rollout[key])[batch.rows].unbind(1)
-                     for key in _FIELDS}
+                     for key in keys}
             views["truncated_np"] = batch.truncated.numpy()  # numpy's any() costs a third of torch's
             self._views[id(batch)] = views
         return views
@@ -85,7 +86,10 @@ class Collector:
             views = self._views_for(rollout, batch)
             if t < horizon:
                 obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
-                a, lp, v = policy.act(obs_t)
+                if batch.action_mask is None:
+                    a, lp, v = policy.act(obs_t)
+                else:
+                    a, lp, v = policy.act(obs_t, action_mask=views["action_mask"][t].copy_(batch.action_mask))
                 views["action"][t].copy_(a)
                 views["sample_log_prob"][t].copy_(lp)
                 views["value"][t].copy_(v)

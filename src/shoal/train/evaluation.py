@@ -85,8 +85,11 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
     return SerialBackend(make, num_envs, name), filmers
 
 
-def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor], torch.Tensor], seed: int) -> dict[str, Any]:
-    """Play one episode on each of the backend's envs; summarise returns and lengths."""
+def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 seed: int) -> dict[str, Any]:
+    """Play one episode on each of the backend's envs; summarise returns and lengths. With
+    several agents per env, an episode's return is the sum over its agents (each row's first
+    episode), its length the longest agent's."""
     n = backend.num_rows
     backend.reset(seed)
     returns = np.zeros(n)
@@ -94,17 +97,20 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor], torch.Tensor
     finished = np.zeros(n, dtype=bool)
     batch = backend.recv()
     while not finished.all():
-        backend.send(act(batch.obs))
+        backend.send(act(batch.obs, batch.action_mask))
         batch = backend.recv()
         live = ~finished & batch.valid.numpy()
         returns[live] += batch.reward.numpy()[live]
         lengths[live] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
+    if backend.rows_per_env > 1:
+        returns = returns.reshape(backend.num_envs, -1).sum(1)
+        lengths = lengths.reshape(backend.num_envs, -1).max(1)
     return {
         "episode_reward_mean": float(returns.mean()),
         "episode_reward_std": float(returns.std()),
         "episode_reward_min": float(returns.min()),
         "episode_reward_max": float(returns.max()),
         "episode_len_mean": float(lengths.mean()),
-        "episodes": n,
+        "episodes": backend.num_envs,
     }

@@ -79,9 +79,11 @@ class Trainer:
                                       self.backend.batch.env_id.numpy(), on_episode_end,
                                       self.backend.agents)
         self.collector = Collector(self.backend, self.policy, self.tracker, self.obs_normalizer, self.reward_scaler)
+        mask = self.backend.batch.action_mask
         self.buffer = RolloutBuffer(self.backend.num_rows, c.rollout_fragment_length, spec.shape,
                                     torch_dtype(spec.dtype), self.backend.act_spec.shape,
-                                    torch_dtype(self.backend.act_spec.dtype), c.device)
+                                    torch_dtype(self.backend.act_spec.dtype), c.device,
+                                    0 if mask is None else mask.shape[1])
         self.learner = self._make_learner()
 
         self.iteration = 0
@@ -380,9 +382,11 @@ class Trainer:
             backend, filmers = filmed_backend(config_creator(c.env), c.env_config, n, Path(video_dir),
                                               f"iter{self.iteration:06d}_", self.env_name)
 
-        def act(obs: torch.Tensor) -> torch.Tensor:
+        def act(obs: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
             x = obs if self.obs_normalizer is None else self.obs_normalizer.normalize(obs)
-            return self.policy.act(x, deterministic=deterministic)[0]
+            if action_mask is None:
+                return self.policy.act(x, deterministic=deterministic)[0]
+            return self.policy.act(x, deterministic=deterministic, action_mask=action_mask)[0]
 
         try:
             with torch.random.fork_rng(devices=[]):
