@@ -6,7 +6,8 @@ import torch
 
 
 def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tensor, truncated_t: torch.Tensor,
-        final_value_t: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:
+        final_value_t: torch.Tensor, gamma: float, gae_lambda: float,
+        valid_t: torch.Tensor | None = None) -> torch.Tensor:
     """Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438), batched over rows.
 
     Args:
@@ -16,23 +17,66 @@ def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tenso
       truncated_t: ``[N, T]`` episode was cut at t (time limit): bootstrap from ``final_value_t``,
         the value of the true final observation, since ``value_t[:, t+1]`` is the next episode's.
       final_value_t: ``[N, T]`` see above; read only where ``truncated_t``.
+      valid_t: ``[N, T]`` bool, the row took a real decision at t; None means every step is one.
+        A non-decision step (padding of a dead agent, the opponent's turn, a next-step reset) is
+        not a time step of its row: its reward is added undiscounted to the row's previous
+        decision in the rollout, and its done flag ends that decision's episode (terminated: no
+        bootstrap; truncated: bootstrap from its ``final_value_t``). Steps after a done are the
+        next episode's and never fold back across it. A decision bootstraps from the value at the
+        row's next decision, or from ``value_t[:, T]`` when none follows in the rollout. Leading
+        non-decision steps belong to a decision of the previous rollout and are dropped.
     Returns:
-      ``[N, T]`` advantages. The recursion is cut at every done (terminated or truncated) step.
+      ``[N, T]`` advantages, 0 at non-decision steps (every loss masks them out). The recursion is
+      cut at every done (terminated or truncated) step.
     """
     n, t = reward_t.shape
     if value_t.shape != (n, t + 1):
         raise ValueError(f"value_t has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
-    for name, x in (("terminated_t", terminated_t), ("truncated_t", truncated_t), ("final_value_t", final_value_t)):
-        if x.shape != (n, t):
+    for name, x in (("terminated_t", terminated_t), ("truncated_t", truncated_t), ("final_value_t", final_value_t),
+                    ("valid_t", valid_t)):
+        if x is not None and x.shape != (n, t):
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {(n, t)} like reward_t")
-    next_value = torch.where(truncated_t, final_value_t, value_t[:, 1:])
-    not_terminal = (~terminated_t).float()
-    delta = reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
-    carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).float()
+    if valid_t is None:
+        next_value = torch.where(truncated_t, final_value_t, value_t[:, 1:])
+        not_terminal = (~terminated_t).float()
+        delta = reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
+        carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).float()
+        return _backward_scan(delta, carry)
+    delta, carry = _folded_terms(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda,
+                                 valid_t)
+    return _backward_scan(delta, carry).masked_fill_(~valid_t, 0.0)
+
+
+def _folded_terms(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t):
+    """``delta`` and ``carry`` such that ``x[t] = delta[t] + carry[t] * x[t+1]`` is the advantage at
+    decisions when non-decision steps fold into the decision before them.
+
+    At a non-decision step x is not an advantage but what it hands back to the previous decision:
+    its own reward plus, unless it is done, what the next step hands back: ``gamma * (value +
+    lambda * advantage)`` of a decision, or the x of another non-decision step unchanged (carry 1:
+    folded rewards are not discounted). A truncated one adds ``gamma * final_value`` instead.
+    With every step valid these are exactly the usual GAE delta and carry.
+    """
+    n = reward_t.shape[0]
+    dtype = value_t.dtype
+    not_done = (~(terminated_t | truncated_t)).to(dtype)
+    is_decision = valid_t.to(dtype)
+    # Whether step t+1 is a decision; the tail value always bootstraps, as a decision would.
+    next_decision = torch.cat((is_decision[:, 1:], is_decision.new_ones(n, 1)), dim=1)
+    bootstrap = torch.where(truncated_t & ~terminated_t, final_value_t, value_t[:, 1:] * not_done * next_decision)
+    # Only a decision's own value is subtracted: at a non-decision step x is a target, not an advantage.
+    delta = reward_t + gamma * bootstrap - value_t[:, :-1] * is_decision
+    carry = torch.where(next_decision.bool(), gamma * gae_lambda, 1.0).to(dtype) * not_done
+    return delta, carry
+
+
+def _backward_scan(delta: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+    """``x[:, t] = delta[:, t] + carry[:, t] * x[:, t+1]`` backwards from ``x[:, T-1] = delta[:, T-1]``."""
+    n, t = delta.shape
     # The time loop stays in Python. Time-major copies make each step's rows one contiguous slice,
     # so a step is a single fused op writing straight into the result.
     delta, carry = delta.t().contiguous().unbind(0), carry.t().contiguous().unbind(0)
-    advantage = torch.empty(t, n, dtype=reward_t.dtype, device=reward_t.device)
+    advantage = torch.empty(t, n, dtype=delta[0].dtype, device=delta[0].device)
     adv = advantage.unbind(0)
     adv[t - 1].copy_(delta[t - 1])
     for step in range(t - 2, -1, -1):

@@ -51,8 +51,10 @@ class PPOLearner:
         # 1. Advantages and returns on the whole rollout.
         with torch.no_grad():
             value = rollout["value"]
+            valid = rollout["valid"][:, :-1]
             advantage = gae(rollout["reward"][:, :-1], value, rollout["terminated"][:, :-1],
-                            rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], c.gamma, c.gae_lambda)
+                            rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], c.gamma, c.gae_lambda,
+                            valid_t=None if bool(valid.all()) else valid)
             rollout["advantage"][:, :-1] = advantage
             rollout["return"][:, :-1] = advantage + value[:, :-1]
         keys = (*LEARN_KEYS, "action_mask") if "action_mask" in rollout.keys() else LEARN_KEYS
