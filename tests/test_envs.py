@@ -109,6 +109,15 @@ def test_truncated_rows_bootstrap_from_value_of_final_obs():
     assert rollout["obs"][:, 3, 0].tolist() == [0.0, 0.0]
 
 
+def test_next_step_vector_envs_bootstrap_truncations_from_the_following_obs():
+    venv = gym.vector.SyncVectorEnv([lambda: CounterEnv(limit=3)] * 2)
+    algo = shoal.PPO(env=venv, num_envs=2, rollout_fragment_length=6, sgd_minibatch_size=12, save_outputs=False)
+    rollout = algo.buffer.start_rollout()
+    algo.collector.collect(rollout)
+    assert rollout["truncated"][:, 2].all() and rollout["obs"][:, 3, 0].tolist() == [3.0, 3.0]  # the final obs
+    assert torch.equal(rollout["final_value"][:, 2], rollout["value"][:, 3])
+
+
 def test_wrong_observation_shape_names_env_shape_and_dtype():
     with pytest.raises(EnvError, match=r"returned an observation of shape \(3,\) and dtype float32; its observation_space .* promises shape \(1,\)"):
         shoal.PPO(env=lambda: CounterEnv(obs_shape=(3,)), save_outputs=False)

@@ -48,19 +48,20 @@ class PPOLearner:
         c = self.config
         self.optimizer.lr = learning_rate
 
-        # 1. Advantages and returns on the whole rollout.
+        # 1. Advantages and returns on the whole rollout. Padding / next-step reset rows exist only
+        #    with some backends; skip the masking cost otherwise.
+        valid = rollout["valid"][:, :-1]
+        all_valid = bool(valid.all())
         with torch.no_grad():
             value = rollout["value"]
-            valid = rollout["valid"][:, :-1]
             advantage = gae(rollout["reward"][:, :-1], value, rollout["terminated"][:, :-1],
                             rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], c.gamma, c.gae_lambda,
-                            valid_t=None if bool(valid.all()) else valid)
+                            valid_t=None if all_valid else valid)
             rollout["advantage"][:, :-1] = advantage
             rollout["return"][:, :-1] = advantage + value[:, :-1]
         keys = (*LEARN_KEYS, "action_mask") if "action_mask" in rollout.keys() else LEARN_KEYS
         data = transition_view(rollout.select(*keys), flatten=True)
-        # Padding / next-step reset rows exist only with some backends; skip the masking cost otherwise.
-        mask_all = None if bool(data["valid"].all()) else data["valid"]
+        mask_all = None if all_valid else data["valid"]
         # One minibatch per epoch sees the same rows every epoch: normalize their advantages once.
         normalize_once = c.norm_adv and c.sgd_minibatch_size == data.batch_size[0]
         if normalize_once:

@@ -100,6 +100,10 @@ class Collector:
                 views["value"][horizon].copy_(policy.value(last))
                 self._parked.append(batch)
         steps = slice(0, horizon)
+        if backend.autoreset == "next_step":  # the true final obs of a truncation is the next step's obs
+            truncated = rollout["truncated"][:, steps]
+            rollout["final_value"][:, steps] = torch.where(truncated, rollout["value"][:, 1:],
+                                                           rollout["final_value"][:, steps])
         self.tracker.add(self._raw_reward[:, steps].numpy().T, rollout["done"].numpy()[:, steps].T,
                          rollout["valid"].numpy()[:, steps].T, step_infos)
         self._check_rewards(rollout, horizon)
