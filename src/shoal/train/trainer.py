@@ -40,6 +40,7 @@ from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import filmed_backend, run_episodes
 from shoal.vector import VecBackend, make_backend
+from shoal.vector.vmas import is_vmas
 
 _IMPORT_SPEC = re.compile(r"[\w.]+:[\w.]+")
 
@@ -376,6 +377,9 @@ class Trainer:
         n = num_episodes or c.evaluation_num_episodes
         deterministic = c.evaluation_deterministic if deterministic is None else deterministic
         filmers = []
+        if video_dir is not None and is_vmas(c.env):
+            raise ConfigError(f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
+                              f"scenario, which shoal does not film yet.")
         if video_dir is None:
             backend = self._make_backend(n)
         else:

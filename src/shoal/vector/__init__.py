@@ -9,23 +9,32 @@ import gymnasium as gym
 
 from shoal.envs.pettingzoo import ParallelEnvAdapter
 from shoal.envs.registry import check_env_id, env_creator, env_name, is_parallel_env
-from shoal.errors import EnvError
+from shoal.errors import ConfigError, EnvError
 from shoal.vector.agents import AgentEnvBackend
 from shoal.vector.base import StepBatch, VecBackend
 from shoal.vector.gym_vector import GymVectorBackend
 from shoal.vector.mp import MultiprocessBackend
 from shoal.vector.serial import SerialBackend
+from shoal.vector.vmas import VmasBackend, is_vmas
 
-__all__ = ["AgentEnvBackend", "GymVectorBackend", "MultiprocessBackend", "SerialBackend", "StepBatch", "VecBackend", "make_backend"]
+__all__ = ["AgentEnvBackend", "GymVectorBackend", "MultiprocessBackend", "SerialBackend", "StepBatch", "VecBackend",
+           "VmasBackend", "make_backend"]
 
 
 def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vectorization_mode: str | None = None,
                  num_workers: int = 0, async_factor: int = 1) -> VecBackend:
-    """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory or a VectorEnv.
+    """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
+    or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
 
     ``num_workers=0`` steps the envs in this process; more spreads them over worker processes."""
     env_config = env_config or {}
     name = env_name(env)
+    if is_vmas(env):
+        if num_workers or vectorization_mode is not None:
+            raise ConfigError(f"env '{name}' is a VMAS scenario, which steps all its envs as one batch of tensors "
+                              f"already; leave num_workers=0 and vectorization_mode unset (got num_workers="
+                              f"{num_workers}, vectorization_mode={vectorization_mode!r}).")
+        return VmasBackend(env.removeprefix("vmas:"), num_envs, env_config)
     if isinstance(env, gym.vector.VectorEnv):
         if env.num_envs != num_envs:
             raise EnvError(f"the vector env '{name}' holds {env.num_envs} envs but num_envs={num_envs}; set num_envs={env.num_envs}.")

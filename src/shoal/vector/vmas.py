@@ -1,0 +1,164 @@
+"""VMAS backend: one torch-vectorized VMAS environment shown as a flat agent batch.
+
+VMAS steps ``num_envs`` copies of a multi-agent scenario as batched torch tensors, so there is
+no numpy round trip: actions go in as per-agent views of one action buffer and per-agent
+observations and rewards come back as ``[N, ...]`` tensors that are stacked straight into the
+flat buffers. Rows are env-major: row ``env * n_agents + agent``.
+
+Episode ends: the env is built with ``terminated_truncated=True``, so VMAS reports the
+scenario's own ``done()`` as ``terminated`` and ``steps >= max_steps`` as ``truncated`` (both
+may be set; then no bootstrap, as in Gymnasium). Every agent of an env shares its flags.
+Without ``max_steps`` in ``env_config`` episodes end only when the scenario says so.
+
+Autoreset is ``same_step``: VMAS does not reset by itself and 1.5 can reset only all envs
+(``reset``) or one (``reset_at``), so done envs are reset one by one in a Python loop (only at
+episode ends), or all at once when every env is done. Then the observations are read once.
+A reset costs a few milliseconds whatever the number of envs (balance recomputes contacts over
+the whole batch), so at episode ends it can take as long as the step itself.
+
+VMAS's per-agent ``info`` tensors are not read, so they give no custom metrics.
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+
+import gymnasium
+import numpy as np
+import torch
+
+from shoal.envs.spaces import action_spec, obs_spec
+from shoal.errors import ConfigError, EnvError, did_you_mean
+from shoal.vector.base import VecBackend
+
+PREFIX = "vmas:"
+# make_env arguments the backend sets itself: the flat batch depends on them.
+_RESERVED = ("num_envs", "device", "seed", "wrapper", "dict_spaces", "terminated_truncated", "grad_enabled")
+
+
+def is_vmas(env) -> bool:
+    return isinstance(env, str) and env.startswith(PREFIX)
+
+
+def _scenario_names() -> list[str]:
+    import vmas
+
+    return sorted({*vmas.scenarios, *vmas.debug_scenarios, *vmas.mpe_scenarios})
+
+
+def _gymnasium_space(space):
+    """VMAS describes its spaces with the old ``gym`` package; shoal's specs read Gymnasium ones."""
+    kind = type(space).__name__
+    if kind == "Box":
+        return gymnasium.spaces.Box(space.low, space.high, space.shape, np.float32)
+    if kind == "Discrete":
+        return gymnasium.spaces.Discrete(int(space.n))
+    if kind == "MultiDiscrete":
+        return gymnasium.spaces.MultiDiscrete(space.nvec)
+    return None
+
+
+class VmasBackend(VecBackend):
+    autoreset = "same_step"
+
+    def __init__(self, scenario: str, num_envs: int, env_config: dict | None = None, seed: int | None = None):
+        given = dict(env_config or {})
+        env_config = dict(given)
+        name = PREFIX + scenario
+        reserved = [k for k in _RESERVED if k in env_config]
+        if reserved:
+            raise ConfigError(f"env '{name}': env_config may not set {reserved}; shoal sets {', '.join(_RESERVED)} "
+                              f"itself (num_envs and seed are trainer keys).")
+        try:
+            import vmas
+        except ImportError:
+            raise EnvError(f"env '{name}' needs VMAS: pip install 'shoal[multiagent]'.") from None
+        known = _scenario_names()
+        if scenario not in known:
+            raise EnvError(f"unknown VMAS scenario '{scenario}'.{did_you_mean(scenario, known)} "
+                           f"Valid ones include: {', '.join(known[:12])}, ... ({len(known)} in all).")
+        env_config.setdefault("continuous_actions", True)
+        # VMAS only warns about scenario kwargs it did not use; a misspelt key should stop the run.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                self.env = vmas.make_env(scenario, num_envs=num_envs, device="cpu", seed=seed,
+                                         terminated_truncated=True, **env_config)
+            except (AssertionError, TypeError, ValueError) as e:
+                # VMAS checks its arguments with bare asserts: the failing line is the message.
+                detail = str(e) or traceback.extract_tb(e.__traceback__)[-1].line
+                raise EnvError(f"env '{name}' cannot be built with env_config={given}: "
+                               f"{type(e).__name__}: {detail}") from None
+        for w in caught:
+            if "passed but not used" in str(w.message):
+                raise EnvError(f"env '{name}': {str(w.message).partition(' This will')[0]} "
+                               f"Check env_config against the scenario's make_world.")
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+        agents = [agent.name for agent in self.env.agents]
+        self.n_agents = n = len(agents)
+        obs_spaces = [_gymnasium_space(s) for s in self.env.observation_space]
+        act_spaces = [_gymnasium_space(s) for s in self.env.action_space]
+        listing = "; ".join(f"{a}: {o} / {s}" for a, o, s in zip(agents, self.env.observation_space,
+                                                                self.env.action_space))
+        if not all(isinstance(o, gymnasium.spaces.Box) for o in obs_spaces) or None in act_spaces:
+            raise EnvError(f"env '{name}': shoal reads Box observations and Box, Discrete or MultiDiscrete actions; "
+                           f"its agents have {listing}.")
+        if any(o.shape != obs_spaces[0].shape for o in obs_spaces) or any(s != act_spaces[0] for s in act_spaces):
+            raise EnvError(f"env '{name}': all agents share one policy, so they need one observation shape and one "
+                           f"action space; its agents have {listing}.")
+        super().__init__(name, num_envs, obs_spec(obs_spaces[0]), action_spec(act_spaces[0]), rows_per_env=n)
+        self.agents = agents
+
+        # Env-major [N, n_agents, ...] views of the flat buffers: torch.stack(out=) fills them in one op.
+        b = self.batch
+        self._obs3 = b.obs.view(num_envs, n, *self.obs_spec.shape)
+        self._final3 = b.final_obs.view(num_envs, n, *self.obs_spec.shape)
+        self._reward2 = b.reward.view(num_envs, n)
+        self._term2 = b.terminated.view(num_envs, n)
+        self._trunc2 = b.truncated.view(num_envs, n)
+        # VMAS wants [N, k] per agent (k = 1 for Discrete); clipping writes into this buffer.
+        act = self.act_spec
+        width = act.shape[0] if act.shape else 1
+        dtype = torch.float32 if act.kind == "continuous" else torch.int64
+        self._actions = torch.zeros(num_envs, n, width, dtype=dtype)
+        self._agent_actions = list(self._actions.unbind(1))
+
+    def env_actions(self, actions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Actions as VMAS wants them, a tensor: continuous ones clipped to the bounds (the unclipped
+        sample stays in the rollout, so log-probabilities match what the policy drew)."""
+        if self.act_spec.kind == "continuous":
+            return torch.clamp(actions, self._act_low, self._act_high, out=out)
+        return actions if out is None else out.copy_(actions)
+
+    def reset(self, seed: int | None = None) -> None:
+        # VMAS draws from its own random stream (saved and restored around each call), so this
+        # seeds the envs without touching the global torch RNG the policy samples from.
+        torch.stack(self.env.reset(seed=seed), dim=1, out=self._obs3)
+        self._terminated[:] = False
+        self._truncated[:] = False
+
+    def send(self, actions: torch.Tensor, batch=None) -> None:
+        self.env_actions(actions.reshape(self._actions.shape), out=self._actions)
+        obs, rewards, terminated, truncated, _ = self.env.step(self._agent_actions)
+        torch.stack(rewards, dim=1, out=self._reward2)
+        self._term2.copy_(terminated.unsqueeze(1))
+        self._trunc2.copy_(truncated.unsqueeze(1))
+        done = terminated | truncated
+        if not done.any():
+            torch.stack(obs, dim=1, out=self._obs3)
+            return
+        if truncated.any():
+            torch.stack(obs, dim=1, out=self._final3)
+        if done.all():
+            self.env.reset(return_observations=False)
+        else:
+            for i in done.nonzero().squeeze(1).tolist():
+                self.env.reset_at(i, return_observations=False)
+        obs = self.env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[0]
+        torch.stack(obs, dim=1, out=self._obs3)
+
+    def state_dict(self) -> dict:
+        # The simulator state lives in VMAS's torch objects; a resumed run starts new episodes (Trainer warns).
+        return {"exact": False, "reason": "VMAS simulator state is not plain data", "envs": [], "buffers": {}}
