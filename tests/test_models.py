@@ -121,20 +121,28 @@ def test_engine_free_gradient_equals_autograd(space):
     mask = torch.rand(n) > 0.2
     args = (old_logp, adv, old_value, returns, mask, 0.2, 0.3, 0.7, 0.05)
 
-    logp, ent, value = policy.evaluate(obs, action)
-    loss = ppo_loss(logp, value, ent, *args)[0]
-    flat.grad.zero_()
-    loss.backward()
-    want = flat.grad.clone()
-
-    flat.grad.fill_(float("nan"))  # the engine-free path must overwrite every entry
-    (got_loss, *_), _ = policy.evaluate_backward(
-        obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args))
-    assert got_loss.item() == pytest.approx(loss.item(), rel=1e-6)
-    assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6), (flat.grad - want).abs().max()
+    want, _ = assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args)
 
     flat.grad.fill_(float("nan"))  # the gradient alone, without the loss values
     outputs, _ = policy.evaluate_backward(
         obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args, with_values=False))
     assert outputs is None
     assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6)
+
+
+def assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args, action_mask=None):
+    """``evaluate_backward`` + ``ppo_loss_and_grad`` give autograd's loss, entropy and gradient
+    through ``evaluate`` + ``ppo_loss``; returns autograd's gradient and entropy."""
+    logp, ent, value = policy.evaluate(obs, action, action_mask=action_mask)
+    loss = ppo_loss(logp, value, ent, *args)[0]
+    flat.grad.zero_()
+    loss.backward()
+    want = flat.grad.clone()
+
+    flat.grad.fill_(float("nan"))  # the engine-free path must overwrite every entry
+    (got_loss, *_), got_ent = policy.evaluate_backward(
+        obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args), action_mask=action_mask)
+    assert got_loss.item() == pytest.approx(loss.item(), rel=1e-6)
+    assert torch.allclose(got_ent, ent)
+    assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6), (flat.grad - want).abs().max()
+    return want, ent

@@ -78,18 +78,17 @@ class Collector:
         while len(self._parked) < num_groups:
             if ready:  # parked since the last rollout: its obs is current, no step result to record
                 batch = ready.pop()
+                views = self._views_for(rollout, batch)
                 t = 0
             else:
                 batch = backend.recv()
+                views = self._views_for(rollout, batch)
                 t = int(self._position[batch.rows.start])
-                self._record_step(batch, self._views_for(rollout, batch), t - 1, step_infos)
-            views = self._views_for(rollout, batch)
+                self._record_step(batch, views, t - 1, step_infos)
             if t < horizon:
                 obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
-                if batch.action_mask is None:
-                    a, lp, v = policy.act(obs_t)
-                else:
-                    a, lp, v = policy.act(obs_t, action_mask=views["action_mask"][t].copy_(batch.action_mask))
+                mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
+                a, lp, v = policy.act(obs_t, action_mask=mask)
                 views["action"][t].copy_(a)
                 views["sample_log_prob"][t].copy_(lp)
                 views["value"][t].copy_(v)

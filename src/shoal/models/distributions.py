@@ -36,13 +36,14 @@ def _check_mask(mask: torch.Tensor, logits: torch.Tensor, expected: str) -> None
                          f"({expected})")
 
 
-def _blocked(mask: torch.Tensor) -> torch.Tensor:
-    """Entries to mask out: the disallowed ones, none in a row with no allowed action (padding)."""
-    return ~mask & mask.any(-1, keepdim=True)
-
-
-def _mask_logits(logits: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
-    return logits.masked_fill(blocked, -math.sqrt(torch.finfo(logits.dtype).max))  # see the module docstring
+def _masked_logits(logits: torch.Tensor, mask: torch.Tensor | None, expected: str) -> torch.Tensor:
+    """``logits`` with the disallowed entries filled (see the module docstring); a row with no
+    allowed action (padding) is left as it is."""
+    if mask is None:
+        return logits
+    _check_mask(mask, logits, expected)
+    blocked = ~mask & mask.any(-1, keepdim=True)
+    return logits.masked_fill(blocked, -math.sqrt(torch.finfo(logits.dtype).max))
 
 
 class Categorical:
@@ -53,9 +54,7 @@ class Categorical:
 
     def sample(self, logits: torch.Tensor, deterministic: bool = False,
                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if mask is not None:
-            _check_mask(mask, logits, f"[batch, {self.param_dim}]")
-            logits = _mask_logits(logits, _blocked(mask))
+        logits = _masked_logits(logits, mask, f"[batch, {self.param_dim}]")
         logp = logits.log_softmax(-1)
         if deterministic:
             action = logp.argmax(-1, keepdim=True)
@@ -69,9 +68,7 @@ class Categorical:
     def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True,
                          mask: torch.Tensor | None = None):
         """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
-        if mask is not None:
-            _check_mask(mask, logits, f"[batch, {self.param_dim}]")
-            logits = _mask_logits(logits, _blocked(mask))
+        logits = _masked_logits(logits, mask, f"[batch, {self.param_dim}]")
         logp = logits.log_softmax(-1)
         ent = -(logp.exp() * logp).sum(-1) if entropy else None  # masked: p = 0 exactly, p * logp = 0
         index = action.unsqueeze(-1)

@@ -388,8 +388,6 @@ class Trainer:
 
         def act(obs: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
             x = obs if self.obs_normalizer is None else self.obs_normalizer.normalize(obs)
-            if action_mask is None:
-                return self.policy.act(x, deterministic=deterministic)[0]
             return self.policy.act(x, deterministic=deterministic, action_mask=action_mask)[0]
 
         try:

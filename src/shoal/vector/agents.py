@@ -16,11 +16,11 @@ import torch
 
 from shoal.errors import EnvError, ShoalError
 from shoal.vector.base import StepBatch, VecBackend
-from shoal.vector.serial import EnvStepError
 
 
 class AgentEnvBackend(VecBackend):
     autoreset = "same_step"
+    unsaved_state = "PettingZoo envs keep their state in objects shoal does not save"
 
     def __init__(self, make_env: Callable[[int], object], num_envs: int, name: str,
                  buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
@@ -34,15 +34,10 @@ class AgentEnvBackend(VecBackend):
         k = first.num_agents
         super().__init__(name, num_envs, layout.obs_spec, layout.act_spec, rows_per_env=k, buffers=buffers,
                          first_env_id=first_env_id, mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0)
-        self.first_env_id = first_env_id
         self.agents = first.agents
         self.single_observation_space, self.single_action_space = layout.obs_space, layout.action_space
         for i, env in enumerate(self.envs):
             env.bind({key: buf[i * k:(i + 1) * k] for key, buf in self._buffers.items()})
-
-    def _failed(self, index: int, phase: str, error: Exception) -> EnvStepError:
-        env_id = self.first_env_id + index
-        return EnvStepError(f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id)
 
     def reset(self, seed: int | None = None) -> None:
         for i, env in enumerate(self.envs):
@@ -71,10 +66,6 @@ class AgentEnvBackend(VecBackend):
             raise
         except Exception as e:
             raise self._failed(i, "step", e) from e
-
-    def state_dict(self) -> dict:
-        # PettingZoo envs hold their state in objects shoal cannot save as plain data.
-        return {"exact": False, "reason": "multi-agent env state is not saved", "envs": [], "buffers": {}}
 
     def close(self) -> None:
         for env in self.envs:

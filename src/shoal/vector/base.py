@@ -26,6 +26,15 @@ import torch
 
 from shoal.envs.snapshot import env_state, load_env_state
 from shoal.envs.spaces import ActionSpec, ObsSpec
+from shoal.errors import EnvError
+
+
+class EnvStepError(EnvError):
+    """An env raised inside reset() or step(); ``env_id`` says which one."""
+
+    def __init__(self, message: str, env_id: int):
+        super().__init__(message)
+        self.env_id = env_id
 
 
 @dataclass
@@ -81,10 +90,12 @@ class VecBackend:
     autoreset: str = "same_step"
     async_factor: int = 1
     agents: list[str] | None = None  # multi-agent envs: the name of each agent row slot
+    unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
 
     def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,
                  buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0, mask_size: int = 0):
         self.name = name
+        self.first_env_id = first_env_id
         self.num_envs = num_envs
         self.rows_per_env = rows_per_env
         self.num_rows = num_envs * rows_per_env
@@ -106,6 +117,11 @@ class VecBackend:
         if act.kind == "continuous":
             self._act_low = torch.as_tensor(space.low, dtype=torch.float32)
             self._act_high = torch.as_tensor(space.high, dtype=torch.float32)
+
+    def _failed(self, index: int, phase: str, error: Exception) -> EnvStepError:
+        """The error for env ``index`` of this backend raising in ``reset`` or ``step``."""
+        env_id = self.first_env_id + index
+        return EnvStepError(f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id)
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Actions as the env wants them: continuous ones clipped to the Box bounds (the unclipped
@@ -132,6 +148,8 @@ class VecBackend:
         return dict(self._buffers)
 
     def state_dict(self) -> dict:
+        if self.unsaved_state:
+            return {"exact": False, "reason": self.unsaved_state, "envs": [], "buffers": {}}
         envs = [env_state(env) for env in self._snapshot_envs()]
         exact = all(s["exact"] for s in envs)
         return {

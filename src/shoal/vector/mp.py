@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from shoal.errors import EnvError
-from shoal.vector.base import StepBatch, VecBackend, allocate_buffers, batch_view
-from shoal.vector.serial import EnvStepError, SerialBackend
+from shoal.vector.base import EnvStepError, StepBatch, VecBackend, allocate_buffers, batch_view
+from shoal.vector.serial import SerialBackend
 
 # one-byte commands and replies
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
@@ -99,6 +99,7 @@ def _worker(serial_class: type, make_env: Callable[[int], gym.Env], first_env: i
 
 class MultiprocessBackend(VecBackend):
     autoreset = "same_step"
+    unsaved_state = "envs run in worker processes"
 
     def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str, num_workers: int,
                  async_factor: int = 1, serial_class: type = SerialBackend):
@@ -109,7 +110,7 @@ class MultiprocessBackend(VecBackend):
         # not closed, since it may be the user's own instance).
         probe = serial_class(make_env, 1, name)
         obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
-        mask = probe._buffers.get("action_mask")
+        mask = probe.batch.action_mask
         self.agents = probe.agents
         self.single_observation_space, self.single_action_space = probe.single_observation_space, probe.single_action_space
         del probe
@@ -233,10 +234,6 @@ class MultiprocessBackend(VecBackend):
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
-
-    def state_dict(self) -> dict:
-        # Env state stays in the workers; a resumed run starts new episodes (Trainer warns).
-        return {"exact": False, "reason": "envs run in worker processes", "envs": [], "buffers": {}}
 
     def close(self) -> None:
         self._closer()

@@ -17,14 +17,6 @@ from shoal.errors import EnvError, ShoalError
 from shoal.vector.base import StepBatch, VecBackend
 
 
-class EnvStepError(EnvError):
-    """An env raised inside reset() or step(); ``env_id`` says which one."""
-
-    def __init__(self, message: str, env_id: int):
-        super().__init__(message)
-        self.env_id = env_id
-
-
 class SerialBackend(VecBackend):
     autoreset = "same_step"
 
@@ -40,13 +32,8 @@ class SerialBackend(VecBackend):
                 )
         super().__init__(name, num_envs, obs_spec(first.observation_space), action_spec(first.action_space),
                          buffers=buffers, first_env_id=first_env_id)
-        self.first_env_id = first_env_id
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
-
-    def _failed(self, index: int, phase: str, error: Exception) -> EnvStepError:
-        env_id = self.first_env_id + index
-        return EnvStepError(f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id)
 
     def reset(self, seed: int | None = None) -> None:
         for i, env in enumerate(self.envs):

@@ -61,6 +61,7 @@ def _gymnasium_space(space):
 
 class VmasBackend(VecBackend):
     autoreset = "same_step"
+    unsaved_state = "VMAS simulator state is not plain data"
 
     def __init__(self, scenario: str, num_envs: int, env_config: dict | None = None, seed: int | None = None):
         given = dict(env_config or {})
@@ -158,7 +159,3 @@ class VmasBackend(VecBackend):
                 self.env.reset_at(i, return_observations=False)
         obs = self.env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[0]
         torch.stack(obs, dim=1, out=self._obs3)
-
-    def state_dict(self) -> dict:
-        # The simulator state lives in VMAS's torch objects; a resumed run starts new episodes (Trainer warns).
-        return {"exact": False, "reason": "VMAS simulator state is not plain data", "envs": [], "buffers": {}}
