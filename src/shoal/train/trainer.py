@@ -337,6 +337,10 @@ class Trainer:
         return trainer
 
     # ----- using the policy ---------------------------------------------------------------
+    def get_policy(self, policy_id: str | None = None) -> ActorCritic:
+        """The policy ``policy_id`` (RLlib's name); without one, the only policy."""
+        return self.policy
+
     def _prepare_obs(self, obs: Any) -> tuple[torch.Tensor, bool]:
         """Batch of observations -> normalized float tensor; also says if the input was one obs."""
         spec = self.backend.obs_spec
