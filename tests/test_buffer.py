@@ -42,8 +42,10 @@ def test_minibatches_cover_every_transition_once():
     seen = torch.cat([mb["reward"] for mb in iterate_minibatches(flat, 6, torch.Generator().manual_seed(0))])
     assert sorted(seen.tolist()) == sorted(flat["reward"].tolist())
     assert [mb.batch_size[0] for mb in iterate_minibatches(flat, 24)] == [24]
-    with pytest.raises(ValueError, match="batch_size=5 must divide the 24 transitions"):
-        next(iterate_minibatches(flat, 5))
+    # 5 does not divide 24: the nearest count of near-equal minibatches, every transition once
+    sizes = [mb.batch_size[0] for mb in iterate_minibatches(flat, 5, torch.Generator().manual_seed(0))]
+    assert sizes == [5, 5, 5, 5, 4]
+    assert [mb.batch_size[0] for mb in iterate_minibatches(flat, 7)] == [8, 8, 8]
 
 
 def test_add_rejects_foreign_storage():

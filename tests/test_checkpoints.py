@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _weights(algo) -> torch.Tensor:
-    return algo.learner.optimizer.param.detach().clone()
+    return algo.learners["default_policy"].optimizer.param.detach().clone()
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
@@ -44,7 +44,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     for _ in range(3):
         last_resumed = resumed.train()
     assert torch.equal(_weights(resumed), _weights(straight))
-    assert torch.equal(resumed.learner.optimizer.exp_avg_sq, straight.learner.optimizer.exp_avg_sq)
+    assert torch.equal(resumed.learners["default_policy"].optimizer.exp_avg_sq, straight.learners["default_policy"].optimizer.exp_avg_sq)
     assert torch.equal(resumed.obs_normalizer.stats.mean, straight.obs_normalizer.stats.mean)
     for key in ("episode_reward_mean", "policy_loss", "timesteps_total", "learning_rate"):
         assert last_resumed[key] == last_straight[key], key
@@ -62,7 +62,7 @@ def test_periodic_checkpoints_rotate_and_hold_the_whole_state(tmp_path):
     assert names == ["checkpoint_000006", "checkpoint_000007"]  # 2, 4 rotated away; 7 is the end checkpoint
     state, meta = ckpt.read_checkpoint(tmp_path / "checkpoints" / "checkpoint_000007")
     assert meta["algo"] == "PPO" and meta["training_iteration"] == 7 and meta["timesteps_total"] == 7 * 128
-    assert {"policy", "learner", "tracker", "backend", "rng", "config", "counters"} <= state.keys()
+    assert {"policies", "learners", "policy_map", "tracker", "backend", "rng", "config", "counters"} <= state.keys()
     assert state["config"]["seed"] == 0 and state["backend"]["exact"]
     result = json.loads((tmp_path / "result.json").read_text())
     analysis = result["metric_analysis"]

@@ -104,7 +104,7 @@ def test_truncated_rows_bootstrap_from_value_of_final_obs():
     algo.collector.collect(rollout)
     trunc = rollout["truncated"][:, :-1]
     assert trunc[:, 2].all() and trunc.sum() == 2
-    expected = algo.policy.value(torch.full((2, 1), 3.0))
+    expected = algo.get_policy().value(torch.full((2, 1), 3.0))
     assert torch.allclose(rollout["final_value"][:, 2], expected)
     assert rollout["obs"][:, 3, 0].tolist() == [0.0, 0.0]
 

@@ -11,7 +11,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -61,6 +61,15 @@ class TrainerConfig(BaseModel):
     normalize_reward: bool = False
     clip_obs: float = Field(10.0, gt=0.0)
     clip_reward: float = Field(10.0, gt=0.0)
+    # several policies (seed 000/004): id -> overrides of POLICY_KEYS; None = one shared "default_policy"
+    policies: dict[str, dict[str, Any] | None] | list[str] | None = None
+    # agent id, episode -> policy id, called at each episode start; a callable, 'module:function', or a
+    # dict {agent id: policy id}. Default: the policy named like the agent, else the only policy.
+    policy_mapping_fn: Any = None
+    policies_to_train: list[str] | None = None  # None: all of them; the others are frozen
+
+    # keys a policy in `policies` may override: its network, and how it learns
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = ("hiddens", "activation", "log_std_init", "learning_rate", "gamma")
 
     @model_validator(mode="after")
     def _resolve_rollout_shape(self) -> TrainerConfig:
@@ -112,6 +121,48 @@ class TrainerConfig(BaseModel):
                           stacklevel=2)
         return self
 
+    @model_validator(mode="after")
+    def _check_policies(self) -> TrainerConfig:
+        if self.policies is None:
+            if self.policies_to_train is not None or isinstance(self.policy_mapping_fn, dict):
+                raise ConfigError("policies_to_train and a policy_mapping_fn dict name policies; set policies too, "
+                                  "e.g. policies={'main': {}, 'opponent': {}}.")
+            return self
+        if isinstance(self.policies, list):
+            self.policies = dict.fromkeys(self.policies)
+        if not self.policies:
+            raise ConfigError("policies is empty; name at least one policy or leave it unset.")
+        self.policies = {pid: dict(spec or {}) for pid, spec in self.policies.items()}
+        for pid, spec in self.policies.items():
+            self.policy_config(pid)  # every override checked now, not when the trainer is half built
+        named = list(self.policies_to_train or [])
+        if isinstance(self.policy_mapping_fn, dict):
+            named += self.policy_mapping_fn.values()
+        for pid in named:
+            if pid not in self.policies:
+                raise ConfigError(f"'{pid}' is not one of the policies {list(self.policies)}.{did_you_mean(pid, self.policies)}")
+        return self
+
+    def policy_config(self, policy_id: str):
+        """This config with policy ``policy_id``'s overrides applied (validated)."""
+        overrides = (self.policies or {}).get(policy_id) or {}
+        for key in overrides:
+            if key not in self.POLICY_KEYS:
+                raise ConfigError(f"policy '{policy_id}' overrides '{key}', which is not a per-policy key."
+                                  f"{did_you_mean(key, self.POLICY_KEYS)} Per-policy keys: {', '.join(self.POLICY_KEYS)}.")
+        if not overrides:
+            return self
+        fields = {k: getattr(self, k) for k in type(self).model_fields} | {"policies": None, "policies_to_train": None,
+                                                                            "policy_mapping_fn": None}
+        try:
+            return type(self).build(**fields | overrides)
+        except ConfigError as e:
+            raise ConfigError(f"policy '{policy_id}': {e}") from None
+
+    @property
+    def policy_ids(self) -> list[str]:
+        return list(self.policies) if self.policies else ["default_policy"]
+
     def check_batch(self, agents_per_env: int = 1) -> None:
         """Checks that need the env's agent count; algorithms with minibatches override it."""
 
@@ -140,13 +191,15 @@ class TrainerConfig(BaseModel):
             raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        """The config as plain data, for config.yaml and checkpoints: an env object or a callback
-        object becomes its repr (``env_is_object`` says which; such callbacks are passed again
-        when a checkpoint is loaded)."""
+        """The config as plain data, for config.yaml and checkpoints: an env object, a callback
+        object or a policy_mapping_fn function becomes its repr (``env_is_object`` says which;
+        such objects are passed again when a checkpoint is loaded)."""
         data = self.model_dump()
         if not isinstance(data["env"], str):
             data["env"] = repr(self.env)
         data["callbacks"] = [c if isinstance(c, str) else repr(c) for c in self.callbacks]
+        if callable(self.policy_mapping_fn):
+            data["policy_mapping_fn"] = repr(self.policy_mapping_fn)
         return data
 
     @property
@@ -170,9 +223,15 @@ class PPOConfig(TrainerConfig):
     norm_adv: bool = True
     target_kl: float | None = Field(None, gt=0.0)
 
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = TrainerConfig.POLICY_KEYS + (
+        "gae_lambda", "adam_eps", "clip_coef", "vf_clip_coef", "vf_coef", "ent_coef", "max_grad_norm", "norm_adv",
+        "target_kl", "num_sgd_iter", "sgd_minibatch_size")
+
     def check_batch(self, agents_per_env: int = 1) -> None:
         """The learner sees ``train_batch_size x agents_per_env`` agent steps per iteration;
         checked once the env's agent count is known."""
+        if self.policies and len(self.policies) > 1:
+            return  # each policy's share of the batch is split into near-equal minibatches instead
         batch, mb = self.train_batch_size * agents_per_env, self.sgd_minibatch_size
         if mb > batch or batch % mb:
             divisors = [d for d in range(1, batch + 1) if batch % d == 0]

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from shoal.algos.advantages import gae
 from shoal.algos.losses import (explained_variance, masked_mean, normalize_advantage, policy_stats, ppo_loss,
                                 ppo_loss_and_grad)
-from shoal.buffers.rollout import iterate_minibatches, transition_view
+from shoal.buffers.rollout import iterate_minibatches, num_minibatches, transition_view
 from shoal.config import PPOConfig
 from shoal.models.flat import FlatAdam, flatten_parameters
 from shoal.models.policy import ActorCritic
@@ -43,8 +43,12 @@ class PPOLearner:
         if self.generator is not None:
             self.generator.set_state(state["generator"])
 
-    def update(self, rollout: TensorDict, learning_rate: float) -> dict[str, float]:
-        """One PPO update on a full ``[N, T+1]`` rollout; returns loss statistics."""
+    def update(self, rollout: TensorDict, learning_rate: float, select: torch.Tensor | None = None) -> dict[str, float]:
+        """One PPO update on a full ``[N, T+1]`` rollout, or on its transitions ``select`` (bool,
+        flat ``[N*T]``: the steps this learner's policy took); returns loss statistics.
+
+        Advantages are computed over whole rows either way: a row changes policy only between
+        episodes, where GAE does not bootstrap."""
         c = self.config
         self.optimizer.lr = learning_rate
 
@@ -61,9 +65,11 @@ class PPOLearner:
             rollout["return"][:, :-1] = advantage + value[:, :-1]
         keys = (*LEARN_KEYS, "action_mask") if "action_mask" in rollout.keys() else LEARN_KEYS
         data = transition_view(rollout.select(*keys), flatten=True)
+        if select is not None:
+            data = data[select]
         mask_all = None if all_valid else data["valid"]
         # One minibatch per epoch sees the same rows every epoch: normalize their advantages once.
-        normalize_once = c.norm_adv and c.sgd_minibatch_size == data.batch_size[0]
+        normalize_once = c.norm_adv and num_minibatches(data.batch_size[0], c.sgd_minibatch_size) == 1
         if normalize_once:
             data["advantage"] = normalize_advantage(data["advantage"], mask_all)
 

@@ -34,6 +34,7 @@ class RolloutBuffer:
                 "terminated": torch.zeros(n, t1, **flag),
                 "truncated": torch.zeros(n, t1, **flag),
                 "valid": torch.ones(n, t1, **flag),  # False: padding or a next-step reset, masked from losses
+                "policy_id": torch.zeros(n, t1, dtype=torch.long, device=device),  # which policy acted
                 "advantage": torch.zeros(n, t1, **f32),
                 "return": torch.zeros(n, t1, **f32),
             },
@@ -72,19 +73,25 @@ def iterate_minibatches(data: TensorDict, batch_size: int, generator: torch.Gene
                         device: str | torch.device | None = None) -> Iterator[TensorDict]:
     """Shuffled minibatches of ``batch_size`` over the leading dim of a flat ``data``.
 
+    When ``batch_size`` does not divide the data (a policy's share of a multi-policy batch varies
+    with the mapping), it is split into the nearest number of near-equal minibatches instead.
     A single minibatch covering all of ``data`` is yielded as-is: the loss is a mean, so its
     order does not matter and the gather would be wasted work.
     """
     total = data.batch_size[0]
-    if total % batch_size:
-        raise ValueError(f"batch_size={batch_size} must divide the {total} transitions")
-    if batch_size == total:
+    count = num_minibatches(total, batch_size)
+    if count == 1:
         yield data if device is None else data.to(device)
         return
     perm = torch.randperm(total, generator=generator, device=data.device)
-    for start in range(0, total, batch_size):
-        mb = data[perm[start:start + batch_size]]
+    for index in perm.tensor_split(count):
+        mb = data[index]
         yield mb if device is None else mb.to(device)
+
+
+def num_minibatches(total: int, batch_size: int) -> int:
+    """How many minibatches ``iterate_minibatches`` makes of ``total`` transitions."""
+    return max(1, round(total / batch_size))
 
 
 def torch_dtype(np_dtype: np.dtype) -> torch.dtype:

@@ -6,9 +6,10 @@ trajectory is whole however the groups interleave. A group that has taken its ``
 *parked*: its latest observation goes in slot ``T`` as the bootstrap, and it waits, not stepping,
 until the next rollout starts from exactly that observation.
 
-Per batch it does one policy forward over the batch's rows and a fixed handful of copies into
-views of the preallocated storage (made once per rollout storage and batch); nothing else is
-allocated.
+Per batch it does one forward per policy over the rows that policy owns (``PolicyMap``; with a
+single policy, one forward over all rows) and a fixed handful of copies into views of the
+preallocated storage (made once per rollout storage and batch). When an env ends its episode the
+mapping is asked again for its agents' policies.
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ import torch
 from tensordict import TensorDict
 
 from shoal.collect.episodes import EpisodeTracker
+from shoal.collect.policies import PolicyMap
 from shoal.errors import EnvError
 from shoal.models.normalize import ObsNormalizer, RewardScaler
 from shoal.vector.base import StepBatch, VecBackend
 
 _FIELDS = ("obs", "action", "sample_log_prob", "value", "final_value", "reward", "done", "terminated",
-           "truncated", "valid", "raw_reward")
+           "truncated", "valid", "raw_reward", "policy_id")
 
 
 class Collector:
-    def __init__(self, backend: VecBackend, policy: torch.nn.Module, tracker: EpisodeTracker,
+    def __init__(self, backend: VecBackend, policies: PolicyMap, tracker: EpisodeTracker,
                  obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None):
-        self.backend, self.policy, self.tracker = backend, policy, tracker
+        self.backend, self.policies, self.tracker = backend, policies, tracker
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
         self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
@@ -40,6 +42,7 @@ class Collector:
     def reset(self, seed: int | None) -> None:
         """Reset every env; all groups start parked on their first observation."""
         self.backend.reset(seed)
+        self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
 
     def _write_obs(self, raw: torch.Tensor, out: torch.Tensor, update: bool) -> torch.Tensor:
@@ -59,7 +62,8 @@ class Collector:
             keys = _FIELDS + (("action_mask",) if "action_mask" in rollout.keys() else ())
             views = {key: (self._raw_reward if key == "raw_reward" else rollout[key])[batch.rows].unbind(1)
                      for key in keys}
-            views["truncated_np"] = batch.truncated.numpy()  # numpy's any() costs a third of torch's
+            for key in ("terminated", "truncated", "valid"):  # numpy's any() costs a third of torch's
+                views[f"{key}_np"] = getattr(batch, key).numpy()
             self._views[id(batch)] = views
         return views
 
@@ -69,7 +73,7 @@ class Collector:
         (agent steps divided by the agent rows per env)."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
-        backend, policy = self.backend, self.policy
+        backend, policies = self.backend, self.policies
         horizon = rollout.batch_size[1] - 1
         step_infos: dict[int, dict[int, dict]] = {}  # step -> row -> info of an episode's last step
         ready, self._parked = self._parked, []
@@ -88,15 +92,15 @@ class Collector:
             if t < horizon:
                 obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
                 mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
-                a, lp, v = policy.act(obs_t, action_mask=mask)
-                views["action"][t].copy_(a)
-                views["sample_log_prob"][t].copy_(lp)
-                views["value"][t].copy_(v)
+                if not policies.single:
+                    views["policy_id"][t].copy_(policies.row_policy[batch.rows])
+                a, _, _ = policies.act(obs_t, mask, batch.rows,
+                                       out=(views["action"][t], views["sample_log_prob"][t], views["value"][t]))
                 backend.send(a, batch)
                 self._position[batch.rows] = t + 1
             else:  # T steps taken: bootstrap from the current obs and park until the next rollout
                 last = self._write_obs(batch.obs, views["obs"][horizon], update=False)
-                views["value"][horizon].copy_(policy.value(last))
+                views["value"][horizon].copy_(policies.value(last, batch.rows))
                 self._parked.append(batch)
         steps = slice(0, horizon)
         if backend.autoreset == "next_step":  # the true final obs of a truncation is the next step's obs
@@ -104,7 +108,7 @@ class Collector:
             rollout["final_value"][:, steps] = torch.where(truncated, rollout["value"][:, 1:],
                                                            rollout["final_value"][:, steps])
         self.tracker.add(self._raw_reward[:, steps].numpy().T, rollout["done"].numpy()[:, steps].T,
-                         rollout["valid"].numpy()[:, steps].T, step_infos)
+                         rollout["valid"].numpy()[:, steps].T, step_infos, rollout["policy_id"].numpy()[:, steps].T)
         self._check_rewards(rollout, horizon)
         return backend.num_envs * horizon
 
@@ -125,7 +129,18 @@ class Collector:
             rows = batch.truncated.nonzero().squeeze(-1)
             final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(views["obs"][t][rows]),
                                         update=False)
-            views["final_value"][t][rows] = self.policy.value(final_obs)
+            views["final_value"][t][rows] = self.policies.value(final_obs, batch.rows, rows)
+        if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
+            self._start_episodes(batch, views)
+
+    def _start_episodes(self, batch: StepBatch, views: dict) -> None:
+        """Envs whose episode ended this step (an agent finished and none is left acting) start a
+        new one: their agents are mapped to policies again."""
+        k = self.backend.rows_per_env
+        done = (views["terminated_np"] | views["truncated_np"]).reshape(-1, k)
+        gone = done | ~views["valid_np"].reshape(-1, k)
+        ended = np.flatnonzero(done.any(1) & gone.all(1)) + batch.rows.start // k
+        self.policies.start_episodes(ended, self.backend.first_env_id)
 
     def _check_rewards(self, rollout: TensorDict, horizon: int) -> None:
         reward = rollout["reward"][:, :horizon]

@@ -1,10 +1,11 @@
 """Per-row episode return and length, summarised RLlib-style (seed 004's summarize_episodes).
 
 Multi-agent envs (``agent_names`` given, one row per agent): every agent's own episode return
-goes to ``agent_reward_mean/<agent>`` and ``policy_reward_mean/<policy>`` (RLlib's names), and
-``episode_reward_mean`` is the team's: the sum of its agents' returns over the env's episode. An
-env's episode ends at the step where every agent still acting is done (agents that left earlier
-are padding by then).
+goes to ``agent_reward_mean/<agent>`` and ``episode_reward_mean`` is the team's: the sum of its
+agents' returns over the env's episode. An env's episode ends at the step where every agent
+still acting is done (agents that left earlier are padding by then). With several agents or
+several policies, each agent's return also goes to ``policy_reward_mean/<policy>`` of the policy
+that acted in that episode (RLlib's names).
 
 Custom metrics: every numeric scalar an env puts in the ``info`` of an episode's last step (and
 anything an ``on_episode_end`` callback adds to ``episode.custom_metrics``) is aggregated over the
@@ -60,16 +61,16 @@ class EpisodeTracker:
 
     def __init__(self, num_rows: int, window: int, env_id: np.ndarray | None = None,
                  on_episode_end: Callable[[Episode], None] | None = None, agent_names: list[str] | None = None,
-                 policy_of_agent: dict[str, str] | None = None):
+                 policy_ids: list[str] | None = None):
         self.agent_names = agent_names
         if agent_names:
             k = len(agent_names)
             self.team_ret = np.zeros(num_rows // k, dtype=np.float64)
             self.team_len = np.zeros(num_rows // k, dtype=np.int64)
             self.agent_returns = {a: deque(maxlen=window) for a in agent_names}
-            policies = policy_of_agent or dict.fromkeys(agent_names, "default_policy")
-            self.policy_of_agent = [policies[a] for a in agent_names]
-            self.policy_returns = {p: deque(maxlen=window) for p in dict.fromkeys(self.policy_of_agent)}
+        self.policy_ids = policy_ids or ["default_policy"]
+        self.policy_returns = {p: deque(maxlen=window) for p in self.policy_ids}
+        self.per_policy = bool(agent_names) or len(self.policy_ids) > 1
         self.ret = np.zeros(num_rows, dtype=np.float64)
         self.len = np.zeros(num_rows, dtype=np.int64)
         self.window = window
@@ -82,10 +83,11 @@ class EpisodeTracker:
         self.episodes_this_iter = 0
 
     def add(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray,
-            step_infos: dict[int, dict[int, dict]] | None = None) -> None:
+            step_infos: dict[int, dict[int, dict]] | None = None, policy: np.ndarray | None = None) -> None:
         """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated, and valid)
-        close their episode. ``step_infos[t][row]`` is the info of an episode that ended at step t.
-        Episodes enter the window in the order they ended.
+        close their episode. ``step_infos[t][row]`` is the info of an episode that ended at step t;
+        ``policy[t, row]`` the index of the policy that acted. Episodes enter the window in the
+        order they ended.
 
         A whole rollout at once: a few numpy ops over the block, and Python only for the episodes
         that ended in it (per step, the bookkeeping cost as much as a policy forward)."""
@@ -98,6 +100,8 @@ class EpisodeTracker:
         team_ends = self._team_ends(done, valid) if self.agent_names else {}
         for t, row in zip(steps.tolist(), rows.tolist()):
             ret, length = float(self.ret[row] + cum_ret[t, row]), int(self.len[row] + cum_len[t, row])
+            if self.per_policy:
+                self.policy_returns[self.policy_ids[0 if policy is None else policy[t, row]]].append(ret)
             if self.agent_names:
                 self._agent_episode(t, row, ret, length, team_ends)
             else:
@@ -127,7 +131,6 @@ class EpisodeTracker:
         """One agent's episode ended at step t; the last of its team closes the team's episode."""
         env, slot = divmod(row, len(self.agent_names))
         self.agent_returns[self.agent_names[slot]].append(ret)
-        self.policy_returns[self.policy_of_agent[slot]].append(ret)
         self.team_ret[env] += ret
         self.team_len[env] = max(self.team_len[env], length)
         if team_ends.get((t, env)) == slot:
@@ -153,8 +156,9 @@ class EpisodeTracker:
             "episodes_this_iter": self.episodes_this_iter,
             "episodes_total": self.episodes_total,
         }
-        if self.agent_names:
+        if self.per_policy:
             out["policy_reward_mean"] = {p: _mean(r) for p, r in self.policy_returns.items()}
+        if self.agent_names:
             out["agent_reward_mean"] = {a: _mean(r) for a, r in self.agent_returns.items()}
         if self.custom:
             out["custom_metrics"] = {f"{name}_{stat}": fn(values) for name, values in sorted(self.custom.items())
@@ -165,11 +169,11 @@ class EpisodeTracker:
     def state_dict(self) -> dict[str, Any]:
         state = {"ret": self.ret.tolist(), "len": self.len.tolist(), "returns": list(self.returns),
                  "lengths": list(self.lengths), "custom": {k: list(v) for k, v in self.custom.items()},
-                 "episodes_total": self.episodes_total}
+                 "episodes_total": self.episodes_total,
+                 "policy_returns": {p: list(r) for p, r in self.policy_returns.items()}}
         if self.agent_names:
             state |= {"team_ret": self.team_ret.tolist(), "team_len": self.team_len.tolist(),
-                      "agent_returns": {a: list(r) for a, r in self.agent_returns.items()},
-                      "policy_returns": {p: list(r) for p, r in self.policy_returns.items()}}
+                      "agent_returns": {a: list(r) for a, r in self.agent_returns.items()}}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -181,9 +185,11 @@ class EpisodeTracker:
         self.lengths.extend(state["lengths"])
         self.custom = {k: deque(v, maxlen=self.window) for k, v in state["custom"].items()}
         self.episodes_total = state["episodes_total"]
+        windows = [("policy_returns", self.policy_returns)]
         if self.agent_names:
             self.team_ret[:], self.team_len[:] = state["team_ret"], state["team_len"]
-            for name, windows in (("agent_returns", self.agent_returns), ("policy_returns", self.policy_returns)):
-                for key, values in state[name].items():
-                    windows[key].clear()
-                    windows[key].extend(values)
+            windows.append(("agent_returns", self.agent_returns))
+        for name, window in windows:
+            for key, values in state[name].items():
+                window[key].clear()
+                window[key].extend(values)

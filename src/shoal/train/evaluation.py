@@ -86,10 +86,11 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
 
 
 def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
-                 seed: int) -> dict[str, Any]:
+                 seed: int, row_policy: tuple[list[str], np.ndarray] | None = None) -> dict[str, Any]:
     """Play one episode on each of the backend's envs; summarise returns and lengths. With
     several agents per env, an episode's return is the sum over its agents (each row's first
-    episode), its length the longest agent's."""
+    episode), its length the longest agent's. ``row_policy`` (policy ids, and each row's index
+    into them) adds each policy's mean agent return as ``policy_reward_mean``."""
     n = backend.num_rows
     backend.reset(seed)
     returns = np.zeros(n)
@@ -103,6 +104,11 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         returns[live] += batch.reward.numpy()[live]
         lengths[live] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
+    per_policy = {}
+    if row_policy is not None:
+        ids, index = row_policy
+        per_policy = {"policy_reward_mean": {pid: float(returns[index == i].mean())
+                                             for i, pid in enumerate(ids) if (index == i).any()}}
     if backend.rows_per_env > 1:
         returns = returns.reshape(backend.num_envs, -1).sum(1)
         lengths = lengths.reshape(backend.num_envs, -1).max(1)
@@ -113,4 +119,5 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         "episode_reward_max": float(returns.max()),
         "episode_len_mean": float(lengths.mean()),
         "episodes": backend.num_envs,
+        **per_policy,
     }

@@ -20,6 +20,6 @@ class PPO(Trainer):
     config_class = PPOConfig
     algo_name = "PPO"
 
-    def _make_learner(self) -> PPOLearner:
-        generator = torch.Generator().manual_seed(self.config.seed)
-        return PPOLearner(self.policy, self.config, generator)
+    def _make_learner(self, policy, config: PPOConfig, index: int) -> PPOLearner:
+        generator = torch.Generator().manual_seed(self.config.seed + index)
+        return PPOLearner(policy, config, generator)

@@ -30,10 +30,11 @@ import torch
 from shoal.buffers.rollout import RolloutBuffer, torch_dtype
 from shoal.collect import Collector, EpisodeTracker
 from shoal.collect.episodes import Episode
+from shoal.collect.policies import SINGLE_AGENT, PolicyMap, mapping_function
 from shoal.config import TrainerConfig
 from shoal.envs.registry import config_creator, env_name
 from shoal.envs.snapshot import decode, encode
-from shoal.errors import ConfigError, EnvError
+from shoal.errors import ConfigError, EnvError, did_you_mean
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models import ActorCritic, ObsNormalizer, RewardScaler
 from shoal.train import checkpoint as ckpt
@@ -71,21 +72,26 @@ class Trainer:
             self.backend.close()
             raise
         spec = self.backend.obs_spec
-        self.policy = ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, c.hiddens, c.activation,
-                                  c.log_std_init).to(c.device)
+        self.policy_configs = {pid: c.policy_config(pid) for pid in c.policy_ids}
+        self.policies = {pid: ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, pc.hiddens, pc.activation,
+                                          pc.log_std_init).to(c.device) for pid, pc in self.policy_configs.items()}
+        self.policy_map = self._make_policy_map(self.backend)
         self.obs_normalizer = ObsNormalizer(spec.shape, c.clip_obs) if c.normalize_obs else None
         self.reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
         on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
         self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing,
                                       self.backend.batch.env_id.numpy(), on_episode_end,
-                                      self.backend.agents)
-        self.collector = Collector(self.backend, self.policy, self.tracker, self.obs_normalizer, self.reward_scaler)
+                                      self.backend.agents, c.policy_ids)
+        self.collector = Collector(self.backend, self.policy_map, self.tracker, self.obs_normalizer,
+                                   self.reward_scaler)
         mask = self.backend.batch.action_mask
         self.buffer = RolloutBuffer(self.backend.num_rows, c.rollout_fragment_length, spec.shape,
                                     torch_dtype(spec.dtype), self.backend.act_spec.shape,
                                     torch_dtype(self.backend.act_spec.dtype), c.device,
                                     0 if mask is None else mask.shape[1])
-        self.learner = self._make_learner()
+        trained = c.policy_ids if c.policies_to_train is None else c.policies_to_train
+        self.learners = {pid: self._make_learner(self.policies[pid], self.policy_configs[pid], i)
+                         for i, pid in enumerate(c.policy_ids) if pid in trained}
 
         self.iteration = 0
         self.timesteps_total = 0
@@ -99,8 +105,17 @@ class Trainer:
         self._logger: RunLogger | None = None
 
     # ----- set-up -------------------------------------------------------------------------
-    def _make_learner(self):
+    def _make_learner(self, policy: ActorCritic, config: TrainerConfig, index: int):
+        """The learner of one policy (``config`` has the policy's overrides; ``index`` its place)."""
         raise NotImplementedError
+
+    def _make_policy_map(self, backend: VecBackend, mapping_fn: Any = None) -> PolicyMap:
+        """Which policy acts for each of ``backend``'s rows (``mapping_fn`` replaces the config's)."""
+        agents = backend.agents or [SINGLE_AGENT]
+        mapping = None
+        if len(self.policies) > 1:
+            mapping = mapping_function(mapping_fn or self.config.policy_mapping_fn, list(self.policies), agents)
+        return PolicyMap(self.policies, mapping, agents, backend.num_envs)
 
     def _make_backend(self, num_envs: int, num_workers: int = 0) -> VecBackend:
         c = self.config
@@ -131,12 +146,14 @@ class Trainer:
         return self._logger
 
     # ----- the loop -----------------------------------------------------------------------
-    def learning_rate(self) -> float:
+    def learning_rate(self, policy_id: str | None = None) -> float:
+        """The step size now: the policy's ``learning_rate``, annealed when ``lr_schedule`` is linear."""
         c = self.config
+        base = (self.policy_configs[policy_id] if policy_id else c).learning_rate
         if c.lr_schedule == "linear":
             remaining = 1.0 - self.timesteps_total / max(1, self._schedule_end)
-            return c.learning_rate * max(remaining, 0.0)
-        return c.learning_rate
+            return base * max(remaining, 0.0)
+        return base
 
     def train(self) -> dict[str, Any]:
         """One iteration: collect ``train_batch_size`` env steps (times the agents per env), update, evaluate if due, log,
@@ -147,7 +164,7 @@ class Trainer:
         steps = self.collector.collect(rollout)
         self.buffer.add(rollout)
         t1 = time.perf_counter()
-        stats = self.learner.update(rollout, self.learning_rate())
+        stats = self._update_policies(rollout)
         self._sync_weights()
         t2 = time.perf_counter()
 
@@ -168,7 +185,6 @@ class Trainer:
             "time_this_iter_s": elapsed,
             "sample_time_ms": 1e3 * (t1 - t0),
             "learn_time_ms": 1e3 * (t2 - t1),
-            "learning_rate": self.learner.optimizer.lr,
             **stats,
         }
         if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
@@ -182,6 +198,21 @@ class Trainer:
         if self.run_dir is not None and c.checkpoint_interval and self.iteration % c.checkpoint_interval == 0:
             self.save()
         return result
+
+    def _update_policies(self, rollout) -> dict[str, Any]:
+        """Each trained policy learns from the steps it took. One policy's statistics are
+        top-level result keys; with several they go under ``learner`` as ``<policy>/<stat>``."""
+        single = len(self.policies) == 1
+        acted = None if single else rollout["policy_id"][:, :-1].reshape(-1)
+        stats: dict[str, Any] = {}
+        for pid, learner in self.learners.items():
+            select = None if single else acted == self.policy_map.ids.index(pid)
+            if select is not None and not select.any():
+                continue  # the mapping gave this policy no rows this iteration
+            lr = self.learning_rate(pid)
+            out = {"learning_rate": lr, **learner.update(rollout, lr, select)}
+            stats |= out if single else {f"{pid}/{k}": v for k, v in out.items()}
+        return stats if single else {"learner": stats}
 
     def _sync_weights(self) -> None:
         """Hand the new weights to whoever steps the envs (in process: they already share them)."""
@@ -258,8 +289,9 @@ class Trainer:
             "config": self.config.to_yaml_dict(),
             "counters": {"iteration": self.iteration, "timesteps_total": self.timesteps_total,
                          "time_total_s": self.time_total_s, "schedule_end": self._schedule_end},
-            "policy": self.policy.state_dict(),
-            "learner": self.learner.state_dict(),
+            "policies": {pid: policy.state_dict() for pid, policy in self.policies.items()},
+            "learners": {pid: learner.state_dict() for pid, learner in self.learners.items()},
+            "policy_map": self.policy_map.state_dict(),
             "obs_normalizer": None if self.obs_normalizer is None else self.obs_normalizer.state_dict(),
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             "tracker": self.tracker.state_dict(),
@@ -271,8 +303,11 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
-            self.policy.load_state_dict(state["policy"])
-            self.learner.load_state_dict(state["learner"])
+            for pid, policy in self.policies.items():
+                policy.load_state_dict(state["policies"][pid])
+            for pid, learner in self.learners.items():
+                learner.load_state_dict(state["learners"][pid])
+            self.policy_map.load_state_dict(state["policy_map"])
             for module, key in ((self.obs_normalizer, "obs_normalizer"), (self.reward_scaler, "reward_scaler")):
                 if module is not None and state[key] is not None:
                     module.load_state_dict(state[key])
@@ -330,6 +365,10 @@ class Trainer:
         settings = dict(state["config"])
         # Callback objects are not stored (only their repr): keep importable ones, take others anew.
         settings["callbacks"] = [cb for cb in settings.get("callbacks", []) if _IMPORT_SPEC.fullmatch(cb)]
+        mapping = settings.get("policy_mapping_fn")
+        if isinstance(mapping, str) and not _IMPORT_SPEC.fullmatch(mapping) and "policy_mapping_fn" not in overrides:
+            raise ckpt.CheckpointError(f"checkpoint '{path}' was trained with policy_mapping_fn {mapping}, a function "
+                                       f"shoal cannot store; pass it again: from_checkpoint(path, policy_mapping_fn=...).")
         settings.update(overrides)
         trainer = cls(**settings)
         trainer.load_state_dict(state)
@@ -339,7 +378,12 @@ class Trainer:
     # ----- using the policy ---------------------------------------------------------------
     def get_policy(self, policy_id: str | None = None) -> ActorCritic:
         """The policy ``policy_id`` (RLlib's name); without one, the only policy."""
-        return self.policy
+        if policy_id is None and len(self.policies) == 1:
+            return next(iter(self.policies.values()))
+        if policy_id not in self.policies:
+            raise ConfigError(f"no policy {policy_id!r}; the policies are {list(self.policies)}."
+                              f"{did_you_mean(str(policy_id), self.policies)}")
+        return self.policies[policy_id]
 
     def _prepare_obs(self, obs: Any) -> tuple[torch.Tensor, bool]:
         """Batch of observations -> normalized float tensor; also says if the input was one obs."""
@@ -362,20 +406,23 @@ class Trainer:
         return x, single
 
     @torch.inference_mode()
-    def compute_actions(self, obs: Any, deterministic: bool = False) -> np.ndarray:
-        """Actions for a batch of observations (or one), ready to pass to the env."""
+    def compute_actions(self, obs: Any, deterministic: bool = False, policy_id: str | None = None) -> np.ndarray:
+        """Actions of policy ``policy_id`` (default: the only one) for a batch of observations (or
+        one), ready to pass to the env."""
         x, single = self._prepare_obs(obs)
-        action, _, _ = self.policy.act(x, deterministic=deterministic)
+        action, _, _ = self.get_policy(policy_id).act(x, deterministic=deterministic)
         action = self.backend.env_actions(action.cpu())
         return action[0] if single else action
 
     @torch.inference_mode()
     def evaluate(self, num_episodes: int | None = None, deterministic: bool | None = None, seed: int | None = None,
-                 video_dir: str | Path | None = None) -> dict[str, Any]:
+                 video_dir: str | Path | None = None, policy_mapping_fn: Any = None) -> dict[str, Any]:
         """Play ``num_episodes`` fresh episodes on separate env copies and summarise their returns.
 
         Evaluation never touches the training envs or random state. With ``video_dir`` each
-        episode is also written there as an mp4 (the env must render ``rgb_array`` frames).
+        episode is also written there as an mp4 (the env must render ``rgb_array`` frames). With
+        several policies, ``policy_mapping_fn`` may replace the config's (e.g. to play a fixed
+        opponent), and ``policy_reward_mean/<policy>`` gives each policy's mean agent return.
         """
         c = self.config
         n = num_episodes or c.evaluation_num_episodes
@@ -390,13 +437,17 @@ class Trainer:
             backend, filmers = filmed_backend(config_creator(c.env), c.env_config, n, Path(video_dir),
                                               f"iter{self.iteration:06d}_", self.env_name)
 
-        def act(obs: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
-            x = obs if self.obs_normalizer is None else self.obs_normalizer.normalize(obs)
-            return self.policy.act(x, deterministic=deterministic, action_mask=action_mask)[0]
-
         try:
+            policies = self._make_policy_map(backend, policy_mapping_fn)
+            policies.start_episodes(range(backend.num_envs))
+
+            def act(obs: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
+                x = obs if self.obs_normalizer is None else self.obs_normalizer.normalize(obs)
+                return policies.act(x, action_mask, slice(0, backend.num_rows), deterministic)[0]
+
             with torch.random.fork_rng(devices=[]):
-                out = run_episodes(backend, act, c.seed + 10_000 if seed is None else seed)
+                out = run_episodes(backend, act, c.seed + 10_000 if seed is None else seed,
+                                   None if policies.single else (policies.ids, policies.row_policy.numpy()))
         finally:
             for filmer in filmers:
                 filmer.stop()
