@@ -134,3 +134,19 @@ def test_a_mapping_function_that_cannot_be_stored_must_be_passed_again_on_resume
 def test_bad_policy_settings_name_the_problem(settings, message):
     with pytest.raises(shoal.ConfigError, match=message):
         shoal.PPO(**{**FAST, **settings})
+
+
+def test_the_shipped_two_policy_yaml_config_trains_from_the_command_line(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from shoal.cli import main
+
+    config = Path(__file__).parent.parent / "configs" / "mpe_adversary.yaml"
+    code = main(["train", "--config", str(config), "total_timesteps=800", "num_envs=8", "sgd_minibatch_size=400",
+                 "--run-dir", str(tmp_path), "--eval-episodes", "2"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["evaluation"]["policy_reward_mean"]) == {"adversary", "good"}
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"policy_reward_mean/adversary", "learner/good/policy_loss", "learner/adversary/policy_loss"} <= set(logged)
