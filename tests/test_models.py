@@ -14,15 +14,16 @@ from shoal.models.layers import SMALL_BATCH, StackedMLP, _StackedMLPFunction
 from shoal.models.normalize import RewardScaler, RunningMeanStd
 
 
+@pytest.mark.parametrize("per_tower", [False, True])  # one input for both towers, or one each
 @pytest.mark.parametrize("rows", [4, SMALL_BATCH + 1])  # both forms of tanh
 @pytest.mark.parametrize("activation,ref", [("tanh", torch.tanh), ("relu", torch.relu)])
-def test_stacked_mlp_equals_separate_mlps(activation, ref, rows):
+def test_stacked_mlp_equals_separate_mlps(activation, ref, rows, per_tower):
     torch.manual_seed(0)
     net = StackedMLP(5, [7, 6], [3, 1], [0.01, 1.0], activation).double()
-    x = torch.randn(rows, 5, dtype=torch.float64)
+    x = torch.randn(*((2,) if per_tower else ()), rows, 5, dtype=torch.float64)
     outs = net(x)
     for k in range(2):
-        h = x
+        h = x[k] if per_tower else x
         for w, b in zip(net.weights, net.biases):
             h = ref(h @ w[k] + b[k, 0])
         assert torch.allclose(outs[k], net.heads[k](h), atol=1e-12)
@@ -130,10 +131,10 @@ def test_engine_free_gradient_equals_autograd(space):
     assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6)
 
 
-def assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args, action_mask=None):
+def assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args, action_mask=None, critic_obs=None):
     """``evaluate_backward`` + ``ppo_loss_and_grad`` give autograd's loss, entropy and gradient
     through ``evaluate`` + ``ppo_loss``; returns autograd's gradient and entropy."""
-    logp, ent, value = policy.evaluate(obs, action, action_mask=action_mask)
+    logp, ent, value = policy.evaluate(obs, action, action_mask=action_mask, critic_obs=critic_obs)
     loss = ppo_loss(logp, value, ent, *args)[0]
     flat.grad.zero_()
     loss.backward()
@@ -141,8 +142,27 @@ def assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args
 
     flat.grad.fill_(float("nan"))  # the engine-free path must overwrite every entry
     (got_loss, *_), got_ent = policy.evaluate_backward(
-        obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args), action_mask=action_mask)
+        obs, action, lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *args), action_mask=action_mask,
+        critic_obs=critic_obs)
     assert got_loss.item() == pytest.approx(loss.item(), rel=1e-6)
     assert torch.allclose(got_ent, ent)
     assert torch.allclose(flat.grad, want, rtol=1e-4, atol=1e-6), (flat.grad - want).abs().max()
     return want, ent
+
+
+@pytest.mark.parametrize("critic_dim", [3, 9])  # narrower and wider than the actor's obs
+def test_a_centralized_critic_sees_only_its_input_and_its_gradient_matches_autograd(critic_dim):
+    torch.manual_seed(0)
+    policy = ActorCritic(5, action_spec(gym.spaces.Discrete(3)), [7, 6], critic_dim=critic_dim)
+    flat = flatten_parameters(policy)
+    with torch.no_grad():
+        flat.normal_()
+    n = 32
+    obs, critic_obs = torch.randn(n, 5), torch.randn(n, critic_dim)
+    params, value = policy(obs, critic_obs)
+    other_params, other_value = policy(torch.randn(n, 5), critic_obs)  # the actor's obs moves only the actor
+    assert torch.equal(value, other_value) and not torch.equal(params, other_params)
+    assert not torch.equal(value, policy.value(obs, torch.randn(n, critic_dim)))
+    action = torch.randint(0, 3, (n,))
+    args = (torch.randn(n), torch.randn(n), torch.randn(n), torch.randn(n), None, 0.2, None, 0.7, 0.05)
+    assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args, critic_obs=critic_obs)

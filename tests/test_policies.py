@@ -150,3 +150,37 @@ def test_the_shipped_two_policy_yaml_config_trains_from_the_command_line(tmp_pat
     assert set(summary["evaluation"]["policy_reward_mean"]) == {"adversary", "good"}
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert {"policy_reward_mean/adversary", "learner/good/policy_loss", "learner/adversary/policy_loss"} <= set(logged)
+
+
+def test_a_centralized_critic_sees_the_whole_team_and_bootstraps_truncations_from_the_team_final_obs():
+    from test_pettingzoo import DyingAgentsEnv
+
+    with shoal.PPO(env=lambda: DyingAgentsEnv(cut=2), central_critic="team_obs", num_envs=2,
+                   rollout_fragment_length=4, sgd_minibatch_size=24, save_outputs=False, verbose=0) as algo:
+        rollout = _rollout(algo)
+        policy = algo.get_policy()
+    obs, critic_obs = rollout["obs"], rollout["critic_obs"]
+    assert critic_obs.shape == (6, 5, 3 * 3 + 3)
+    for row in range(6):  # a slow reference: the env's rows end to end, then the row's slot one-hot
+        env, slot = divmod(row, 3)
+        for t in range(5):
+            want = torch.cat([obs[env * 3:env * 3 + 3, t].reshape(-1), torch.eye(3)[slot]])
+            assert torch.equal(critic_obs[row, t], want), (row, t)
+    # every agent is truncated at step 2 (index 1): each bootstraps from the team's final obs
+    final_team = torch.tensor([0, 2, 0, 1, 2, 0, 2, 2, 7.0])
+    final_obs = final_team.reshape(3, 3)
+    for row in range(6):
+        slot = row % 3
+        want = policy.value(final_obs[slot:slot + 1], torch.cat([final_team, torch.eye(3)[slot]]).unsqueeze(0))
+        assert rollout["truncated"][row, 1] and torch.allclose(rollout["final_value"][row, 1], want[0])
+
+
+def test_ppo_with_a_centralized_critic_learns_and_single_agent_envs_are_refused():
+    with shoal.PPO(env=lambda: GuessEnv(), central_critic="team_obs", num_envs=8, rollout_fragment_length=20,
+                   sgd_minibatch_size=80, num_sgd_iter=4, save_outputs=False, verbose=0, seed=0) as algo:
+        first = algo.train()
+        algo.learn(8_000)
+        result = algo.train()
+    assert first["episode_reward_mean"] < 4.5 and result["episode_reward_mean"] > 7.0
+    with pytest.raises(shoal.ConfigError, match="central_critic='team_obs' needs a multi-agent env; 'CartPole-v1'"):
+        shoal.PPO(central_critic="team_obs", **FAST)

@@ -63,7 +63,7 @@ class PPOLearner:
                             valid_t=None if all_valid else valid)
             rollout["advantage"][:, :-1] = advantage
             rollout["return"][:, :-1] = advantage + value[:, :-1]
-        keys = (*LEARN_KEYS, "action_mask") if "action_mask" in rollout.keys() else LEARN_KEYS
+        keys = (*LEARN_KEYS, *(key for key in ("action_mask", "critic_obs") if key in rollout.keys()))
         data = transition_view(rollout.select(*keys), flatten=True)
         if select is not None:
             data = data[select]
@@ -84,6 +84,7 @@ class PPOLearner:
             for mb in iterate_minibatches(data, c.sgd_minibatch_size, self.generator):
                 mask = None if mask_all is None else mb["valid"]
                 action_mask = mb.get("action_mask", None)  # Discrete / MultiDiscrete envs that provide one
+                critic_obs = mb.get("critic_obs", None)  # a centralized critic's input
                 need_entropy = track or c.ent_coef > 0
                 adv = mb["advantage"]
                 if c.norm_adv and not normalize_once:
@@ -92,7 +93,7 @@ class PPOLearner:
                              c.vf_clip_coef, c.vf_coef, c.ent_coef)
                 if self.use_autograd:
                     logp, entropy, new_value = self.policy.evaluate(mb["obs"], mb["action"], entropy=need_entropy,
-                                                                    action_mask=action_mask)
+                                                                    action_mask=action_mask, critic_obs=critic_obs)
                     loss, ratio, pg_loss, v_loss = ppo_loss(logp, new_value, entropy, *loss_args)
                     self.optimizer.zero_grad()
                     loss.backward()
@@ -100,7 +101,7 @@ class PPOLearner:
                     outputs, entropy = self.policy.evaluate_backward(
                         mb["obs"], mb["action"],
                         lambda logp, ent, value: ppo_loss_and_grad(logp, value, ent, *loss_args, with_values=track),
-                        entropy=need_entropy, action_mask=action_mask)
+                        entropy=need_entropy, action_mask=action_mask, critic_obs=critic_obs)
                     if track:
                         _, ratio, pg_loss, v_loss = outputs
                 if c.max_grad_norm is not None:

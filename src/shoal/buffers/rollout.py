@@ -17,7 +17,7 @@ from tensordict import TensorDict
 class RolloutBuffer:
     def __init__(self, num_rows: int, horizon: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
                  action_shape: tuple[int, ...], action_dtype: torch.dtype, device: str | torch.device = "cpu",
-                 mask_size: int = 0):
+                 mask_size: int = 0, critic_dim: int = 0):
         self.num_rows, self.horizon = num_rows, horizon
         n, t1 = num_rows, horizon + 1
         f32 = dict(dtype=torch.float32, device=device)
@@ -43,6 +43,8 @@ class RolloutBuffer:
         )
         if mask_size:  # the legal actions at each step, so the learner scores the same masked distribution
             self.rollout["action_mask"] = torch.ones(n, t1, mask_size, **flag)
+        if critic_dim:  # what a centralized critic sees at each step
+            self.rollout["critic_obs"] = torch.zeros(n, t1, critic_dim, **f32)
         self._full = False
 
     def start_rollout(self) -> TensorDict:

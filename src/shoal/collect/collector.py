@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from shoal.collect.critic import TeamObs
 from shoal.collect.episodes import EpisodeTracker
 from shoal.collect.policies import PolicyMap
 from shoal.errors import EnvError
@@ -30,8 +31,9 @@ _FIELDS = ("obs", "action", "sample_log_prob", "value", "final_value", "reward",
 
 class Collector:
     def __init__(self, backend: VecBackend, policies: PolicyMap, tracker: EpisodeTracker,
-                 obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None):
-        self.backend, self.policies, self.tracker = backend, policies, tracker
+                 obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None,
+                 critic: TeamObs | None = None):
+        self.backend, self.policies, self.tracker, self.critic = backend, policies, tracker, critic
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
         self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
@@ -57,9 +59,11 @@ class Collector:
         if self._views_of is not rollout:
             self._views, self._views_of = {}, rollout
             self._raw_reward = torch.zeros(rollout.batch_size)
+            if self.critic is not None:
+                self.critic.init(rollout["critic_obs"])
         views = self._views.get(id(batch))
         if views is None:
-            keys = _FIELDS + (("action_mask",) if "action_mask" in rollout.keys() else ())
+            keys = _FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())
             views = {key: (self._raw_reward if key == "raw_reward" else rollout[key])[batch.rows].unbind(1)
                      for key in keys}
             for key in ("terminated", "truncated", "valid"):  # numpy's any() costs a third of torch's
@@ -92,15 +96,17 @@ class Collector:
             if t < horizon:
                 obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
                 mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
+                critic_obs = None if self.critic is None else self.critic.write(obs_t, views["critic_obs"][t])
                 if not policies.single:
                     views["policy_id"][t].copy_(policies.row_policy[batch.rows])
-                a, _, _ = policies.act(obs_t, mask, batch.rows,
+                a, _, _ = policies.act(obs_t, mask, batch.rows, critic_obs=critic_obs,
                                        out=(views["action"][t], views["sample_log_prob"][t], views["value"][t]))
                 backend.send(a, batch)
                 self._position[batch.rows] = t + 1
             else:  # T steps taken: bootstrap from the current obs and park until the next rollout
                 last = self._write_obs(batch.obs, views["obs"][horizon], update=False)
-                views["value"][horizon].copy_(policies.value(last, batch.rows))
+                critic_obs = None if self.critic is None else self.critic.write(last, views["critic_obs"][horizon])
+                views["value"][horizon].copy_(policies.value(last, batch.rows, critic_obs=critic_obs))
                 self._parked.append(batch)
         steps = slice(0, horizon)
         if backend.autoreset == "next_step":  # the true final obs of a truncation is the next step's obs
@@ -129,7 +135,13 @@ class Collector:
             rows = batch.truncated.nonzero().squeeze(-1)
             final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(views["obs"][t][rows]),
                                         update=False)
-            views["final_value"][t][rows] = self.policies.value(final_obs, batch.rows, rows)
+            critic_obs = None
+            if self.critic is not None:  # the team as each truncated row last saw it
+                team = batch.obs.clone()
+                team[rows] = batch.final_obs[rows]
+                critic_obs = self.critic.build(self._write_obs(team, torch.empty_like(team, dtype=torch.float32),
+                                                               update=False))[rows]
+            views["final_value"][t][rows] = self.policies.value(final_obs, batch.rows, rows, critic_obs)
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
 

@@ -100,31 +100,33 @@ class PolicyMap:
         return groups
 
     def act(self, obs: torch.Tensor, action_mask: torch.Tensor | None, rows: slice, deterministic: bool = False,
-            out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+            out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, critic_obs: torch.Tensor | None = None):
         """``(action, log_prob, value)`` for the batch's rows, each row by its policy; also written
         into ``out`` when given."""
         if self.single:  # returns the policy's own (contiguous) tensors, which backends take fastest
-            result = self.modules[0].act(obs, deterministic, action_mask)
+            result = self.modules[0].act(obs, deterministic, action_mask, critic_obs)
             for dst, src in zip(out or (), result):
                 dst.copy_(src)
             return result
         for module, idx in self._groups_for(rows):
-            result = module.act(obs[idx], deterministic, None if action_mask is None else action_mask[idx])
+            result = module.act(obs[idx], deterministic, None if action_mask is None else action_mask[idx],
+                                None if critic_obs is None else critic_obs[idx])
             if out is None:
                 out = tuple(torch.empty((len(obs), *r.shape[1:]), dtype=r.dtype) for r in result)
             for dst, src in zip(out, result):
                 dst[idx] = src
         return out
 
-    def value(self, obs: torch.Tensor, rows: slice, subset: torch.Tensor | None = None) -> torch.Tensor:
+    def value(self, obs: torch.Tensor, rows: slice, subset: torch.Tensor | None = None,
+              critic_obs: torch.Tensor | None = None) -> torch.Tensor:
         """Values of the batch's rows (or of its rows ``subset``, whose obs ``obs`` holds)."""
         if self.single:
-            return self.modules[0].value(obs)
+            return self.modules[0].value(obs, critic_obs)
         owner = self.row_policy[rows] if subset is None else self.row_policy[rows][subset]
         out = torch.empty(len(obs))
         for p in owner.unique().tolist():
             idx = (owner == p).nonzero().squeeze(1)
-            out[idx] = self.modules[p].value(obs[idx])
+            out[idx] = self.modules[p].value(obs[idx], None if critic_obs is None else critic_obs[idx])
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -38,13 +38,14 @@ SMALL_BATCH = 16  # measured crossover of the two tanh forms for 2 x 64 units
 
 
 def stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
-    """Head outputs per tower, and the hidden activations ``[k, B, h]`` the backward needs."""
+    """Head outputs per tower, and the hidden activations ``[k, B, h]`` the backward needs. ``x`` is
+    ``[B, in]`` (every tower sees it) or ``[k, B, in]`` (one input per tower)."""
     act, _, scale = ACTIVATIONS[activation]
-    if activation == "tanh" and x.shape[0] <= SMALL_BATCH:
+    if activation == "tanh" and x.shape[-2] <= SMALL_BATCH:
         act, scale = torch.tanh_, 1.0
     weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
     heads = params[2 * n_hidden:]
-    h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape)
+    h = _per_tower(x, weights[0].shape[0])
     hidden = []
     for w, b in zip(weights, biases):
         h = act(torch.baddbmm(b, h, w, beta=scale, alpha=scale))
@@ -71,14 +72,19 @@ def stacked_backward(x: torch.Tensor, activation: str, params, hidden: list, gra
         torch.mm(g, hw, out=grad[k])
     for i in reversed(range(n)):
         grad = act_backward(grad, hidden[i])
-        inp = hidden[i - 1] if i > 0 else x.unsqueeze(0).expand(len(grad_outs), *x.shape)
+        inp = hidden[i - 1] if i > 0 else _per_tower(x, len(grad_outs))
         torch.bmm(inp.transpose(1, 2), grad, out=grads[2 * i])
         torch.sum(grad, 1, keepdim=True, out=grads[2 * i + 1])
         if i > 0:
             grad = torch.bmm(grad, weights[i].transpose(1, 2))
         elif need_grad_x:
-            return torch.bmm(grad, weights[0].transpose(1, 2)).sum(0)
+            grad_x = torch.bmm(grad, weights[0].transpose(1, 2))
+            return grad_x if x.dim() == 3 else grad_x.sum(0)
     return None
+
+
+def _per_tower(x: torch.Tensor, towers: int) -> torch.Tensor:
+    return x if x.dim() == 3 else x.unsqueeze(0).expand(towers, *x.shape)
 
 
 class _StackedMLPFunction(torch.autograd.Function):
@@ -101,7 +107,8 @@ class _StackedMLPFunction(torch.autograd.Function):
 
 
 class StackedMLP(nn.Module):
-    """``k`` MLPs with the same hidden sizes, fed the same input, each with its own linear head.
+    """``k`` MLPs with the same hidden sizes, each with its own linear head, fed the same input
+    ``[B, in]`` or one input each ``[k, B, in]`` (a critic that sees more than the actor).
 
     The hidden layers run as one ``baddbmm`` per layer over all towers; returns one output per
     tower, ``[B, out_dims[k]]``. Hidden weights are orthogonal with gain sqrt(2), heads with

@@ -24,6 +24,12 @@ def make_distribution(spec: ActionSpec):
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs (no shared trunk), computed side by side.
 
+    With ``critic_dim`` the critic is centralized (MAPPO): it sees ``critic_obs`` ``[B,
+    critic_dim]`` (e.g. the whole team's observations) while the actor sees only its own
+    ``obs``; both inputs are zero-padded to one width so the towers still run as one batched
+    matmul. Every method takes ``critic_obs``; without it such a critic sees zeros, which is fine
+    where only actions are wanted (evaluation, ``compute_actions``).
+
     ``act`` is the rollout path (sample, log-prob, value); ``evaluate`` the learning path
     (log-prob and entropy of stored actions, value). Each takes an optional ``action_mask`` for
     Discrete / MultiDiscrete actions, bool ``[B, sum(nvec)]``, True = allowed (see
@@ -32,26 +38,39 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(self, obs_dim: int, action: ActionSpec, hiddens: list[int], activation: str = "tanh",
-                 log_std_init: float = 0.0):
+                 log_std_init: float = 0.0, critic_dim: int = 0):
         super().__init__()
         self.dist = make_distribution(action)
         self.continuous = action.kind == "continuous"
-        self.net = StackedMLP(obs_dim, hiddens, [self.dist.param_dim, 1], head_gains=[0.01, 1.0],
+        self.obs_dim, self.critic_dim = obs_dim, critic_dim
+        self.net = StackedMLP(max(obs_dim, critic_dim), hiddens, [self.dist.param_dim, 1], head_gains=[0.01, 1.0],
                               activation=activation)
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((self.dist.param_dim,), float(log_std_init)))
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _inputs(self, obs: torch.Tensor, critic_obs: torch.Tensor | None) -> torch.Tensor:
+        """The network input: ``[B, obs_dim]``, or ``[2, B, width]`` with a centralized critic."""
+        x = obs.reshape(obs.shape[0], -1).float()
+        if not self.critic_dim:
+            return x
+        both = x.new_zeros(2, x.shape[0], max(self.obs_dim, self.critic_dim))
+        both[0, :, :self.obs_dim] = x
+        if critic_obs is not None:
+            both[1, :, :self.critic_dim] = critic_obs
+        return both
+
+    def forward(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters ``[B, param_dim]`` and values ``[B]``."""
-        params, value = self.net(obs.reshape(obs.shape[0], -1).float())
+        params, value = self.net(self._inputs(obs, critic_obs))
         return params, value.squeeze(-1)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.forward(obs)[1]
+    def value(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward(obs, critic_obs)[1]
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False, action_mask: torch.Tensor | None = None):
+    def act(self, obs: torch.Tensor, deterministic: bool = False, action_mask: torch.Tensor | None = None,
+            critic_obs: torch.Tensor | None = None):
         """Sample actions: returns ``(action, log_prob, value)``."""
-        params, value = self.forward(obs)
+        params, value = self.forward(obs, critic_obs)
         if self.continuous:
             if action_mask is not None:
                 raise ValueError(BOX_MASK_ERROR)
@@ -61,15 +80,15 @@ class ActorCritic(nn.Module):
         return action, logp, value
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True,
-                 action_mask: torch.Tensor | None = None):
+                 action_mask: torch.Tensor | None = None, critic_obs: torch.Tensor | None = None):
         """Log-probability of ``action`` under the current policy, its entropy (None when not asked
         for) and values."""
-        params, value = self.forward(obs)
+        params, value = self.forward(obs, critic_obs)
         return *self._log_prob_entropy(params, action, entropy, action_mask)[:2], value
 
     @torch.no_grad()
     def evaluate_backward(self, obs: torch.Tensor, action: torch.Tensor, loss_and_grad, entropy: bool = True,
-                          action_mask: torch.Tensor | None = None):
+                          action_mask: torch.Tensor | None = None, critic_obs: torch.Tensor | None = None):
         """``evaluate`` and the backward pass of a loss of its outputs, without the autograd engine.
 
         ``loss_and_grad(logp, entropy, value)`` returns ``(result, (grad_logp, grad_value,
@@ -77,7 +96,7 @@ class ActorCritic(nn.Module):
         ``.grad``, which must exist (see ``flatten_parameters``). Returns ``result`` and the entropy.
         The engine's graph bookkeeping costs more than the arithmetic on networks this small.
         """
-        x = obs.reshape(obs.shape[0], -1).float()
+        x = self._inputs(obs, critic_obs)
         (params, value), hidden = self.net.forward_for_backward(x)
         logp, ent, ctx = self._log_prob_entropy(params, action, entropy, action_mask)
         result, (grad_logp, grad_value, grad_entropy) = loss_and_grad(logp, ent, value.squeeze(-1))

@@ -29,6 +29,7 @@ import torch
 
 from shoal.buffers.rollout import RolloutBuffer, torch_dtype
 from shoal.collect import Collector, EpisodeTracker
+from shoal.collect.critic import TeamObs
 from shoal.collect.episodes import Episode
 from shoal.collect.policies import SINGLE_AGENT, PolicyMap, mapping_function
 from shoal.config import TrainerConfig
@@ -72,9 +73,12 @@ class Trainer:
             self.backend.close()
             raise
         spec = self.backend.obs_spec
+        obs_dim = int(np.prod(spec.shape))
+        critic = self._central_critic(obs_dim)
+        critic_dim = critic.dim if critic else 0
         self.policy_configs = {pid: c.policy_config(pid) for pid in c.policy_ids}
-        self.policies = {pid: ActorCritic(int(np.prod(spec.shape)), self.backend.act_spec, pc.hiddens, pc.activation,
-                                          pc.log_std_init).to(c.device) for pid, pc in self.policy_configs.items()}
+        self.policies = {pid: ActorCritic(obs_dim, self.backend.act_spec, pc.hiddens, pc.activation, pc.log_std_init,
+                                          critic_dim).to(c.device) for pid, pc in self.policy_configs.items()}
         self.policy_map = self._make_policy_map(self.backend)
         self.obs_normalizer = ObsNormalizer(spec.shape, c.clip_obs) if c.normalize_obs else None
         self.reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
@@ -83,12 +87,12 @@ class Trainer:
                                       self.backend.batch.env_id.numpy(), on_episode_end,
                                       self.backend.agents, c.policy_ids)
         self.collector = Collector(self.backend, self.policy_map, self.tracker, self.obs_normalizer,
-                                   self.reward_scaler)
+                                   self.reward_scaler, critic)
         mask = self.backend.batch.action_mask
         self.buffer = RolloutBuffer(self.backend.num_rows, c.rollout_fragment_length, spec.shape,
                                     torch_dtype(spec.dtype), self.backend.act_spec.shape,
                                     torch_dtype(self.backend.act_spec.dtype), c.device,
-                                    0 if mask is None else mask.shape[1])
+                                    0 if mask is None else mask.shape[1], critic_dim)
         trained = c.policy_ids if c.policies_to_train is None else c.policies_to_train
         self.learners = {pid: self._make_learner(self.policies[pid], self.policy_configs[pid], i)
                          for i, pid in enumerate(c.policy_ids) if pid in trained}
@@ -108,6 +112,15 @@ class Trainer:
     def _make_learner(self, policy: ActorCritic, config: TrainerConfig, index: int):
         """The learner of one policy (``config`` has the policy's overrides; ``index`` its place)."""
         raise NotImplementedError
+
+    def _central_critic(self, obs_dim: int) -> TeamObs | None:
+        if self.config.central_critic is None:
+            return None
+        if self.backend.rows_per_env < 2:
+            self.backend.close()
+            raise ConfigError(f"central_critic='{self.config.central_critic}' needs a multi-agent env; "
+                              f"'{self.env_name}' has one agent per env.")
+        return TeamObs(obs_dim, self.backend.rows_per_env)
 
     def _make_policy_map(self, backend: VecBackend, mapping_fn: Any = None) -> PolicyMap:
         """Which policy acts for each of ``backend``'s rows (``mapping_fn`` replaces the config's)."""
