@@ -88,8 +88,8 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
 def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
                  seed: int) -> dict[str, Any]:
     """Play one episode on each of the backend's envs; summarise returns and lengths. With
-    several agents per env, an episode's return is the sum over its agents (each row's first
-    episode), its length the longest agent's."""
+    named agents, an episode's return is the sum over its agents (each row's first episode), its
+    length the longest agent's; anonymous agents (native envs) each count as an episode."""
     n = backend.num_rows
     backend.reset(seed)
     returns = np.zeros(n)
@@ -103,7 +103,7 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         returns[live] += batch.reward.numpy()[live]
         lengths[live] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
-    if backend.rows_per_env > 1:
+    if backend.agents:
         returns = returns.reshape(backend.num_envs, -1).sum(1)
         lengths = lengths.reshape(backend.num_envs, -1).max(1)
     return {
@@ -112,5 +112,5 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         "episode_reward_min": float(returns.min()),
         "episode_reward_max": float(returns.max()),
         "episode_len_mean": float(lengths.mean()),
-        "episodes": backend.num_envs,
+        "episodes": len(returns),
     }
