@@ -95,11 +95,11 @@ def main() -> None:
     args = parser.parse_args()
     n, k = args.envs, args.agents
     kinds = {"native AgentEnv": lambda: TargetGrid(k), "Parallel dict API": lambda: TargetGridParallel(k)}
-    ppo = {"num_envs": n, "rollout_fragment_length": 32, "sgd_minibatch_size": 2048, "num_sgd_iter": 4, "seed": 0}
+    ppo = {"num_envs": n, "rollout_fragment_length": 32, "sgd_minibatch_size": 2048, "num_sgd_iter": 1, "seed": 0}
 
     print(f"TargetGrid, {n} envs x {k} agents, {os.cpu_count()} CPU cores. Agent-steps/s of the backend alone "
           f"(random actions),\nof PPO's collect phase (env + policy forward) and of PPO end to end (+ update: "
-          f"{ppo['num_sgd_iter']} epochs); return of one agent after {args.iterations + 1} iterations.")
+          f"num_sgd_iter={ppo['num_sgd_iter']}, as Metta); return of one agent after {args.iterations + 1} iterations.")
     print(f"{'interface':<19}{'backend':<11}{'env only':>12}{'PPO collect':>13}{'PPO total':>11}{'return':>8}")
     figures = {}
     for kind, make in kinds.items():
