@@ -2,6 +2,8 @@
 
 from shoal.config import PPOConfig, TrainerConfig
 from shoal.envs import register_env
+from shoal.envs.multi_agent import MultiAgentEnv
+from shoal.envs.native import AgentEnv
 from shoal.errors import ConfigError, EnvError, ShoalError
 from shoal.collect.episodes import Episode
 from shoal.train import PPO, Trainer
@@ -11,5 +13,5 @@ from shoal.vector import make_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["PPO", "Callback", "CheckpointError", "ConfigError", "EnvError", "Episode", "PPOConfig", "ShoalError",
-           "Trainer", "TrainerConfig", "make_backend", "register_env"]
+__all__ = ["PPO", "AgentEnv", "Callback", "CheckpointError", "ConfigError", "EnvError", "Episode", "MultiAgentEnv",
+           "PPOConfig", "ShoalError", "Trainer", "TrainerConfig", "make_backend", "register_env"]

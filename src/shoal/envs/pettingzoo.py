@@ -139,20 +139,21 @@ class ParallelEnvAdapter:
 
     def step(self, actions: np.ndarray) -> None:
         """One parallel step of the agents present. ``valid`` marks the rows that acted, and a
-        row's done flag is set on the step its agent leaves. With no agent left the episode is
-        over and the env is reset at once."""
+        row's done flag is set on the step its agent leaves, also when it sat this step out (its
+        last decision then ends there). With no agent left the episode is over and the env is
+        reset at once."""
         out, convert = self.out, int if self.discrete else np.asarray
         acting = np.flatnonzero(self.alive)
+        in_episode = [self._slot_of(a) for a in self.env.agents]
         observations, rewards, terminations, truncations, infos = self.env.step(
             {self.agents[i]: convert(actions[i]) for i in acting})
         out["valid"][:] = self.alive
         out["reward"][:] = 0.0
         out["terminated"][:] = False
         out["truncated"][:] = False
-        self.final_infos.clear()
         for agent, r in rewards.items():
             out["reward"][self._slot_of(agent)] = r
-        for i in acting:
+        for i in in_episode:
             agent = self.agents[i]
             te = bool(terminations.get(agent, False))
             tr = bool(truncations.get(agent, False)) and not te

@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from shoal.envs.native import AgentEnv
 from shoal.errors import EnvError, did_you_mean
 
 EnvCreator = Callable[[dict], Any]
@@ -120,7 +121,7 @@ def _call_creator(creator: Callable, env_config: dict, name: str) -> gym.Env:
             made = creator()
         except TypeError:
             raise first from None
-    if not isinstance(made, gym.Env) and not is_parallel_env(made):
-        raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env or a "
-                       f"PettingZoo ParallelEnv.")
+    if not isinstance(made, (gym.Env, AgentEnv)) and not is_parallel_env(made):
+        raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env (or a "
+                       f"multi-agent one with the dict API), a PettingZoo ParallelEnv or a shoal.AgentEnv.")
     return made

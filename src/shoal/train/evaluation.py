@@ -88,9 +88,10 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
 def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
                  seed: int, row_policy: tuple[list[str], np.ndarray] | None = None) -> dict[str, Any]:
     """Play one episode on each of the backend's envs; summarise returns and lengths. With
-    several agents per env, an episode's return is the sum over its agents (each row's first
-    episode), its length the longest agent's. ``row_policy`` (policy ids, and each row's index
-    into them) adds each policy's mean agent return as ``policy_reward_mean``."""
+    named agents, an episode's return is the sum over its agents (each row's first episode), its
+    length the longest agent's; anonymous agents (native envs) each count as an episode.
+    ``row_policy`` (policy ids, and each row's index into them) adds each policy's mean agent
+    return as ``policy_reward_mean``."""
     n = backend.num_rows
     backend.reset(seed)
     returns = np.zeros(n)
@@ -109,7 +110,7 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         ids, index = row_policy
         per_policy = {"policy_reward_mean": {pid: float(returns[index == i].mean())
                                              for i, pid in enumerate(ids) if (index == i).any()}}
-    if backend.rows_per_env > 1:
+    if backend.agents:
         returns = returns.reshape(backend.num_envs, -1).sum(1)
         lengths = lengths.reshape(backend.num_envs, -1).max(1)
     return {
@@ -118,6 +119,6 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         "episode_reward_min": float(returns.min()),
         "episode_reward_max": float(returns.max()),
         "episode_len_mean": float(lengths.mean()),
-        "episodes": backend.num_envs,
+        "episodes": len(returns),
         **per_policy,
     }

@@ -7,6 +7,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from shoal.envs.multi_agent import dict_env_adapter, is_dict_env
+from shoal.envs.native import AgentEnv
 from shoal.envs.pettingzoo import ParallelEnvAdapter
 from shoal.envs.registry import check_env_id, env_creator, env_name, is_parallel_env
 from shoal.errors import ConfigError, EnvError
@@ -44,7 +46,7 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
             raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
         check_env_id(env)
         return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
-    instance = isinstance(env, gym.Env) or is_parallel_env(env)
+    instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config)
     make, serial_class = _adapted(make, name)
     if num_workers:
@@ -53,9 +55,15 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
 
 
 def _adapted(make, name: str):
-    """Multi-agent envs step through an adapter on the agent-env backend; gym envs as they are.
-    The env made to find out which is the one handed out for index 0."""
+    """Multi-agent envs step through an adapter on the agent-env backend (a native env is its own
+    adapter); gym envs as they are. The env made to find out which is the one handed out for index 0."""
     first = make(0)
+    if isinstance(first, AgentEnv):
+        if first.bound:  # an instance already writing another backend's rows (the trainer's, when evaluating)
+            first = copy.deepcopy(first)
+        return (lambda index: first if index == 0 else make(index)), AgentEnvBackend
+    if is_dict_env(first):
+        return (lambda index: dict_env_adapter(first if index == 0 else make(index), name)), AgentEnvBackend
     if not is_parallel_env(first):
         return (lambda index: first if index == 0 else make(index)), SerialBackend
     return (lambda index: ParallelEnvAdapter(first if index == 0 else make(index), name)), AgentEnvBackend

@@ -1,8 +1,10 @@
 """Serial backend for multi-agent envs: each env is an adapter over a fixed set of agent rows.
 
-An adapter (``ParallelEnvAdapter`` for PettingZoo, or a native multi-agent env) is bound to its
-env's rows of the flat-batch arrays and writes observations, rewards, flags and masks straight
-into them; ``reset(seed)`` and ``step(actions)`` take and fill arrays, and autoreset inside.
+An adapter (``ParallelEnvAdapter`` for PettingZoo and dict-API envs, or a native ``AgentEnv``) is
+bound to its env's rows of the flat-batch arrays and writes observations, rewards, flags and masks
+straight into them; ``reset(seed)`` and ``step(actions)`` take and fill arrays, and autoreset
+inside. After a step, its ``final_infos`` (slot -> info) hold the infos of the agents whose
+episode ended; the backend takes them and empties the dict.
 Like ``SerialBackend``, it is what each worker process of the multiprocessing backend runs over
 its slice of shared memory.
 """
@@ -20,18 +22,20 @@ from shoal.vector.base import StepBatch, VecBackend
 
 class AgentEnvBackend(VecBackend):
     autoreset = "same_step"
-    unsaved_state = "PettingZoo envs keep their state in objects shoal does not save"
+    unsaved_state = "multi-agent envs keep their state in objects shoal does not save"
 
     def __init__(self, make_env: Callable[[int], object], num_envs: int, name: str,
                  buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
         first = self.envs[0]
         layout = first.layout
-        for i, env in enumerate(self.envs[1:], start=1):
-            if env.agents != first.agents:
-                raise EnvError(f"env '{name}' copy {i} has agents {env.agents}, copy 0 has {first.agents}; "
-                               f"all copies must match.")
         k = first.num_agents
+        for i, env in enumerate(self.envs[1:], start=1):
+            if (env.agents, env.num_agents, env.layout.obs_space, env.layout.action_space) != (
+                    first.agents, k, layout.obs_space, layout.action_space):
+                raise EnvError(f"env '{name}' copy {i} has {env.num_agents} agents {env.agents} with spaces "
+                               f"{env.layout.obs_space} / {env.layout.action_space}, copy 0 has {k} agents "
+                               f"{first.agents} with {layout.obs_space} / {layout.action_space}; all copies must match.")
         super().__init__(name, num_envs, layout.obs_spec, layout.act_spec, rows_per_env=k, buffers=buffers,
                          first_env_id=first_env_id, mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0)
         self.agents = first.agents
@@ -60,8 +64,10 @@ class AgentEnvBackend(VecBackend):
         try:
             for i, env in enumerate(self.envs):
                 env.step(acts[i * k:(i + 1) * k])
-                for slot, info in env.final_infos.items():
-                    final_infos[i * k + slot] = info
+                if env.final_infos:
+                    for slot, info in env.final_infos.items():
+                        final_infos[i * k + slot] = info
+                    env.final_infos.clear()
         except ShoalError:
             raise
         except Exception as e:

@@ -89,7 +89,7 @@ class VecBackend:
 
     autoreset: str = "same_step"
     async_factor: int = 1
-    agents: list[str] | None = None  # multi-agent envs: the name of each agent row slot
+    agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
 
     def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,

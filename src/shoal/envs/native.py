@@ -1,0 +1,135 @@
+"""Native many-agent envs: one simulation of many agents in arrays, writing its rows of the flat batch.
+
+The model is PufferLib's native envs and Metta (seed 003): an env of, say, 128 agents steps
+them all with numpy (or compiled code) and writes observations, rewards and flags straight into
+its ``[num_agents, ...]`` rows of the ``[num_envs * num_agents, ...]`` batch, so no Python runs
+per agent and nothing is copied. A subclass of ``AgentEnv`` declares ``num_agents``,
+``single_observation_space`` (a Box; float ones are stored as float32), ``single_action_space``
+(Discrete, MultiDiscrete or Box; every agent has the same spaces and they share one policy) and,
+if it masks actions (Discrete only), ``action_masks = True``. It implements:
+
+* ``reset(seed)``: start an episode; fill ``obs`` (and ``action_mask``) and clear
+  ``terminated`` / ``truncated``.
+* ``step(actions)``: ``actions`` is ``[num_agents, *action_shape]`` (int64, or float32 clipped
+  to the Box). Fill ``reward``, ``terminated``, ``truncated`` and ``obs``. Agents whose episode
+  ended are started again in the same step (their own, or the whole env's): ``obs`` holds the
+  next episode's first observation and, for truncated rows, ``final_obs`` the true last one,
+  which the learner bootstraps from. ``valid`` starts True; set rows False while agents are
+  absent (dead, waiting), and every loss skips them. ``final_infos[slot] = info`` at an agent's
+  episode end feeds custom metrics.
+
+The row arrays come from ``bind(rows)``, which the backend calls before ``reset``; under worker
+processes they are shared memory. They are read-only attributes: replacing one instead of writing
+into it would leave the batch stale, so it raises at once, in ``__init__``, ``reset`` or ``step``
+alike, with no check run per step. The base class also supplies the rest of the adapter protocol
+(``layout``, ``agents``, ``final_infos``, ``close``), so ``AgentEnvBackend`` and the worker
+backend run a native env without an adapter.
+
+Metrics: the agents are anonymous and interchangeable (``agents`` is None), so each agent's
+episode counts as an episode, as PufferLib and Metta report them: ``episode_reward_mean`` is a
+single agent's return. A team sum would grow with ``num_agents`` and needs every agent to end
+its episode on the same step, which many-agent envs need not do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from shoal.envs.spaces import ActionSpec, ObsSpec, action_spec, obs_spec
+from shoal.errors import EnvError
+
+
+@dataclass(frozen=True)
+class NativeLayout:
+    """What the agent-env backend reads of an env's row layout (as from ``AgentLayout``)."""
+
+    obs_space: gym.spaces.Box
+    obs_spec: ObsSpec
+    action_space: gym.Space
+    act_spec: ActionSpec
+    has_mask: bool
+
+
+class _Unbound(dict):
+    """The rows of an env not bound yet: reading any of them says what is missing."""
+
+    def __missing__(self, field: str):
+        raise EnvError(f"this native env has no '{field}' rows yet: they come from bind(rows), which shoal's backend "
+                       f"calls before reset(); build the env's backend with make_backend or PPO(env=...).")
+
+
+def _rows_of(field: str) -> property:
+    def get(self: AgentEnv) -> np.ndarray:
+        return self._rows[field]
+
+    def replace(self: AgentEnv, value: Any) -> None:
+        rows = self._rows.get(field)
+        if value is rows and rows is not None:  # what an in-place `self.reward *= 2` assigns back
+            return
+        where = "" if rows is None else f" ({list(rows.shape)} {rows.dtype})"
+        raise EnvError(f"env '{type(self).__name__}': self.{field} is this env's rows of the flat batch{where} and "
+                       f"cannot be replaced; write into it instead (self.{field}[:] = ...).")
+
+    return property(get, replace, doc=f"This env's rows of the batch's '{field}', to write in place.")
+
+
+class AgentEnv:
+    """Base class of native many-agent envs (see the module docstring)."""
+
+    num_agents: int
+    single_observation_space: gym.spaces.Box
+    single_action_space: gym.Space
+    action_masks: bool = False
+    agents = None  # anonymous agents: each agent's episode is an episode of its own
+
+    _rows: dict[str, np.ndarray | None] = _Unbound()
+    obs = _rows_of("obs")
+    reward = _rows_of("reward")
+    terminated = _rows_of("terminated")
+    truncated = _rows_of("truncated")
+    valid = _rows_of("valid")
+    final_obs = _rows_of("final_obs")
+    action_mask = _rows_of("action_mask")  # None unless action_masks
+
+    def reset(self, seed: int | None) -> None:
+        raise NotImplementedError(f"native env '{type(self).__name__}' must implement reset(seed)")
+
+    def step(self, actions: np.ndarray) -> None:
+        raise NotImplementedError(f"native env '{type(self).__name__}' must implement step(actions)")
+
+    def close(self) -> None:
+        pass
+
+    def bind(self, rows: dict[str, np.ndarray]) -> None:
+        """Write into ``rows`` (this env's slice of every flat-batch array) from now on."""
+        self._rows = {"action_mask": None, **rows}
+        self.final_infos: dict[int, dict] = {}
+
+    @property
+    def bound(self) -> bool:
+        return not isinstance(self._rows, _Unbound)
+
+    @cached_property
+    def layout(self) -> NativeLayout:
+        """The declared spaces as a row layout, checked once."""
+        name = type(self).__name__
+        for attr in ("num_agents", "single_observation_space", "single_action_space"):
+            if not hasattr(self, attr):
+                raise EnvError(f"native env '{name}' does not set {attr}; set num_agents, single_observation_space "
+                               f"and single_action_space in __init__.")
+        n, obs, act = self.num_agents, self.single_observation_space, self.single_action_space
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise EnvError(f"native env '{name}' has num_agents={n!r}; it must be a positive int.")
+        if not isinstance(obs, gym.spaces.Box):
+            raise EnvError(f"native env '{name}' has single_observation_space {obs}; native envs write their "
+                           f"observations as arrays, so it must be a Box (of any shape and dtype).")
+        act_spec = action_spec(act)
+        if self.action_masks and act_spec.kind != "discrete":
+            raise EnvError(f"native env '{name}' sets action_masks=True with single_action_space {act}; action "
+                           f"masks need a Discrete action space.")
+        return NativeLayout(obs, obs_spec(obs), act, act_spec, bool(self.action_masks))
