@@ -68,13 +68,12 @@ def test_episode_tracker_block_equals_step_by_step():
         tracker.add(reward, done, valid)
         for t in range(horizon):
             for r in range(rows):
-                if valid[t, r]:
-                    ret[r] += float(reward[t, r])
-                    length[r] += 1
-                    if done[t, r]:
-                        want_returns.append(ret[r])
-                        want_lengths.append(length[r])
-                        ret[r], length[r] = 0.0, 0
+                ret[r] += float(reward[t, r])  # every reward counts (turn-based games credit waiting agents)
+                length[r] += int(valid[t, r])  # a step counts where the row acted
+                if done[t, r]:  # acted or not (a game ending on another agent's move)
+                    want_returns.append(ret[r])
+                    want_lengths.append(length[r])
+                    ret[r], length[r] = 0.0, 0
     assert list(tracker.returns) == pytest.approx(want_returns, abs=1e-9)
     assert list(tracker.lengths) == want_lengths
     assert tracker.ret == pytest.approx(ret, abs=1e-9) and tracker.len.tolist() == length

@@ -84,8 +84,9 @@ class EpisodeTracker:
 
     def add(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray,
             step_infos: dict[int, dict[int, dict]] | None = None, policy: np.ndarray | None = None) -> None:
-        """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated, and valid)
-        close their episode. ``step_infos[t][row]`` is the info of an episode that ended at step t;
+        """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated) close their
+        episode, also where the row did not act that step (a turn-based game ending on another
+        agent's move); lengths count the steps a row acted, returns every reward it got. ``step_infos[t][row]`` is the info of an episode that ended at step t;
         ``policy[t, row]`` the index of the policy that acted. Episodes enter the window in the
         order they ended.
 
@@ -93,9 +94,9 @@ class EpisodeTracker:
         that ended in it (per step, the bookkeeping cost as much as a policy forward)."""
         # Running sums since the start of the block: an episode ending at step t has its
         # return so far plus cum_ret[t]; the next one starts from -cum_ret[t].
-        cum_ret = np.cumsum(reward * valid, axis=0, dtype=np.float64)
+        cum_ret = np.cumsum(reward, axis=0, dtype=np.float64)
         cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
-        steps, rows = np.nonzero(done & valid)
+        steps, rows = np.nonzero(done)
         step_infos = step_infos or {}
         team_ends = self._team_ends(done, valid) if self.agent_names else {}
         for t, row in zip(steps.tolist(), rows.tolist()):
@@ -121,7 +122,7 @@ class EpisodeTracker:
         """Where an env's episode ended, an agent finished and none is left acting:
         ``(step, env) -> slot of the last agent finishing there``."""
         k = len(self.agent_names)
-        finished = (done & valid).reshape(done.shape[0], -1, k)
+        finished = done.reshape(done.shape[0], -1, k)
         left = (done | ~valid).reshape(done.shape[0], -1, k)
         steps, envs = np.nonzero(finished.any(-1) & left.all(-1))
         last = k - 1 - finished[steps, envs, ::-1].argmax(-1)

@@ -19,9 +19,6 @@ import torch
 
 from shoal.errors import ConfigError, did_you_mean
 
-SINGLE_AGENT = "agent_0"  # the agent id a single-agent env's row is mapped by
-
-
 @dataclass(frozen=True)
 class EpisodeStart:
     """What ``policy_mapping_fn`` gets as ``episode``: which env starts, and a running episode count."""

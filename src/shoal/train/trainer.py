@@ -31,7 +31,7 @@ from shoal.buffers.rollout import RolloutBuffer, torch_dtype
 from shoal.collect import Collector, EpisodeTracker
 from shoal.collect.critic import TeamObs
 from shoal.collect.episodes import Episode
-from shoal.collect.policies import SINGLE_AGENT, PolicyMap, mapping_function
+from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.config import TrainerConfig
 from shoal.envs.registry import config_creator, env_name
 from shoal.envs.snapshot import decode, encode
@@ -124,7 +124,7 @@ class Trainer:
 
     def _make_policy_map(self, backend: VecBackend, mapping_fn: Any = None) -> PolicyMap:
         """Which policy acts for each of ``backend``'s rows (``mapping_fn`` replaces the config's)."""
-        agents = backend.agents or [SINGLE_AGENT]
+        agents = backend.agents or [f"agent_{i}" for i in range(backend.rows_per_env)]  # anonymous rows
         mapping = None
         if len(self.policies) > 1:
             mapping = mapping_function(mapping_fn or self.config.policy_mapping_fn, list(self.policies), agents)
