@@ -184,3 +184,15 @@ def test_ppo_with_a_centralized_critic_learns_and_single_agent_envs_are_refused(
     assert first["episode_reward_mean"] < 4.5 and result["episode_reward_mean"] > 7.0
     with pytest.raises(shoal.ConfigError, match="central_critic='team_obs' needs a multi-agent env; 'CartPole-v1'"):
         shoal.PPO(central_critic="team_obs", **FAST)
+
+
+def test_anonymous_native_agents_are_mapped_by_their_slot():
+    from shoal.envs.examples import TargetGrid
+
+    half = lambda agent, episode: "even" if int(agent.removeprefix("agent_")) % 2 == 0 else "odd"  # noqa: E731
+    with shoal.PPO(env=lambda: TargetGrid(num_agents=8, max_steps=4), policies=["even", "odd"], policy_mapping_fn=half,
+                   num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=32, save_outputs=False, verbose=0) as algo:
+        result = algo.train()
+        policy_id = algo.buffer.rollout["policy_id"][:, :-1]
+    assert torch.equal(policy_id, (torch.arange(16) % 2).unsqueeze(1).expand(16, 8))
+    assert {"even/policy_loss", "odd/policy_loss"} <= set(result["learner"])
