@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import shoal
-from shoal.collect import EpisodeTracker
+from test_pettingzoo import tracked
 from shoal.envs.examples import TargetGrid
 from shoal.vector import make_backend
 
@@ -73,15 +73,7 @@ def test_rows_are_written_in_place_and_agents_restart_on_their_own():
 
 
 def test_each_agents_episode_counts_as_an_episode():
-    backend = make_backend(Clock, 2)
-    tracker = EpisodeTracker(backend.num_rows, 100, backend.batch.env_id.numpy(), agent_names=backend.agents)
-    backend.reset(0)
-    reward, done, valid = (np.zeros((6, 6), dtype) for dtype in (np.float32, bool, bool))
-    for t in range(6):
-        backend.send(torch.zeros(6, dtype=torch.long))
-        b = backend.recv()
-        reward[t], done[t], valid[t] = b.reward, b.terminated | b.truncated, b.valid
-    tracker.add(reward, done, valid)
+    tracker = tracked(make_backend(Clock, 2), 6)
     # In 6 steps agent 0 ends 6 episodes of return 1, agent 1 three of 4, agent 2 two of 9; per env.
     assert tracker.episodes_total == 2 * 11
     assert tracker.summarize()["episode_reward_mean"] == pytest.approx((6 * 1 + 3 * 4 + 2 * 9) / 11)

@@ -125,18 +125,24 @@ def test_bad_multi_agent_envs_are_named_in_the_error():
         make_backend("pettingzoo:mpe2.no_such_v0", 1)
 
 
-def test_team_return_sums_the_agents_and_each_agent_has_its_own():
+def tracked(backend, steps: int):
+    """An EpisodeTracker fed ``steps`` steps of ``backend`` (reset with seed 0), every action 0."""
     from shoal.collect import EpisodeTracker
 
-    backend = make_backend(lambda: DyingAgentsEnv(), 2)
-    tracker = EpisodeTracker(backend.num_rows, 100, backend.batch.env_id.numpy(), agent_names=backend.agents)
+    n = backend.num_rows
+    tracker = EpisodeTracker(n, 100, backend.batch.env_id.numpy(), agent_names=backend.agents)
     backend.reset(0)
-    reward, done, valid = (np.zeros((7, 6), dtype) for dtype in (np.float32, bool, bool))
-    for t in range(7):
-        backend.send(torch.zeros(6, dtype=torch.long))
+    reward, done, valid = (np.zeros((steps, n), dtype) for dtype in (np.float32, bool, bool))
+    for t in range(steps):
+        backend.send(torch.zeros(n, dtype=torch.long))
         batch = backend.recv()
         reward[t], done[t], valid[t] = batch.reward, batch.terminated | batch.truncated, batch.valid
     tracker.add(reward, done, valid)
+    return tracker
+
+
+def test_team_return_sums_the_agents_and_each_agent_has_its_own():
+    tracker = tracked(make_backend(lambda: DyingAgentsEnv(), 2), 7)
     out = tracker.summarize()
     # Agent k lives k+1 steps earning k+1 per step: returns 1, 4, 9; the team's episode is 14 over 3 steps.
     assert out["agent_reward_mean"] == {"a0": 1.0, "a1": 4.0, "a2": 9.0}
