@@ -196,3 +196,40 @@ def test_anonymous_native_agents_are_mapped_by_their_slot():
         policy_id = algo.buffer.rollout["policy_id"][:, :-1]
     assert torch.equal(policy_id, (torch.arange(16) % 2).unsqueeze(1).expand(16, 8))
     assert {"even/policy_loss", "odd/policy_loss"} <= set(result["learner"])
+
+
+class StateEnv(__import__("test_pettingzoo").DyingAgentsEnv):
+    """DyingAgentsEnv with a global state: [step, agents left]."""
+
+    state_space = __import__("gymnasium").spaces.Box(0, 10, (2,))
+
+    def state(self):
+        return [self.t, len(self.agents)]
+
+
+def test_a_state_critic_sees_the_envs_global_state_and_bootstraps_from_the_state_before_the_reset():
+    kw = dict(env=lambda: StateEnv(cut=2), central_critic="state", num_envs=2, rollout_fragment_length=4,
+              sgd_minibatch_size=24, save_outputs=False, verbose=0)
+    with shoal.PPO(**kw) as algo:
+        rollout = _rollout(algo)
+        policy = algo.get_policy()
+    critic_obs = rollout["critic_obs"]
+    assert critic_obs.shape == (6, 5, 2 + 3)
+    for row in range(6):  # episodes of 2 steps: the state counts 0, 1, 0, 1, 0 with all 3 agents in
+        for t in range(5):
+            assert critic_obs[row, t].tolist() == [t % 2, 3.0] + torch.eye(3)[row % 3].tolist(), (row, t)
+    # truncated at step 2 (index 1): the state just before the reset, [2 steps, 0 agents left]
+    final_obs = torch.tensor([[0, 2, 0], [1, 2, 0], [2, 2, 7.0]])
+    for row in range(6):
+        slot = row % 3
+        want = policy.value(final_obs[slot:slot + 1], torch.tensor([[2.0, 0.0, *torch.eye(3)[slot].tolist()]]))
+        assert torch.allclose(rollout["final_value"][row, 1], want[0])
+    with shoal.PPO(**kw, num_workers=2) as algo:
+        assert torch.equal(_rollout(algo)["critic_obs"], critic_obs)
+
+
+def test_a_state_critic_needs_an_env_with_a_state():
+    with pytest.raises(shoal.EnvError, match="central_critic='state' needs the env's global state.*'team_obs'"):
+        shoal.PPO(env=lambda: GuessEnv(), central_critic="state", save_outputs=False, verbose=0)
+    with pytest.raises(shoal.ConfigError, match="central_critic='state' needs a multi-agent env; 'CartPole-v1'"):
+        shoal.PPO(central_critic="state", **FAST)

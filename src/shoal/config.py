@@ -67,8 +67,9 @@ class TrainerConfig(BaseModel):
     # dict {agent id: policy id}. Default: the policy named like the agent, else the only policy.
     policy_mapping_fn: Any = None
     policies_to_train: list[str] | None = None  # None: all of them; the others are frozen
-    # MAPPO: the value function sees every agent of the env ("team_obs"), the actor its own obs only
-    central_critic: Literal["team_obs"] | None = None
+    # MAPPO: the value function sees every agent of the env ("team_obs") or the env's state() ("state");
+    # the actor its own obs only
+    central_critic: Literal["team_obs", "state"] | None = None
 
     # keys a policy in `policies` may override: its network, and how it learns
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("hiddens", "activation", "log_std_init", "learning_rate", "gamma")

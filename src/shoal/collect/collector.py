@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from shoal.collect.critic import TeamObs
+from shoal.collect.critic import _CriticInput
 from shoal.collect.episodes import EpisodeTracker
 from shoal.collect.policies import PolicyMap
 from shoal.errors import EnvError
@@ -32,7 +32,7 @@ _FIELDS = ("obs", "action", "sample_log_prob", "value", "final_value", "reward",
 class Collector:
     def __init__(self, backend: VecBackend, policies: PolicyMap, tracker: EpisodeTracker,
                  obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None,
-                 critic: TeamObs | None = None):
+                 critic: _CriticInput | None = None):
         self.backend, self.policies, self.tracker, self.critic = backend, policies, tracker, critic
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
         self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
@@ -96,7 +96,7 @@ class Collector:
             if t < horizon:
                 obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
                 mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
-                critic_obs = None if self.critic is None else self.critic.write(obs_t, views["critic_obs"][t])
+                critic_obs = None if self.critic is None else self.critic.write(batch, obs_t, views["critic_obs"][t])
                 if not policies.single:
                     views["policy_id"][t].copy_(policies.row_policy[batch.rows])
                 a, _, _ = policies.act(obs_t, mask, batch.rows, critic_obs=critic_obs,
@@ -105,7 +105,8 @@ class Collector:
                 self._position[batch.rows] = t + 1
             else:  # T steps taken: bootstrap from the current obs and park until the next rollout
                 last = self._write_obs(batch.obs, views["obs"][horizon], update=False)
-                critic_obs = None if self.critic is None else self.critic.write(last, views["critic_obs"][horizon])
+                critic_obs = None if self.critic is None else self.critic.write(batch, last,
+                                                                                 views["critic_obs"][horizon])
                 views["value"][horizon].copy_(policies.value(last, batch.rows, critic_obs=critic_obs))
                 self._parked.append(batch)
         steps = slice(0, horizon)
@@ -135,12 +136,8 @@ class Collector:
             rows = batch.truncated.nonzero().squeeze(-1)
             final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(views["obs"][t][rows]),
                                         update=False)
-            critic_obs = None
-            if self.critic is not None:  # the team as each truncated row last saw it
-                team = batch.obs.clone()
-                team[rows] = batch.final_obs[rows]
-                critic_obs = self.critic.build(self._write_obs(team, torch.empty_like(team, dtype=torch.float32),
-                                                               update=False))[rows]
+            critic_obs = None if self.critic is None else self.critic.final(
+                batch, rows, lambda obs: self._write_obs(obs, torch.empty_like(obs, dtype=torch.float32), update=False))
             views["final_value"][t][rows] = self.policies.value(final_obs, batch.rows, rows, critic_obs)
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)

@@ -1,37 +1,76 @@
-"""Centralized critic input (MAPPO, Yu et al. 2022, arXiv:2103.01955): what the value function sees.
+"""Centralized critic inputs (MAPPO, Yu et al. 2022, arXiv:2103.01955): what the value function sees.
 
-With ``central_critic="team_obs"`` each agent row's critic input is the observations of every
-agent of its env (rows are env-major, so that is the env's block of rows laid end to end),
-followed by a one-hot of the row's agent slot, so one critic can tell the agents' values apart
-(the paper's agent-specific global state). The actor still sees only its own observation.
+Each agent row's critic input is a global view of its env followed by a one-hot of the row's
+agent slot, so one critic can tell the agents' values apart (the paper's agent-specific global
+state). The actor still sees only its own observation. Two global views:
+
+- ``TeamObs`` (``central_critic="team_obs"``): the observations of every agent of the env, laid
+  end to end (rows are env-major, so that is the env's block of rows);
+- ``EnvState`` (``central_critic="state"``): the env's own ``state()``, which the backend writes on
+  every row of the env (``batch.state``, and ``batch.final_state`` before an autoreset).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from shoal.vector.base import StepBatch
 
-class TeamObs:
-    def __init__(self, obs_dim: int, rows_per_env: int):
-        self.k, self.obs_dim = rows_per_env, obs_dim
-        self.team_dim = rows_per_env * obs_dim
-        self.dim = self.team_dim + rows_per_env
+
+class _CriticInput:
+    """``[global view, slot one-hot]`` rows; subclasses say where the global view comes from."""
+
+    def __init__(self, view_dim: int, rows_per_env: int):
+        self.k, self.view_dim = rows_per_env, view_dim
+        self.dim = view_dim + rows_per_env
 
     def init(self, critic_obs: torch.Tensor) -> None:
-        """Fill the constant one-hot tail of a ``[N, T+1, dim]`` storage once."""
+        """Fill the constant one-hot tail of a ``[N, ..., dim]`` storage once."""
         rows = critic_obs.shape[0]
-        critic_obs[..., self.team_dim:] = torch.eye(self.k).repeat(rows // self.k, 1).unsqueeze(1)
+        tail = torch.eye(self.k).repeat(rows // self.k, 1)
+        critic_obs[..., self.view_dim:] = tail.view(rows, *(1,) * (critic_obs.dim() - 2), self.k)
 
-    def write(self, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Write the team part of ``out`` ``[R, dim]`` (whose tail ``init`` filled) from the rows'
-        observations ``obs`` ``[R, obs_dim]``; returns ``out``."""
-        envs = obs.shape[0] // self.k
-        team = obs.reshape(envs, 1, self.team_dim).expand(envs, self.k, self.team_dim)
-        out.view(envs, self.k, self.dim)[..., :self.team_dim].copy_(team)
+    def _fresh(self, rows: int) -> torch.Tensor:
+        """A new ``[rows, dim]`` input with its tail filled (off the hot path: bootstrapping truncations)."""
+        out = torch.empty(rows, self.dim)
+        self.init(out)
         return out
 
-    def build(self, obs: torch.Tensor) -> torch.Tensor:
-        """A fresh ``[R, dim]`` critic input (off the hot path: bootstrapping truncated rows)."""
-        out = torch.empty(obs.shape[0], self.dim)
-        self.init(out.unsqueeze(1))
-        return self.write(obs, out)
+    def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Write the global part of ``out`` ``[R, dim]`` for the batch whose (normalized) observations
+        are ``obs``; returns ``out``."""
+        raise NotImplementedError
+
+    def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
+        """The critic input of the batch's truncated ``rows`` at their true last step."""
+        raise NotImplementedError
+
+
+class TeamObs(_CriticInput):
+    def __init__(self, obs_dim: int, rows_per_env: int):
+        super().__init__(rows_per_env * obs_dim, rows_per_env)
+
+    def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        envs = obs.shape[0] // self.k
+        team = obs.reshape(envs, 1, self.view_dim).expand(envs, self.k, self.view_dim)
+        out.view(envs, self.k, self.dim)[..., :self.view_dim].copy_(team)
+        return out
+
+    def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
+        team = batch.obs.clone()  # the team as each truncated row last saw it
+        team[rows] = batch.final_obs[rows]
+        return self.write(batch, normalize(team), self._fresh(len(team)))[rows]
+
+
+class EnvState(_CriticInput):
+    def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out[:, :self.view_dim].copy_(batch.state)
+        return out
+
+    def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
+        out = self._fresh(len(rows))
+        out[:, :self.view_dim] = batch.final_state[rows]
+        out[:, self.view_dim:] = torch.eye(self.k)[batch.agent_id[rows]]
+        return out

@@ -86,6 +86,7 @@ class AgentEnv:
     single_action_space: gym.Space
     action_masks: bool = False
     agents = None  # anonymous agents: each agent's episode is an episode of its own
+    state_size = 0  # no global state for a centralized critic (team_obs works)
 
     _rows: dict[str, np.ndarray | None] = _Unbound()
     obs = _rows_of("obs")

@@ -83,11 +83,21 @@ class AgentLayout:
             out[size:] = 0
 
 
+def _state_size(env: Any, name: str) -> int:
+    space = getattr(env, "state_space", None)
+    if space is None or not callable(getattr(env, "state", None)):
+        raise EnvError(f"central_critic='state' needs the env's global state, but '{name}' has no state_space and "
+                       f"state(); use central_critic='team_obs' (every agent's observation) instead.")
+    return int(np.prod(space.shape))
+
+
 class ParallelEnvAdapter:
     """Steps one PettingZoo ParallelEnv with arrays, writing into the rows it is bound to."""
 
-    def __init__(self, env: Any, name: str):
+    def __init__(self, env: Any, name: str, env_state: bool = False):
+        """``env_state``: also write the env's global ``state()`` on its rows (for a centralized critic)."""
         self.env, self.name = env, name
+        self.state_size = _state_size(env, name) if env_state else 0
         self.agents = list(env.possible_agents)
         if not self.agents:
             raise EnvError(f"env '{name}' has no possible_agents.")
@@ -108,8 +118,15 @@ class ParallelEnvAdapter:
         if self.mask is not None:  # agents whose Discrete is smaller than the layout's never see the extra actions
             self._size_mask = np.arange(self.mask.shape[1]) < np.asarray(self.layout.action_n)[:, None]
 
+    def _write_state(self, key: str) -> None:
+        """The env's global state on every row of ``out[key]`` (``state``, or ``final_state`` before a reset)."""
+        if self.state_size:
+            self.out[key][:] = np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
+
     def _write_all(self, observations: dict[str, Any]) -> None:
-        """Rows of present agents get their observation; absent agents' rows are zeroed padding."""
+        """Rows of present agents get their observation (and the env state); absent agents' rows
+        are zeroed padding."""
+        self._write_state("state")
         out, mask = self.out, self.mask
         out["obs"][:] = 0
         if mask is not None:
@@ -164,6 +181,7 @@ class ParallelEnvAdapter:
                 if tr and agent in observations:
                     self.layout.write_obs(i, out["final_obs"][i], observations[agent], None)
         if not self.env.agents:
+            self._write_state("final_state")
             observations, _ = self.env.reset()
         present = [a for a in self.env.agents if a in observations]
         self._write_all({a: observations[a] for a in present})

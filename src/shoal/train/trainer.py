@@ -29,7 +29,7 @@ import torch
 
 from shoal.buffers.rollout import RolloutBuffer, torch_dtype
 from shoal.collect import Collector, EpisodeTracker
-from shoal.collect.critic import TeamObs
+from shoal.collect.critic import EnvState, TeamObs, _CriticInput
 from shoal.collect.episodes import Episode
 from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.config import TrainerConfig
@@ -113,14 +113,18 @@ class Trainer:
         """The learner of one policy (``config`` has the policy's overrides; ``index`` its place)."""
         raise NotImplementedError
 
-    def _central_critic(self, obs_dim: int) -> TeamObs | None:
-        if self.config.central_critic is None:
+    def _central_critic(self, obs_dim: int) -> _CriticInput | None:
+        kind, backend = self.config.central_critic, self.backend
+        if kind is None:
             return None
-        if self.backend.rows_per_env < 2:
-            self.backend.close()
-            raise ConfigError(f"central_critic='{self.config.central_critic}' needs a multi-agent env; "
-                              f"'{self.env_name}' has one agent per env.")
-        return TeamObs(obs_dim, self.backend.rows_per_env)
+        if backend.rows_per_env < 2 or (kind == "state" and backend.batch.state is None):
+            backend.close()
+            why = ("has one agent per env" if backend.rows_per_env < 2 else
+                   "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'")
+            raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{self.env_name}' {why}.")
+        if kind == "state":
+            return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
+        return TeamObs(obs_dim, backend.rows_per_env)
 
     def _make_policy_map(self, backend: VecBackend, mapping_fn: Any = None) -> PolicyMap:
         """Which policy acts for each of ``backend``'s rows (``mapping_fn`` replaces the config's)."""
@@ -133,7 +137,7 @@ class Trainer:
     def _make_backend(self, num_envs: int, num_workers: int = 0) -> VecBackend:
         c = self.config
         return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode, num_workers,
-                            c.async_factor if num_workers else 1)
+                            c.async_factor if num_workers else 1, env_state=c.central_critic == "state")
 
     @staticmethod
     def _seed_everything(seed: int) -> None:

@@ -24,11 +24,12 @@ __all__ = ["AgentEnvBackend", "GymVectorBackend", "MultiprocessBackend", "Serial
 
 
 def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vectorization_mode: str | None = None,
-                 num_workers: int = 0, async_factor: int = 1) -> VecBackend:
+                 num_workers: int = 0, async_factor: int = 1, env_state: bool = False) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
 
-    ``num_workers=0`` steps the envs in this process; more spreads them over worker processes."""
+    ``num_workers=0`` steps the envs in this process; more spreads them over worker processes.
+    ``env_state``: multi-agent envs also write their global ``state()`` (a centralized critic's input)."""
     env_config = env_config or {}
     name = env_name(env)
     if is_vmas(env):
@@ -48,13 +49,13 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
         return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config)
-    make, serial_class = _adapted(make, name)
+    make, serial_class = _adapted(make, name, env_state)
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
     return serial_class(make, num_envs, name)
 
 
-def _adapted(make, name: str):
+def _adapted(make, name: str, env_state: bool = False):
     """Multi-agent envs step through an adapter on the agent-env backend (a native env is its own
     adapter); gym envs as they are. The env made to find out which is the one handed out for index 0."""
     first = make(0)
@@ -66,7 +67,7 @@ def _adapted(make, name: str):
         return (lambda index: dict_env_adapter(first if index == 0 else make(index), name)), AgentEnvBackend
     if not is_parallel_env(first):
         return (lambda index: first if index == 0 else make(index)), SerialBackend
-    return (lambda index: ParallelEnvAdapter(first if index == 0 else make(index), name)), AgentEnvBackend
+    return (lambda index: ParallelEnvAdapter(first if index == 0 else make(index), name, env_state)), AgentEnvBackend
 
 
 def _copies_of(env, name: str):

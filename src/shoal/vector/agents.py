@@ -37,7 +37,8 @@ class AgentEnvBackend(VecBackend):
                                f"{env.layout.obs_space} / {env.layout.action_space}, copy 0 has {k} agents "
                                f"{first.agents} with {layout.obs_space} / {layout.action_space}; all copies must match.")
         super().__init__(name, num_envs, layout.obs_spec, layout.act_spec, rows_per_env=k, buffers=buffers,
-                         first_env_id=first_env_id, mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0)
+                         first_env_id=first_env_id, mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0,
+                         state_size=first.state_size)
         self.agents = first.agents
         self.single_observation_space, self.single_action_space = layout.obs_space, layout.action_space
         for i, env in enumerate(self.envs):

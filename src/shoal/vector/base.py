@@ -50,14 +50,19 @@ class StepBatch:
     env_id: torch.Tensor  # [A] int64
     agent_id: torch.Tensor  # [A] int64: the row's agent slot within its env
     action_mask: torch.Tensor | None  # [A, n] bool, True = allowed; None when no env masks actions
+    state: torch.Tensor | None  # [A, S]: the env's global state() on each of its rows, when asked for
+    final_state: torch.Tensor | None  # [A, S]: state() before an autoreset (bootstrapping truncations)
     rows: slice  # agent rows this batch covers
 
 
-def allocate_buffers(num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0) -> dict[str, np.ndarray]:
+def allocate_buffers(num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0, state_size: int = 0) -> dict[str, np.ndarray]:
     """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed);
-    with ``mask_size``, also the ``[rows, mask_size]`` action mask."""
-    mask = {"action_mask": alloc((num_rows, mask_size), np.bool_)} if mask_size else {}
-    return mask | {
+    with ``mask_size``, also the ``[rows, mask_size]`` action mask; with ``state_size``, the env
+    state (and its value before an autoreset) on every row."""
+    extra = {"action_mask": alloc((num_rows, mask_size), np.bool_)} if mask_size else {}
+    if state_size:
+        extra |= {key: alloc((num_rows, state_size), np.float32) for key in ("state", "final_state")}
+    return extra | {
         "obs": alloc((num_rows, *obs.shape), obs.dtype),
         "final_obs": alloc((num_rows, *obs.shape), obs.dtype),
         "reward": alloc((num_rows,), np.float32),
@@ -69,7 +74,8 @@ def allocate_buffers(num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0) -> 
 
 def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor, agent_id: torch.Tensor) -> StepBatch:
     """A StepBatch whose tensors share memory with ``buffers[rows]``."""
-    mask = buffers.get("action_mask")
+    optional = {key: None if key not in buffers else torch.from_numpy(buffers[key][rows])
+                for key in ("action_mask", "state", "final_state")}
     return StepBatch(
         obs=torch.from_numpy(buffers["obs"][rows]),
         reward=torch.from_numpy(buffers["reward"][rows]),
@@ -79,8 +85,8 @@ def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor
         final_obs=torch.from_numpy(buffers["final_obs"][rows]),
         env_id=env_id,
         agent_id=agent_id,
-        action_mask=None if mask is None else torch.from_numpy(mask[rows]),
         rows=rows,
+        **optional,
     )
 
 
@@ -93,7 +99,8 @@ class VecBackend:
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
 
     def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,
-                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0, mask_size: int = 0):
+                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0, mask_size: int = 0,
+                 state_size: int = 0):
         self.name = name
         self.first_env_id = first_env_id
         self.num_envs = num_envs
@@ -101,7 +108,7 @@ class VecBackend:
         self.num_rows = num_envs * rows_per_env
         self.obs_spec, self.act_spec = obs, act
         if buffers is None:
-            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size)
+            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size, state_size)
         self._buffers = buffers
         self._obs, self._final_obs = buffers["obs"], buffers["final_obs"]
         self._reward, self._terminated, self._truncated = buffers["reward"], buffers["terminated"], buffers["truncated"]

@@ -110,13 +110,13 @@ class MultiprocessBackend(VecBackend):
         # not closed, since it may be the user's own instance).
         probe = serial_class(make_env, 1, name)
         obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
-        mask = probe.batch.action_mask
+        mask, state = probe.batch.action_mask, probe.batch.state
         self.agents = probe.agents
         self.single_observation_space, self.single_action_space = probe.single_observation_space, probe.single_action_space
         del probe
         self._maps: list[mmap.mmap] = []
         buffers = allocate_buffers(num_envs * k, obs, lambda shape, dtype: _shared_array(shape, dtype, self._maps),
-                                   0 if mask is None else mask.shape[1])
+                                   0 if mask is None else mask.shape[1], 0 if state is None else state.shape[1])
         super().__init__(name, num_envs, obs, act, rows_per_env=k, buffers=buffers)
         self._actions = _shared_array((num_envs * k, *act.shape), act.dtype, self._maps)
 
