@@ -31,31 +31,40 @@ PETTINGZOO = "pettingzoo:"
 
 def is_parallel_env(env: Any) -> bool:
     """A PettingZoo ParallelEnv (checked by its API, so pettingzoo need not be imported)."""
-    return hasattr(env, "possible_agents") and hasattr(env, "observation_space") and not isinstance(env, gym.Env)
+    return (hasattr(env, "possible_agents") and hasattr(env, "observation_space") and not isinstance(env, gym.Env)
+            and not is_aec_env(env))
 
 
-def _pettingzoo_module(env_id: str):
+def is_aec_env(env: Any) -> bool:
+    """A PettingZoo AECEnv (turn-based): it has agents but is stepped one ``agent_iter``/``last`` turn at a time."""
+    return hasattr(env, "possible_agents") and hasattr(env, "agent_iter") and hasattr(env, "last")
+
+
+def _pettingzoo_maker(env_id: str) -> Callable:
+    """The module's ``parallel_env`` when it has one (every agent acts each step), else its ``env``:
+    turn-based games only offer the AEC API."""
     path = env_id[len(PETTINGZOO):]
     try:
         module = importlib.import_module(path)
     except ImportError as e:
         raise EnvError(f"env '{env_id}': cannot import PettingZoo env module '{path}' ({e}); e.g. "
                        f"'pettingzoo:mpe2.simple_spread_v3' needs `pip install mpe2`.") from None
-    if not hasattr(module, "parallel_env"):
-        raise EnvError(f"env '{env_id}': module '{path}' has no parallel_env(); shoal takes PettingZoo envs "
-                       f"through their Parallel API.")
-    return module
+    make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
+    if not callable(make):
+        raise EnvError(f"env '{env_id}': module '{path}' has neither a parallel_env() nor an env() function; shoal "
+                       f"takes PettingZoo envs through their Parallel API, or their AEC API for turn-based ones.")
+    return make
 
 
 def check_env_id(env_id: str) -> None:
     """Raise a clear error when ``env_id`` is neither a shoal nor a Gymnasium id.
 
     ``module:EnvId`` (Gymnasium's form) imports ``module`` first, which registers the id;
-    ``pettingzoo:module`` names a PettingZoo env module with a ``parallel_env()``."""
+    ``pettingzoo:module`` names a PettingZoo env module with a ``parallel_env()`` or an ``env()``."""
     if env_id in _REGISTRY or env_id in gym.registry:
         return
     if env_id.startswith(PETTINGZOO):
-        _pettingzoo_module(env_id)
+        _pettingzoo_maker(env_id)
         return
     module, sep, short = env_id.partition(":")
     if sep:
@@ -97,8 +106,8 @@ def config_creator(env: Any) -> Callable[[dict], gym.Env]:
     ``env_config`` (seed 004 style) or no argument.
     """
     if isinstance(env, str) and env.startswith(PETTINGZOO):
-        module = _pettingzoo_module(env)
-        return lambda env_config: module.parallel_env(**env_config)
+        make = _pettingzoo_maker(env)
+        return lambda env_config: make(**env_config)
     if isinstance(env, str):
         check_env_id(env)
         env = env.partition(":")[2] if ":" in env and env not in gym.registry else env
@@ -106,7 +115,7 @@ def config_creator(env: Any) -> Callable[[dict], gym.Env]:
             creator = _REGISTRY[env]
             return lambda env_config: _call_creator(creator, env_config, env)
         return lambda env_config: gym.make(env, **env_config)
-    if callable(env) and not isinstance(env, gym.Env) and not is_parallel_env(env):
+    if callable(env) and not isinstance(env, gym.Env) and not is_parallel_env(env) and not is_aec_env(env):
         return lambda env_config: _call_creator(env, env_config, env_name(env))
     raise EnvError(f"cannot make environments from {env!r}: expected an env id, a gym.Env, a VectorEnv or a factory.")
 
@@ -121,7 +130,7 @@ def _call_creator(creator: Callable, env_config: dict, name: str) -> gym.Env:
             made = creator()
         except TypeError:
             raise first from None
-    if not isinstance(made, (gym.Env, AgentEnv)) and not is_parallel_env(made):
+    if not isinstance(made, (gym.Env, AgentEnv)) and not is_parallel_env(made) and not is_aec_env(made):
         raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env (or a "
-                       f"multi-agent one with the dict API), a PettingZoo ParallelEnv or a shoal.AgentEnv.")
+                       f"multi-agent one with the dict API), a PettingZoo ParallelEnv or AECEnv, or a shoal.AgentEnv.")
     return made

@@ -7,10 +7,11 @@ from typing import Any
 
 import gymnasium as gym
 
+from shoal.envs.aec import AECEnvAdapter
 from shoal.envs.multi_agent import dict_env_adapter, is_dict_env
 from shoal.envs.native import AgentEnv
 from shoal.envs.pettingzoo import ParallelEnvAdapter
-from shoal.envs.registry import check_env_id, env_creator, env_name, is_parallel_env
+from shoal.envs.registry import check_env_id, env_creator, env_name, is_aec_env, is_parallel_env
 from shoal.errors import ConfigError, EnvError
 from shoal.vector.agents import AgentEnvBackend
 from shoal.vector.base import StepBatch, VecBackend
@@ -47,7 +48,7 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
             raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
         check_env_id(env)
         return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
-    instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env)
+    instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config)
     make, serial_class = _adapted(make, name, env_state)
     if num_workers:
@@ -65,9 +66,10 @@ def _adapted(make, name: str, env_state: bool = False):
         return (lambda index: first if index == 0 else make(index)), AgentEnvBackend
     if is_dict_env(first):
         return (lambda index: dict_env_adapter(first if index == 0 else make(index), name)), AgentEnvBackend
-    if not is_parallel_env(first):
+    adapter = AECEnvAdapter if is_aec_env(first) else ParallelEnvAdapter if is_parallel_env(first) else None
+    if adapter is None:
         return (lambda index: first if index == 0 else make(index)), SerialBackend
-    return (lambda index: ParallelEnvAdapter(first if index == 0 else make(index), name, env_state)), AgentEnvBackend
+    return (lambda index: adapter(first if index == 0 else make(index), name, env_state)), AgentEnvBackend
 
 
 def _copies_of(env, name: str):
