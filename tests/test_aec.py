@@ -255,3 +255,14 @@ def test_bad_turn_based_envs_are_named_in_the_error():
     with pytest.raises(shoal.EnvError, match="returned int, expected a gymnasium.Env .*, a PettingZoo ParallelEnv or "
                                              "AECEnv, or a shoal.AgentEnv"):
         make_backend(lambda: 42, 1)
+
+
+def test_evaluation_ends_turn_based_games_and_counts_the_losers_reward():
+    with shoal.PPO(env="pettingzoo:pettingzoo.classic.connect_four_v3", policies=["main", "other"],
+                   policy_mapping_fn=lambda agent, episode: "main" if agent == "player_0" else "other",
+                   num_envs=4, sgd_minibatch_size=64, save_outputs=False, verbose=0) as algo:
+        out = algo.evaluate(6)
+    assert out["episodes"] == 6
+    assert out["episode_reward_mean"] == 0.0  # zero-sum: the waiting loser's -1 is counted with the winner's +1
+    wins = out["policy_reward_mean"]
+    assert set(wins) == {"main", "other"} and wins["main"] == -wins["other"]

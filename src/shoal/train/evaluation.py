@@ -101,9 +101,9 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
     while not finished.all():
         backend.send(act(batch.obs, batch.action_mask))
         batch = backend.recv()
-        live = ~finished & batch.valid.numpy()
+        live = ~finished  # every reward counts, a step where the row acted, a done even where it did not
         returns[live] += batch.reward.numpy()[live]
-        lengths[live] += 1
+        lengths[live & batch.valid.numpy()] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
     per_policy = {}
     if row_policy is not None:
