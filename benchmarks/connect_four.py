@@ -1,7 +1,7 @@
 """Connect four by self-play: one PPO policy shared by both players, then 200 games against a
 uniform random legal-move player (half as first player, half as second).
 
-    python benchmarks/connect_four.py [--seeds 1 2 3] [--games 200] [key=value ...]
+    python benchmarks/connect_four.py [key=value ...] [--seeds 1 2 3] [--games 200]
 
 Training settings come from configs/connect_four.yaml (key=value overrides them). The trained
 policy plays deterministically (the argmax of its masked distribution); every move it picks is

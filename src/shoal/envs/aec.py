@@ -37,7 +37,7 @@ class AECEnvAdapter(ParallelEnvAdapter):
         self._new_game()
         self.out["terminated"][:] = False
         self.out["truncated"][:] = False
-        self.out["valid"][:] = True
+        self.out["valid"][:] = True  # as ParallelEnvAdapter does: no turn has been taken yet
 
     def _new_game(self) -> None:
         self.done[:] = False
