@@ -13,7 +13,6 @@ no earlier decision of that rollout can take it: GAE drops it).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -23,7 +22,8 @@ import numpy as np
 import torch
 
 import shoal
-from shoal.config import load_yaml, parse_overrides
+from shoal.bench import seed_sweep_args
+from shoal.config import load_yaml
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "connect_four.yaml"
 
@@ -95,14 +95,7 @@ class BoundaryLosses(shoal.Callback):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--games", type=int, default=200)
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args()
-    overrides = parse_overrides(args.overrides)
-    if overrides:
-        print("settings:", " ".join(args.overrides))
+    args, overrides = seed_sweep_args(__doc__, games=(int, 200))
     print(f"{'seed':>4} {'steps':>9} {'train (s)':>9} {'games':>5} {'wins':>5} {'draws':>5} {'losses':>6} "
           f"{'win 1st':>7} {'win 2nd':>7} {'win all':>7} {'lost -1':>8}")
     ok = True

@@ -9,23 +9,15 @@ backend or ``num_workers=2 async_factor=2`` for async rollouts.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import shoal
-from shoal.config import parse_overrides
+from shoal.bench import seed_sweep_args
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args()
-    overrides = parse_overrides(args.overrides)
-    if overrides:
-        print("settings:", " ".join(args.overrides))
+    args, overrides = seed_sweep_args(__doc__, steps=(int, 100_000))
     print(f"{'seed':>4} {'steps':>8} {'wall (s)':>9} {'train return':>13} {'eval mean':>10} {'eval min':>9}  solved")
     ok = True
     for seed in args.seeds:

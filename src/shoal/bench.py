@@ -53,3 +53,23 @@ def train_sps(settings: dict[str, Any], timesteps: int) -> dict[str, Any]:
     return {"env": algo.env_name, "num_envs": c.num_envs, "num_workers": c.num_workers,
             "timesteps": algo.timesteps_total, "sps": algo.timesteps_total / elapsed, "seconds": elapsed,
             "episode_reward_mean": result.get("episode_reward_mean")}
+
+
+def seed_sweep_args(description: str, **options: tuple[type, Any]) -> tuple[Any, dict[str, Any]]:
+    """Command-line arguments of a benchmark run over seeds: ``--seeds``, the given ``--<option>``
+    (name -> (type, default)) and ``key=value`` config overrides. Returns the parsed arguments and
+    the overrides (printed when there are any)."""
+    import argparse
+
+    from shoal.config import parse_overrides
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    for name, (kind, default) in options.items():
+        parser.add_argument(f"--{name}", type=kind, default=default)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args()
+    overrides = parse_overrides(args.overrides)
+    if overrides:
+        print("settings:", " ".join(args.overrides))
+    return args, overrides
