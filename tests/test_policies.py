@@ -233,3 +233,14 @@ def test_a_state_critic_needs_an_env_with_a_state():
         shoal.PPO(env=lambda: GuessEnv(), central_critic="state", save_outputs=False, verbose=0)
     with pytest.raises(shoal.ConfigError, match="central_critic='state' needs a multi-agent env; 'CartPole-v1'"):
         shoal.PPO(central_critic="state", **FAST)
+
+
+def test_critic_inputs_of_some_truncated_rows_carry_their_own_slot():
+    """One agent of a 3-agent env truncating alone: its state input and its slot's one-hot."""
+    from types import SimpleNamespace
+
+    from shoal.collect.critic import EnvState
+
+    batch = SimpleNamespace(final_state=torch.arange(12.0).reshape(6, 2), agent_id=torch.tensor([0, 1, 2] * 2))
+    out = EnvState(2, 3).final(batch, torch.tensor([4]), normalize=None)
+    assert out.tolist() == [[8.0, 9.0, 0.0, 1.0, 0.0]]

@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.collect.critic import _CriticInput
-from shoal.collect.episodes import EpisodeTracker
+from shoal.collect.episodes import EpisodeTracker, env_episode_ends
 from shoal.collect.policies import PolicyMap
 from shoal.errors import EnvError
 from shoal.models.normalize import ObsNormalizer, RewardScaler
@@ -146,9 +146,8 @@ class Collector:
         """Envs whose episode ended this step (an agent finished and none is left acting) start a
         new one: their agents are mapped to policies again."""
         k = self.backend.rows_per_env
-        done = (views["terminated_np"] | views["truncated_np"]).reshape(-1, k)
-        gone = done | ~views["valid_np"].reshape(-1, k)
-        ended = np.flatnonzero(done.any(1) & gone.all(1)) + batch.rows.start // k
+        done = views["terminated_np"] | views["truncated_np"]
+        ended = np.flatnonzero(env_episode_ends(done, views["valid_np"], k)) + batch.rows.start // k
         self.policies.start_episodes(ended, self.backend.first_env_id)
 
     def _check_rewards(self, rollout: TensorDict, horizon: int) -> None:

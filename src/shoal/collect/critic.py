@@ -26,16 +26,18 @@ class _CriticInput:
         self.k, self.view_dim = rows_per_env, view_dim
         self.dim = view_dim + rows_per_env
 
-    def init(self, critic_obs: torch.Tensor) -> None:
-        """Fill the constant one-hot tail of a ``[N, ..., dim]`` storage once."""
+    def init(self, critic_obs: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+        """Fill the constant one-hot tail of a ``[N, ..., dim]`` storage once; ``slots`` gives each
+        row's agent slot (default: env-major rows, ``0..k-1`` repeating)."""
         rows = critic_obs.shape[0]
-        tail = torch.eye(self.k).repeat(rows // self.k, 1)
-        critic_obs[..., self.view_dim:] = tail.view(rows, *(1,) * (critic_obs.dim() - 2), self.k)
+        slots = torch.arange(rows) % self.k if slots is None else slots
+        critic_obs[..., self.view_dim:] = torch.eye(self.k)[slots].view(rows, *(1,) * (critic_obs.dim() - 2), self.k)
 
-    def _fresh(self, rows: int) -> torch.Tensor:
-        """A new ``[rows, dim]`` input with its tail filled (off the hot path: bootstrapping truncations)."""
-        out = torch.empty(rows, self.dim)
-        self.init(out)
+    def _fresh(self, slots: torch.Tensor) -> torch.Tensor:
+        """A new ``[rows, dim]`` input for rows of agent ``slots``, its tail filled (off the hot
+        path: bootstrapping truncations)."""
+        out = torch.empty(len(slots), self.dim)
+        self.init(out, slots)
         return out
 
     def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,7 @@ class TeamObs(_CriticInput):
     def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
         team = batch.obs.clone()  # the team as each truncated row last saw it
         team[rows] = batch.final_obs[rows]
-        return self.write(batch, normalize(team), self._fresh(len(team)))[rows]
+        return self.write(batch, normalize(team), self._fresh(batch.agent_id))[rows]
 
 
 class EnvState(_CriticInput):
@@ -70,7 +72,6 @@ class EnvState(_CriticInput):
         return out
 
     def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
-        out = self._fresh(len(rows))
+        out = self._fresh(batch.agent_id[rows])
         out[:, :self.view_dim] = batch.final_state[rows]
-        out[:, self.view_dim:] = torch.eye(self.k)[batch.agent_id[rows]]
         return out

@@ -49,6 +49,15 @@ def numeric_items(info: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def env_episode_ends(done: np.ndarray, valid: np.ndarray, rows_per_env: int) -> np.ndarray:
+    """Which envs ended their episode, from row flags ``[..., rows]`` (env-major rows): an agent
+    finished and none is left acting (the others are done too, or already padding). Returns
+    ``[..., envs]`` bool."""
+    done = done.reshape(*done.shape[:-1], -1, rows_per_env)
+    left = done | ~valid.reshape(done.shape)
+    return done.any(-1) & left.all(-1)
+
+
 def _mean(values: deque[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
@@ -122,9 +131,8 @@ class EpisodeTracker:
         """Where an env's episode ended, an agent finished and none is left acting:
         ``(step, env) -> slot of the last agent finishing there``."""
         k = len(self.agent_names)
+        steps, envs = np.nonzero(env_episode_ends(done, valid, k))
         finished = done.reshape(done.shape[0], -1, k)
-        left = (done | ~valid).reshape(done.shape[0], -1, k)
-        steps, envs = np.nonzero(finished.any(-1) & left.all(-1))
         last = k - 1 - finished[steps, envs, ::-1].argmax(-1)
         return dict(zip(zip(steps.tolist(), envs.tolist()), last.tolist()))
 

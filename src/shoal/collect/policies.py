@@ -88,12 +88,14 @@ class PolicyMap:
             raise ConfigError(f"policy_mapping_fn mapped agent '{agent}' to {policy_id!r}, which is not one of the "
                               f"policies {self.ids}.{did_you_mean(str(policy_id), self.ids)}") from None
 
+    def _split(self, owner: torch.Tensor) -> list[tuple[torch.nn.Module, torch.Tensor]]:
+        """Each policy among ``owner`` (policy indices of some rows) with the positions it owns."""
+        return [(self.modules[p], (owner == p).nonzero().squeeze(1)) for p in owner.unique().tolist()]
+
     def _groups_for(self, rows: slice) -> list[tuple[torch.nn.Module, torch.Tensor]]:
         groups = self._groups.get(rows.start)
         if groups is None:
-            owner = self.row_policy[rows]
-            groups = [(self.modules[p], (owner == p).nonzero().squeeze(1)) for p in owner.unique().tolist()]
-            self._groups[rows.start] = groups
+            groups = self._groups[rows.start] = self._split(self.row_policy[rows])
         return groups
 
     def act(self, obs: torch.Tensor, action_mask: torch.Tensor | None, rows: slice, deterministic: bool = False,
@@ -121,9 +123,8 @@ class PolicyMap:
             return self.modules[0].value(obs, critic_obs)
         owner = self.row_policy[rows] if subset is None else self.row_policy[rows][subset]
         out = torch.empty(len(obs))
-        for p in owner.unique().tolist():
-            idx = (owner == p).nonzero().squeeze(1)
-            out[idx] = self.modules[p].value(obs[idx], None if critic_obs is None else critic_obs[idx])
+        for module, idx in self._split(owner):
+            out[idx] = module.value(obs[idx], None if critic_obs is None else critic_obs[idx])
         return out
 
     def state_dict(self) -> dict[str, Any]:
