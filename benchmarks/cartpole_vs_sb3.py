@@ -12,13 +12,18 @@ Also shoal on 64 and 1,024 numpy-vectorized envs (gymnasium's vector_entry_point
 the shipped configs/cartpole_numpy64.yaml and cartpole_numpy1024.yaml (each run for its config's
 total_timesteps), and the env-only SPS of each env set with random actions (the ceiling).
 
-    python benchmarks/cartpole_vs_sb3.py [--seeds 1 2 3] [--skip-sb3]
+    python benchmarks/cartpole_vs_sb3.py [--seeds 1 2 3] [--skip-sb3] [--baseline-src DIR]
+
+``--baseline-src`` also runs shoal's rows with another checkout's ``src`` (e.g. the previous
+commit: ``git worktree add /tmp/prev HEAD~1``), alternating with this one seed by seed, so a
+change's speed is compared on the same machine in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -101,9 +106,10 @@ WORKERS = {"shoal": lambda a: run_shoal(a["seed"], a["settings"]), "sb3": lambda
 
 
 # ----- driver -------------------------------------------------------------------------------------
-def spawn(kind: str, **args) -> dict:
+def spawn(kind: str, src: str | None = None, **args) -> dict:
+    env = None if src is None else {**os.environ, "PYTHONPATH": src}  # shoal from another checkout
     out = subprocess.run([sys.executable, __file__, "--worker", kind, json.dumps(args)],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=env)
     if out.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -123,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--baseline-src", help="another checkout's src directory, run beside this one")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -131,19 +138,22 @@ def main() -> None:
         return
 
     rows: list[tuple[str, dict]] = []
-    contenders = [("shoal, 8 envs (zoo settings)", "shoal", ZOO)]
-    if not args.skip_sb3:
-        contenders.append(("SB3 2.9, 8 envs (zoo settings)", "sb3", None))
     from shoal.config import load_yaml
 
-    contenders += [("shoal, 64 numpy envs", "shoal", load_yaml(CONFIGS / "cartpole_numpy64.yaml")),
-                   ("shoal, 1024 numpy envs", "shoal", load_yaml(CONFIGS / "cartpole_numpy1024.yaml"))]
-    for label, kind, settings in contenders:
-        runs = []
-        for seed in args.seeds:
-            runs.append(spawn(kind, seed=seed, settings=settings))
-            print(f"  {label} seed {seed}: {runs[-1]}", file=sys.stderr, flush=True)
-        rows.append((label, summarize(runs)))
+    shoal_rows = [("8 envs (zoo settings)", ZOO),
+                  ("64 numpy envs", load_yaml(CONFIGS / "cartpole_numpy64.yaml")),
+                  ("1024 numpy envs", load_yaml(CONFIGS / "cartpole_numpy1024.yaml"))]
+    sources = [("shoal", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
+    contenders = [[(f"{who}, {what}", "shoal", settings, src) for who, src in sources] for what, settings in shoal_rows]
+    if not args.skip_sb3:
+        contenders.insert(1, [("SB3 2.9, 8 envs (zoo settings)", "sb3", None, None)])
+    for group in contenders:
+        runs: dict[str, list] = {label: [] for label, *_ in group}
+        for seed in args.seeds:  # the sources alternate seed by seed, so machine load hits both alike
+            for label, kind, settings, src in group:
+                runs[label].append(spawn(kind, src, seed=seed, settings=settings))
+                print(f"  {label} seed {seed}: {runs[label][-1]}", file=sys.stderr, flush=True)
+        rows += [(label, summarize(r)) for label, r in runs.items()]
     for label, n, vec, steps in [("env only, 8 gym.Env, random actions", 8, False, 20_000),
                                  ("env only, 64 numpy envs, random actions", 64, True, 5_000),
                                  ("env only, 1024 numpy envs, random actions", 1024, True, 1_000)]:
@@ -162,6 +172,10 @@ def main() -> None:
     if "SB3 2.9, 8 envs (zoo settings)" in table:
         ratio = table["shoal, 8 envs (zoo settings)"]["sps"] / table["SB3 2.9, 8 envs (zoo settings)"]["sps"]
         print(f"\nshoal / SB3 SPS at identical settings: {ratio:.2f}x")
+    if args.baseline_src:
+        for what, _ in shoal_rows:
+            ratio = table[f"shoal, {what}"]["sps"] / table[f"baseline, {what}"]["sps"]
+            print(f"shoal / baseline SPS, {what}: {ratio:.3f}x")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "cartpole_vs_sb3.json").write_text(json.dumps(table, indent=2))

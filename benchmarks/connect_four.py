@@ -44,7 +44,7 @@ def play_vs_random(algo: shoal.PPO, games: int = 200, seed: int = 0) -> dict[str
     """Play ``games`` games of ``algo``'s policy (deterministic) against a uniform random legal
     move; the policy moves first in the even-numbered games. Raises IllegalMoveError if the policy
     ever picks an illegal move. Returns counts and win rates (first, second, overall)."""
-    policy, normalizer = algo.get_policy(), algo.obs_normalizer
+    policy = algo.get_policy()
     rng = np.random.default_rng(seed)
     env = connect_four_env()
     outcome = {0: [], 1: []}  # by the policy's seat: +1 win, 0 draw, -1 loss
@@ -52,6 +52,7 @@ def play_vs_random(algo: shoal.PPO, games: int = 200, seed: int = 0) -> dict[str
         seat = game % 2
         ours = env.possible_agents[seat]
         env.reset(seed=seed + game)
+        state, first = policy.initial_state(1), torch.ones(1, dtype=torch.bool)
         for agent in env.agent_iter():
             obs, reward, terminated, truncated, _ = env.last()
             if terminated or truncated:
@@ -62,9 +63,8 @@ def play_vs_random(algo: shoal.PPO, games: int = 200, seed: int = 0) -> dict[str
             mask = obs["action_mask"].astype(bool)
             if agent == ours:
                 x = torch.as_tensor(obs["observation"], dtype=torch.float32)[None]
-                if normalizer is not None:
-                    x = normalizer.normalize(x)
-                action = int(policy.act(x, deterministic=True, action_mask=torch.from_numpy(mask)[None])[0])
+                action, _, state = policy.act(x, state, first, torch.from_numpy(mask)[None], deterministic=True)
+                action, first = int(action), torch.zeros(1, dtype=torch.bool)
                 if not mask[action]:
                     raise IllegalMoveError(f"game {game}: the policy chose column {action}; legal columns were "
                                            f"{np.flatnonzero(mask).tolist()}.")

@@ -4,6 +4,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from shoal.envs.spaces import action_spec
+from shoal.models.distributions import make_distribution
+from shoal.models.networks import MLPModel
+from shoal.models.policy import ActorCriticPolicy
+
 
 class CounterEnv(gym.Env):
     """obs = [step count]; reward 1 per step; truncates after `limit` steps, or terminates if `terminate`."""
@@ -46,3 +51,11 @@ class TargetEnv(gym.Env):
 @pytest.fixture
 def counter_env():
     return CounterEnv
+
+
+def mlp_policy(obs_dim: int, space: gym.Space, hiddens=(7, 6), log_std_init: float = 0.0, critic_dim: int = 0,
+               activation: str = "tanh") -> ActorCriticPolicy:
+    """The built-in actor-critic over ``obs_dim`` floats and the action ``space``."""
+    spec = action_spec(space)
+    model = MLPModel(obs_dim, make_distribution(spec).param_dim, list(hiddens), activation, critic_dim)
+    return ActorCriticPolicy(model, spec, log_std_init=log_std_init)

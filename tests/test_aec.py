@@ -290,13 +290,14 @@ def test_a_policy_picking_an_illegal_move_is_caught():
     from benchmarks.connect_four import IllegalMoveError, play_vs_random
 
     class AlwaysColumnZero:  # ignores the mask: column 0 is full after six moves
-        obs_normalizer = None
-
         def get_policy(self):
             return self
 
-        def act(self, obs, deterministic, action_mask):
-            return torch.zeros(1, dtype=torch.long), None, None
+        def initial_state(self, rows):
+            return None
+
+        def act(self, obs, state, first, action_mask, deterministic=False):
+            return torch.zeros(1, dtype=torch.long), None, state
 
     with pytest.raises(IllegalMoveError, match="chose column 0; legal columns were"):
         play_vs_random(AlwaysColumnZero(), 20, seed=0)

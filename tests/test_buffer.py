@@ -1,22 +1,26 @@
-"""Rollout storage: layout, transition view, minibatches; episode bookkeeping over a rollout."""
+"""Rollout storage: layout, transition view, the flat sampler; episode bookkeeping over a rollout."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from shoal.buffers import RolloutBuffer, iterate_minibatches, transition_view
+from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.collect import EpisodeTracker
+from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
 
 
-def make_buffer(n=4, t=6):
-    return RolloutBuffer(n, t, (3,), torch.float32, (), torch.int64)
+def make_buffer(n=4, t=6, fields=None):
+    env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (3,))), action_spec(gym.spaces.Discrete(2)), n, 1)
+    return RolloutBuffer(env, t, fields or {})
 
 
 def test_layout_is_n_by_t_plus_one():
-    buf = make_buffer()
+    buf = make_buffer(fields={"value": ((), torch.float32), "q": ((2,), torch.float64)})
     ro = buf.start_rollout()
     assert ro.batch_size == torch.Size([4, 7])
     assert ro["obs"].shape == (4, 7, 3) and ro["action"].dtype == torch.int64
+    assert ro["q"].shape == (4, 7, 2) and ro["q"].dtype == torch.float64  # an algorithm's own fields
     with pytest.raises(RuntimeError, match="before a rollout was added"):
         buf.get()
     buf.add(ro)
@@ -38,14 +42,28 @@ def test_minibatches_cover_every_transition_once():
     buf = make_buffer()
     ro = buf.start_rollout()
     ro["reward"].copy_(torch.arange(28.0).reshape(4, 7))
+    steps = transition_view(ro)
     flat = transition_view(ro, flatten=True)
-    seen = torch.cat([mb["reward"] for mb in iterate_minibatches(flat, 6, torch.Generator().manual_seed(0))])
+    seen = torch.cat([mb["reward"] for mb in FlatSampler(steps, 6, torch.Generator().manual_seed(0))])
     assert sorted(seen.tolist()) == sorted(flat["reward"].tolist())
-    assert [mb.batch_size[0] for mb in iterate_minibatches(flat, 24)] == [24]
+    assert [mb.batch_size[0] for mb in FlatSampler(steps, 24)] == [24]
     # 5 does not divide 24: the nearest count of near-equal minibatches, every transition once
-    sizes = [mb.batch_size[0] for mb in iterate_minibatches(flat, 5, torch.Generator().manual_seed(0))]
+    sizes = [mb.batch_size[0] for mb in FlatSampler(steps, 5, torch.Generator().manual_seed(0))]
     assert sizes == [5, 5, 5, 5, 4]
-    assert [mb.batch_size[0] for mb in iterate_minibatches(flat, 7)] == [8, 8, 8]
+    assert [mb.batch_size[0] for mb in FlatSampler(steps, 7)] == [8, 8, 8]
+
+
+def test_a_policy_mask_selects_its_steps_and_each_epoch_reshuffles():
+    buf = make_buffer()
+    ro = buf.start_rollout()
+    ro["reward"].copy_(torch.arange(28.0).reshape(4, 7))
+    steps = transition_view(ro)
+    select = torch.zeros(4, 6, dtype=torch.bool)
+    select[1] = select[3, :2] = True  # a policy that owns row 1 and the first two steps of row 3
+    sampler = FlatSampler(steps, 4, torch.Generator().manual_seed(0), select)
+    epochs = [torch.cat([mb["reward"] for mb in sampler]).tolist() for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == [7.0, 8, 9, 10, 11, 12, 21, 22]
+    assert epochs[0] != epochs[1]
 
 
 def test_add_rejects_foreign_storage():

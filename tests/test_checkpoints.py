@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _weights(algo) -> torch.Tensor:
-    return algo.learners["default_policy"].optimizer.param.detach().clone()
+    return torch.cat([p.detach().reshape(-1) for p in algo.get_policy().parameters()])
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
@@ -44,8 +44,9 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     for _ in range(3):
         last_resumed = resumed.train()
     assert torch.equal(_weights(resumed), _weights(straight))
-    assert torch.equal(resumed.learners["default_policy"].optimizer.exp_avg_sq, straight.learners["default_policy"].optimizer.exp_avg_sq)
-    assert torch.equal(resumed.obs_normalizer.stats.mean, straight.obs_normalizer.stats.mean)
+    steps = [algo.algorithm.learners["default_policy"].step for algo in (resumed, straight)]
+    assert torch.equal(steps[0].exp_avg_sq, steps[1].exp_avg_sq)
+    assert torch.equal(resumed.get_policy().obs_normalizer.stats.mean, straight.get_policy().obs_normalizer.stats.mean)
     for key in ("episode_reward_mean", "policy_loss", "timesteps_total", "learning_rate"):
         assert last_resumed[key] == last_straight[key], key
     # the resumed run appended to the split run's logs, dropping the iteration logged after the checkpoint
@@ -61,8 +62,10 @@ def test_periodic_checkpoints_rotate_and_hold_the_whole_state(tmp_path):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["checkpoint_000006", "checkpoint_000007"]  # 2, 4 rotated away; 7 is the end checkpoint
     state, meta = ckpt.read_checkpoint(tmp_path / "checkpoints" / "checkpoint_000007")
-    assert meta["algo"] == "PPO" and meta["training_iteration"] == 7 and meta["timesteps_total"] == 7 * 128
-    assert {"policies", "learners", "policy_map", "tracker", "backend", "rng", "config", "counters"} <= state.keys()
+    assert meta["algo"] == "ppo" and meta["training_iteration"] == 7 and meta["timesteps_total"] == 7 * 128
+    assert {"algorithm", "collector", "backend", "rng", "config", "counters"} <= state.keys()
+    assert {"policies", "learners"} <= state["algorithm"].keys()
+    assert {"policy_map", "tracker", "first"} <= state["collector"].keys()
     assert state["config"]["seed"] == 0 and state["backend"]["exact"]
     result = json.loads((tmp_path / "result.json").read_text())
     analysis = result["metric_analysis"]
@@ -111,7 +114,7 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_and_runs_nothing(tmp_path, 
         else:
             pickle.dump(payload, f)
     # a forger can recompute the checksum, so that alone must not be what stops the attack
-    meta = {"format": ckpt.FORMAT_VERSION, "sha256": ckpt._sha256(path / "state.pt"), "algo": "PPO"}
+    meta = {"format": ckpt.FORMAT_VERSION, "sha256": ckpt._sha256(path / "state.pt"), "algo": "ppo"}
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(shoal.CheckpointError, match="refusing to load"):
         shoal.PPO.from_checkpoint(path)
@@ -190,8 +193,32 @@ def test_sigterm_checkpoints_and_stops_then_sigkill_loses_at_most_one_interval(t
     proc.kill()
     proc.wait(timeout=30)
     saved = ckpt.read_meta(ckpt.resolve_checkpoint(run))["training_iteration"]
-    assert saved > stopped_at and _logged(run)[-1] - saved < 5  # at most one checkpoint interval is lost
+    # at most one checkpoint interval is lost (all of it when the kill lands between an iteration's log line
+    # and its checkpoint)
+    assert saved > stopped_at and _logged(run)[-1] - saved <= 5
     resumed = shoal.PPO.from_checkpoint(run, total_timesteps=(saved + 2) * 256, verbose=0)
     resumed.learn()
     resumed.close()
     assert _logged(run) == list(range(1, saved + 3))
+
+
+def test_resuming_without_env_state_starts_every_episode_counter_afresh(tmp_path):
+    """Multi-agent envs resume with new episodes: the rows' and the teams' running returns start
+    from zero too, so no episode after the resume carries a part of one before it."""
+    from test_pettingzoo import DyingAgentsEnv  # team episodes of 3 steps, team return 1 + 2*2 + 3*3 = 14
+
+    def make():
+        return DyingAgentsEnv()
+
+    kw = dict(num_envs=2, rollout_fragment_length=4, sgd_minibatch_size=24, verbose=0)
+    with shoal.PPO(env=make, run_dir=str(tmp_path), **kw) as algo:
+        algo.train()
+        assert algo.tracker.team_ret.any() and algo.tracker.ret.any()  # saved in the middle of episodes
+        path = algo.save()
+    with pytest.warns(UserWarning, match="starts new episodes"):
+        resumed = shoal.PPO.from_checkpoint(path, env=make)
+    tracker = resumed.tracker
+    assert not (tracker.team_ret.any() or tracker.team_len.any() or tracker.ret.any() or tracker.len.any())
+    result = resumed.train()
+    resumed.close()
+    assert result["episode_reward_mean"] == 14.0 and result["episode_len_mean"] == 3.0

@@ -35,13 +35,15 @@ def test_conflicting_batch_sizes_name_numbers_and_suggest():
 def test_bad_value_names_key_and_value():
     with pytest.raises(ConfigError, match=r"bad value for 'gamma': 1.5"):
         PPOConfig.build(gamma=1.5)
-    with pytest.raises(ConfigError, match=r"bad value for 'activation': 'gelu'"):
-        PPOConfig.build(activation="gelu")
+    with pytest.raises(ConfigError, match=r"bad value for 'model_config.activation': 'gelu'"):
+        PPOConfig.build(model_config={"activation": "gelu"})
 
 
 def test_overrides_are_parsed_as_yaml_scalars():
-    assert parse_overrides(["seed=2", "hiddens=[32, 32]", "target_kl=null", "norm_adv=false", "env=CartPole-v1"]) == {
-        "seed": 2, "hiddens": [32, 32], "target_kl": None, "norm_adv": False, "env": "CartPole-v1"}
+    assert parse_overrides(["seed=2", "model_config.hiddens=[32, 32]", "target_kl=null", "norm_adv=false",
+                            "env=CartPole-v1", "model_config.activation=relu"]) == {
+        "seed": 2, "model_config": {"hiddens": [32, 32], "activation": "relu"}, "target_kl": None, "norm_adv": False,
+        "env": "CartPole-v1"}
     with pytest.raises(ConfigError, match="expected key=value, got 'seed'"):
         parse_overrides(["seed"])
 

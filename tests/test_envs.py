@@ -100,10 +100,13 @@ def test_next_step_backend_marks_reset_steps_invalid():
 def test_truncated_rows_bootstrap_from_value_of_final_obs():
     algo = shoal.PPO(env=lambda: CounterEnv(limit=3), num_envs=2, rollout_fragment_length=4,
                      sgd_minibatch_size=8, save_outputs=False)
-    rollout = algo.buffer.start_rollout()
+    rollout = algo.algorithm.buffer.start_rollout()
     algo.collector.collect(rollout)
     trunc = rollout["truncated"][:, :-1]
     assert trunc[:, 2].all() and trunc.sum() == 2
+    kept = algo.collector.truncations  # the true last observations, for any algorithm that needs them
+    assert kept.row.tolist() == [0, 1] and kept.step.tolist() == [2, 2] and kept.obs[:, 0].tolist() == [3.0, 3.0]
+    algo.algorithm.bootstrap_truncations(rollout, kept)
     expected = algo.get_policy().value(torch.full((2, 1), 3.0))
     assert torch.allclose(rollout["final_value"][:, 2], expected)
     assert rollout["obs"][:, 3, 0].tolist() == [0.0, 0.0]
@@ -112,9 +115,12 @@ def test_truncated_rows_bootstrap_from_value_of_final_obs():
 def test_next_step_vector_envs_bootstrap_truncations_from_the_following_obs():
     venv = gym.vector.SyncVectorEnv([lambda: CounterEnv(limit=3)] * 2)
     algo = shoal.PPO(env=venv, num_envs=2, rollout_fragment_length=6, sgd_minibatch_size=12, save_outputs=False)
-    rollout = algo.buffer.start_rollout()
+    rollout = algo.algorithm.buffer.start_rollout()
     algo.collector.collect(rollout)
     assert rollout["truncated"][:, 2].all() and rollout["obs"][:, 3, 0].tolist() == [3.0, 3.0]  # the final obs
+    kept = algo.collector.truncations
+    assert kept.step.tolist() == [2, 2] and kept.obs[:, 0].tolist() == [3.0, 3.0]
+    algo.algorithm.bootstrap_truncations(rollout, kept)
     assert torch.equal(rollout["final_value"][:, 2], rollout["value"][:, 3])
 
 
@@ -158,7 +164,7 @@ def test_continuous_actions_clipped_for_env_stored_unclipped():
 
     algo = shoal.PPO(env=Recording, num_envs=4, rollout_fragment_length=64, sgd_minibatch_size=256,
                      log_std_init=1.5, save_outputs=False)
-    rollout = algo.buffer.start_rollout()
+    rollout = algo.algorithm.buffer.start_rollout()
     algo.collector.collect(rollout)
     stored = rollout["action"][:, :-1]
     assert stored.abs().max() > 2.0  # wide policy: some samples fall outside the Box

@@ -25,11 +25,9 @@ def reference_ppo_loss(logp, value, entropy, old_logp, adv, old_value, returns, 
     return total / len(rows)
 
 
-@pytest.mark.parametrize("vclip", [None, 0.3])
-@pytest.mark.parametrize("masked", [False, True])
-def test_ppo_loss_and_gradients_match_reference(vclip, masked):
+def loss_case(vclip: float | None, masked: bool, n: int = 64):
+    """``(logp, value, entropy)`` and the rest of ``ppo_loss``'s arguments, in float64."""
     g = torch.Generator().manual_seed(1)
-    n = 64
     old_logp = torch.randn(n, generator=g, dtype=torch.float64) * 0.5
     # ratios spread well outside [0.8, 1.2] so every clipping branch is taken, with both advantage signs
     logp = old_logp + torch.randn(n, generator=g, dtype=torch.float64) * 0.4
@@ -37,8 +35,14 @@ def test_ppo_loss_and_gradients_match_reference(vclip, masked):
     entropy = torch.rand(n, generator=g, dtype=torch.float64)
     adv = torch.randn(n, generator=g, dtype=torch.float64)
     mask = torch.rand(n, generator=g) > 0.3 if masked else None
-    args = (old_logp, adv, old_value, returns, mask, 0.2, vclip, 0.7, 0.05)
+    return (logp, value, entropy), (old_logp, adv, old_value, returns, mask, 0.2, vclip, 0.7, 0.05)
 
+
+@pytest.mark.parametrize("vclip", [None, 0.3])
+@pytest.mark.parametrize("masked", [False, True])
+def test_ppo_loss_and_gradients_match_reference(vclip, masked):
+    (logp, value, entropy), args = loss_case(vclip, masked)
+    old_logp, mask = args[0], args[4]
     inputs = [x.clone().requires_grad_() for x in (logp, value, entropy)]
     loss, ratio, pg_loss, v_loss = ppo_loss(*inputs, *args)
     loss.backward()
@@ -89,7 +93,7 @@ def test_explained_variance():
 def test_categorical_matches_torch_distributions():
     logits = torch.randn(32, 5)
     action = torch.randint(0, 5, (32,))
-    logp, ent, _ = Categorical(5).log_prob_entropy(logits, action)
+    logp, ent = Categorical(5).log_prob_entropy(logits, action)
     ref = torch.distributions.Categorical(logits=logits)
     assert torch.allclose(logp, ref.log_prob(action), atol=1e-6)
     assert torch.allclose(ent, ref.entropy(), atol=1e-6)
@@ -103,7 +107,7 @@ def test_multicategorical_is_a_sum_of_parts():
     dist = MultiCategorical((3, 4))
     logits = torch.randn(8, 7)
     action = torch.stack([torch.randint(0, 3, (8,)), torch.randint(0, 4, (8,))], -1)
-    logp, ent, _ = dist.log_prob_entropy(logits, action)
+    logp, ent = dist.log_prob_entropy(logits, action)
     a = torch.distributions.Categorical(logits=logits[:, :3])
     b = torch.distributions.Categorical(logits=logits[:, 3:])
     assert torch.allclose(logp, a.log_prob(action[:, 0]) + b.log_prob(action[:, 1]), atol=1e-6)

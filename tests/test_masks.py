@@ -1,19 +1,18 @@
 """Action masks for Discrete and MultiDiscrete policies: never sample a disallowed action, the
-masked distribution's log-probabilities and entropy, the engine-free backward, bad inputs, and
-the mask reaching PPO's learn step."""
+masked distribution's log-probabilities and entropy, bad inputs, and the mask reaching PPO's
+learn step (the fused backward with masks: tests/test_fused.py)."""
 
 import gymnasium as gym
 import pytest
 import torch
 
 from shoal.algos.ppo import PPOLearner
+from shoal.algos.ppo_fused import _dist_forward
 from shoal.buffers.rollout import RolloutBuffer
 from shoal.config import PPOConfig
-from shoal.envs.spaces import action_spec
+from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
 from shoal.models.distributions import Categorical, MultiCategorical
-from shoal.models.flat import flatten_parameters
-from shoal.models.policy import ActorCritic
-from tests.test_models import assert_engine_free_backward_matches_autograd
+from tests.conftest import mlp_policy
 
 NVECS = [(5,), (3, 4, 2)]  # Discrete(5) and MultiDiscrete([3, 4, 2])
 
@@ -89,13 +88,13 @@ def test_log_prob_and_entropy_match_renormalized_softmax(nvec):
     mask[:3] = False  # padding rows: treated as unmasked
     logits = 3.0 * torch.randn(rows, sum(nvec), generator=g)
     action = allowed_action(mask, nvec, g)
-    logp, ent, _ = dist.log_prob_entropy(logits, action, mask=mask)
+    logp, ent = dist.log_prob_entropy(logits, action, mask=mask)
     want_logp, want_ent = reference(logits, action, mask, nvec)
     assert torch.allclose(logp.double(), want_logp, atol=1e-5)
     assert torch.allclose(ent.double(), want_ent, atol=1e-5)
     # an all-allowed mask is the unmasked distribution
-    plain_logp, plain_ent, _ = dist.log_prob_entropy(logits, action)
-    full_logp, full_ent, _ = dist.log_prob_entropy(logits, action, mask=torch.ones_like(mask))
+    plain_logp, plain_ent = dist.log_prob_entropy(logits, action)
+    full_logp, full_ent = dist.log_prob_entropy(logits, action, mask=torch.ones_like(mask))
     assert torch.equal(full_logp, plain_logp) and torch.equal(full_ent, plain_ent)
 
 
@@ -103,68 +102,22 @@ def test_masked_action_has_probability_zero_and_entropy_stays_finite():
     mask = torch.tensor([[True, False, True], [False, True, False]])
     logits = torch.tensor([[0.0, 50.0, 1.0], [3.0, -2.0, 80.0]])
     dist = Categorical(3)
-    logp, ent, _ = dist.log_prob_entropy(logits, torch.tensor([1, 0]), mask=mask)
+    logp, ent = dist.log_prob_entropy(logits, torch.tensor([1, 0]), mask=mask)
     assert logp.exp().tolist() == [0.0, 0.0]
     # the second row has one allowed action: a certain outcome, zero entropy (not NaN)
     assert torch.isfinite(ent).all() and ent[1].item() == 0.0
 
 
-@pytest.mark.parametrize("nvec", NVECS)
-def test_distribution_backward_equals_autograd_with_masks(nvec):
-    """With entropy gradients above 1, which overflow (inf * 0 = NaN, in autograd too) when a
-    masked log-probability is near finfo.min."""
-    g = torch.Generator().manual_seed(2)
-    dist, rows = make_dist(nvec), 16
-    mask = random_mask(nvec, rows, g)
-    mask[0] = False  # a padding row
-    logits = torch.randn(rows, sum(nvec), generator=g, requires_grad=True)
-    action = allowed_action(mask, nvec, g)
-    grad_logp, grad_ent = torch.randn(rows, generator=g), 10.0 * torch.randn(rows, generator=g)
-
-    logp, ent, ctx = dist.log_prob_entropy(logits, action, mask=mask)
-    (grad_logp * logp + grad_ent * ent).sum().backward()
-    got = dist.backward(ctx, grad_logp, grad_ent)
-    assert torch.isfinite(got).all()
-    assert torch.allclose(got, logits.grad, atol=1e-5), (got - logits.grad).abs().max()
-    blocked = ~mask & torch.cat([m.any(-1, keepdim=True).expand_as(m)
-                                 for m in mask.split(list(nvec), -1)], -1)
-    assert got[blocked].eq(0).all() and blocked.any()
-
-
-@pytest.mark.parametrize("space", [gym.spaces.Discrete(5), gym.spaces.MultiDiscrete([3, 4, 2])])
-def test_engine_free_gradient_equals_autograd_with_masks(space):
-    """As tests/test_models.py's check, with an action mask, padding rows whose mask is all False
-    (dead agents: valid=False) and an all-False mask on a valid row."""
-    g = torch.Generator().manual_seed(3)
-    torch.manual_seed(3)
-    nvec = tuple(int(n) for n in action_spec(space).nvec)
-    policy = ActorCritic(5, action_spec(space), [7, 6])
-    flat = flatten_parameters(policy)
-    with torch.no_grad():
-        flat.normal_()  # weights far from the small-gain init, so every gradient path is exercised
-    n = 32
-    obs = torch.randn(n, 5, generator=g)
-    action_mask = random_mask(nvec, n, g)
-    valid = torch.rand(n, generator=g) > 0.2
-    action_mask[~valid] = False
-    action_mask[int(valid.nonzero()[0])] = False
-    action = allowed_action(action_mask, nvec, g)
-    old_logp, adv, old_value, returns = (torch.randn(n, generator=g) for _ in range(4))
-    args = (old_logp, adv, old_value, returns, valid, 0.2, 0.3, 0.7, 0.05)
-
-    _, ent = assert_engine_free_backward_matches_autograd(policy, flat, obs, action, args, action_mask)
-    assert torch.isfinite(ent).all()
-
-
 def test_act_respects_the_mask():
     torch.manual_seed(4)
-    policy = ActorCritic(3, action_spec(gym.spaces.MultiDiscrete([3, 2])), [8])
+    policy = mlp_policy(3, gym.spaces.MultiDiscrete([3, 2]), hiddens=[8])
     obs = torch.randn(200, 3)
     action_mask = torch.tensor([False, False, True, True, False]).expand(200, 5)
+    first = torch.ones(200, dtype=torch.bool)
     for deterministic in (False, True):
-        action, logp, _ = policy.act(obs, deterministic, action_mask=action_mask)
+        action, extras, _ = policy.act(obs, policy.initial_state(200), first, action_mask, deterministic=deterministic)
         assert action.tolist() == [[2, 0]] * 200
-        assert logp.abs().max().item() < 1e-6  # a forced choice: probability 1
+        assert extras["sample_log_prob"].abs().max().item() < 1e-6  # a forced choice: probability 1
 
 
 @pytest.mark.parametrize("nvec,width", [((5,), 4), ((3, 4), 8)])
@@ -188,28 +141,30 @@ def test_non_bool_mask_is_rejected():
 
 
 def test_mask_on_a_box_policy_raises():
-    policy = ActorCritic(3, action_spec(gym.spaces.Box(-1.0, 1.0, (2,))), [8])
-    flatten_parameters(policy)
+    policy = mlp_policy(3, gym.spaces.Box(-1.0, 1.0, (2,)), hiddens=[8])
     obs, action, mask = torch.zeros(4, 3), torch.zeros(4, 2), torch.ones(4, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="continuous"):
-        policy.act(obs, action_mask=mask)
+        policy.act(obs, policy.initial_state(4), torch.ones(4, dtype=torch.bool), mask)
     with pytest.raises(ValueError, match="continuous"):
         policy.evaluate(obs, action, action_mask=mask)
     with pytest.raises(ValueError, match="continuous"):
-        policy.evaluate_backward(obs, action, lambda *outs: None, action_mask=mask)
+        _dist_forward(policy, torch.zeros(4, 2), action, True, mask)
 
 
-@pytest.mark.parametrize("use_autograd", [False, True])
-def test_ppo_update_uses_the_rollout_action_mask(use_autograd):
+@pytest.mark.parametrize("fused", [True, False])
+def test_ppo_update_uses_the_rollout_action_mask(fused):
     """Every row allows one action: under the mask the policy is certain, so the entropy PPO
     reports is 0; without the key it is not."""
     def entropy_after_update(with_mask: bool) -> float:
         torch.manual_seed(5)
-        policy = ActorCritic(2, action_spec(gym.spaces.Discrete(4)), [8])
+        space = gym.spaces.Discrete(4)
+        policy = mlp_policy(2, space, hiddens=[8])
         config = PPOConfig(env="CartPole-v1", num_envs=4, rollout_fragment_length=8, sgd_minibatch_size=8,
-                           num_sgd_iter=2)
-        learner = PPOLearner(policy, config, torch.Generator().manual_seed(0), use_autograd=use_autograd)
-        rollout = RolloutBuffer(4, 8, (2,), torch.float32, (), torch.long).start_rollout()
+                           num_sgd_iter=2, fused_update=fused)
+        learner = PPOLearner(policy, config, torch.Generator().manual_seed(0))
+        env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (2,))), action_spec(space), 4, 1)
+        fields = {k: ((), torch.float32) for k in ("sample_log_prob", "value", "final_value", "advantage", "return")}
+        rollout = RolloutBuffer(env, 8, fields).start_rollout()
         rollout["obs"].normal_()
         rollout["reward"].normal_()
         rollout["action"].fill_(2)

@@ -165,7 +165,7 @@ def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
     recv = algo.backend.recv
     algo.backend.recv = lambda: arrivals.append((batch := recv()).rows.start) or batch
     with algo:
-        rollout = algo.buffer.start_rollout()
+        rollout = algo.algorithm.buffer.start_rollout()
         algo.collector.collect(rollout)
         first_last_obs = rollout["obs"][:, -1].clone()
         algo.collector.collect(rollout)

@@ -19,13 +19,14 @@ def alternate(agent_id: str, episode: EpisodeStart) -> str:
 def _force_action(policy, action: int) -> None:
     """Make ``policy`` choose ``action`` whatever it sees, so its rows can be told apart."""
     with torch.no_grad():
-        policy.net.heads[0].bias.fill_(-50.0)
-        policy.net.heads[0].bias[action] = 50.0
+        policy.model.heads[0].bias.fill_(-50.0)
+        policy.model.heads[0].bias[action] = 50.0
 
 
 def _rollout(algo):
-    rollout = algo.buffer.start_rollout()
+    rollout = algo.algorithm.buffer.start_rollout()
     algo.collector.collect(rollout)
+    algo.algorithm.bootstrap_truncations(rollout, algo.collector.truncations)
     return rollout
 
 
@@ -45,22 +46,23 @@ def test_each_row_acts_by_the_policy_mapped_at_its_episode_start_with_one_forwar
     assert policy_id[:, 0].tolist() == [0, 1, 0, 1]  # the envs' first episodes are 0..3
     switches = policy_id[:, 1:] != policy_id[:, :-1]
     assert switches.any() and not (switches & ~done[:, :-1]).any()  # switched only at episode starts
-    assert calls == {"a": 64, "b": 64}  # one batched forward per policy per step
+    # one batched forward per policy per step, and one on the last observation for the bootstrap value
+    assert calls == {"a": 65, "b": 65}
 
 
 def test_a_frozen_policy_keeps_its_weights_bit_for_bit_while_the_other_learns():
-    with shoal.PPO(env=lambda: GuessEnv(), policies={"short": {}, "long": {"hiddens": [32]}},
+    with shoal.PPO(env=lambda: GuessEnv(), policies={"short": {}, "long": {"model_config": {"hiddens": [32]}}},
                    policies_to_train=["short"], num_envs=4, rollout_fragment_length=20, sgd_minibatch_size=40,
                    num_sgd_iter=2, save_outputs=False, verbose=0, seed=0) as algo:
         before = {pid: {k: v.clone() for k, v in p.state_dict().items()} for pid, p in algo.policies.items()}
         for _ in range(3):
             result = algo.train()
-        acted = set(algo.buffer.rollout["policy_id"].unique().tolist())
+        acted = set(algo.algorithm.buffer.rollout["policy_id"].unique().tolist())
         after = {pid: p.state_dict() for pid, p in algo.policies.items()}
     assert acted == {0, 1}  # the frozen policy did act: it just never learned
     assert all(torch.equal(before["long"][k], after["long"][k]) for k in before["long"])
     assert not all(torch.equal(before["short"][k], after["short"][k]) for k in before["short"])
-    assert after["long"]["net.heads.1.weight"].shape == (1, 32)  # its own network size
+    assert after["long"]["model.heads.1.weight"].shape == (1, 32)  # its own network size
     assert "short/policy_loss" in result["learner"] and not any(k.startswith("long/") for k in result["learner"])
     assert set(result["policy_reward_mean"]) == {"short", "long"}
 
@@ -88,7 +90,7 @@ def test_evaluation_can_map_agents_to_other_policies():
 
 
 def test_multi_policy_runs_resume_exactly_and_match_on_worker_processes(tmp_path):
-    kw = dict(FAST, policies={"a": {}, "b": {"hiddens": [16]}}, policy_mapping_fn="test_policies:alternate",
+    kw = dict(FAST, policies={"a": {}, "b": {"model_config": {"hiddens": [16]}}}, policy_mapping_fn="test_policies:alternate",
               save_outputs=True, checkpoint_interval=0)
     with shoal.PPO(run_dir=str(tmp_path / "straight"), **kw) as straight:
         for _ in range(4):
@@ -121,7 +123,8 @@ def test_a_mapping_function_that_cannot_be_stored_must_be_passed_again_on_resume
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(policies={"a": {"hidens": [8]}}), "policy 'a' overrides 'hidens'.*Did you mean 'hiddens'"),
+    (dict(policies={"a": {"hidens": [8]}}), "policy 'a' overrides 'hidens'.*Per-policy keys: model, model_config"),
+    (dict(policies={"a": {"model_config": {"hidens": [8]}}}), "unknown model_config key 'hidens'.*Did you mean 'hiddens'"),
     (dict(policies={"a": {"learning_rate": -1}}), "policy 'a': bad value for 'learning_rate'"),
     (dict(policies=["a", "b"], policies_to_train=["c"]), "'c' is not one of the policies"),
     (dict(policies={}), "policies is empty"),
@@ -193,7 +196,7 @@ def test_anonymous_native_agents_are_mapped_by_their_slot():
     with shoal.PPO(env=lambda: TargetGrid(num_agents=8, max_steps=4), policies=["even", "odd"], policy_mapping_fn=half,
                    num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=32, save_outputs=False, verbose=0) as algo:
         result = algo.train()
-        policy_id = algo.buffer.rollout["policy_id"][:, :-1]
+        policy_id = algo.algorithm.buffer.rollout["policy_id"][:, :-1]
     assert torch.equal(policy_id, (torch.arange(16) % 2).unsqueeze(1).expand(16, 8))
     assert {"even/policy_loss", "odd/policy_loss"} <= set(result["learner"])
 
@@ -242,5 +245,5 @@ def test_critic_inputs_of_some_truncated_rows_carry_their_own_slot():
     from shoal.collect.critic import EnvState
 
     batch = SimpleNamespace(final_state=torch.arange(12.0).reshape(6, 2), agent_id=torch.tensor([0, 1, 2] * 2))
-    out = EnvState(2, 3).final(batch, torch.tensor([4]), normalize=None)
+    out = EnvState(2, 3).final(batch, torch.tensor([4]))
     assert out.tolist() == [[8.0, 9.0, 0.0, 1.0, 0.0]]

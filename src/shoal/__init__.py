@@ -1,17 +1,22 @@
 """shoal: reinforcement learning at speed, one flat agent batch from env to loss."""
 
+from shoal.algos import Algorithm, register_algorithm
+from shoal.collect.episodes import Episode
 from shoal.config import PPOConfig, TrainerConfig
 from shoal.envs import register_env
 from shoal.envs.multi_agent import MultiAgentEnv
 from shoal.envs.native import AgentEnv
+from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, EnvError, ShoalError
-from shoal.collect.episodes import Episode
-from shoal.train import PPO, Trainer
+from shoal.models.policy import ActorCriticPolicy, Policy
+from shoal.presets import PPO
+from shoal.train import Trainer
 from shoal.train.callbacks import Callback
 from shoal.train.checkpoint import CheckpointError
 from shoal.vector import make_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["PPO", "AgentEnv", "Callback", "CheckpointError", "ConfigError", "EnvError", "Episode", "MultiAgentEnv",
-           "PPOConfig", "ShoalError", "Trainer", "TrainerConfig", "make_backend", "register_env"]
+__all__ = ["PPO", "ActorCriticPolicy", "AgentEnv", "Algorithm", "Callback", "CheckpointError", "ConfigError", "EnvError",
+           "EnvInfo", "Episode", "MultiAgentEnv", "PPOConfig", "Policy", "ShoalError", "Trainer", "TrainerConfig", "make_backend",
+           "register_algorithm", "register_env"]

@@ -42,10 +42,10 @@ def env_sps(env: str, num_envs: int, num_workers: int = 0, async_factor: int = 1
 
 
 def train_sps(settings: dict[str, Any], timesteps: int) -> dict[str, Any]:
-    """End-to-end PPO steps per second over ``timesteps`` env steps (no outputs written)."""
-    import shoal
+    """End-to-end training steps per second over ``timesteps`` env steps (no outputs written)."""
+    from shoal.train import Trainer
 
-    with shoal.PPO(**{**settings, "save_outputs": False, "verbose": 0}) as algo:
+    with Trainer(**{**settings, "save_outputs": False, "verbose": 0}) as algo:
         start = time.perf_counter()
         result = algo.learn(timesteps)
         elapsed = time.perf_counter() - start

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from shoal.config import load_yaml, parse_overrides
+from shoal.config import load_yaml, merge_settings, parse_overrides
 from shoal.errors import ShoalError
 
-ALGOS = {"ppo": "PPO"}
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell reports it
 
 
@@ -23,7 +23,8 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("env", nargs="?", help="Gymnasium env id or a name given to shoal.register_env")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. seed=2 num_envs=16")
     train.add_argument("--config", help="YAML file of config keys (its 'env' key may replace ENV)")
-    train.add_argument("--algo", default="ppo", choices=sorted(ALGOS))
+    train.add_argument("--algo", help="algorithm: a name (ppo), or 'package.module:Class' of your own (the same "
+                                      "as the key algo=; default ppo)")
     train.add_argument("--run-dir", help="where outputs go (default runs/<name>)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint")
     train.add_argument("--eval-episodes", type=int, default=None,
@@ -36,7 +37,6 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--video-dir", help="where the mp4 files go (default: RUN_DIR/videos)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the most likely")
     ev.add_argument("--seed", type=int, default=None, help="seed of the first evaluation env")
-    ev.add_argument("--algo", default="ppo", choices=sorted(ALGOS))
 
     plot = sub.add_parser("plot", help="learning curves of runs as a PNG (mean and spread over seeds)")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
@@ -56,7 +56,7 @@ def _build_parser() -> argparse.ArgumentParser:
     benv.add_argument("--num-workers", type=int, default=2, help="worker processes (mp backend)")
     benv.add_argument("--async-factor", type=int, default=1, help="worker groups stepping in turn (mp backend)")
     benv.add_argument("--seconds", type=float, default=5.0)
-    btrain = what.add_parser("train", help="end-to-end PPO steps per second")
+    btrain = what.add_parser("train", help="end-to-end training steps per second")
     btrain.add_argument("env")
     btrain.add_argument("overrides", nargs="*", metavar="key=value")
     btrain.add_argument("--timesteps", type=int, default=50_000)
@@ -70,9 +70,13 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     if env and "=" in env:  # `shoal train --config f.yaml seed=3`: the first pair landed in ENV
         pairs.insert(0, env)
         env = None
-    settings.update(parse_overrides(pairs))
+    settings = merge_settings(settings, parse_overrides(pairs))
     if env:
         settings["env"] = env
+    if args.algo:
+        if "algo" in settings and settings["algo"] != args.algo:
+            raise ShoalError(f"--algo {args.algo} and algo={settings['algo']} disagree; give one of them.")
+        settings["algo"] = args.algo
     if args.run_dir:
         settings["run_dir"] = args.run_dir
     if "env" not in settings and not args.resume:
@@ -80,20 +84,15 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def _algo_class(name: str):
-    import shoal
-
-    return getattr(shoal, ALGOS[name])
-
-
 def train(args: argparse.Namespace) -> int:
+    from shoal.train import Trainer
+
     settings = _resolve(args)
-    algo_cls = _algo_class(args.algo)
     if args.resume:
         settings.setdefault("run_dir", args.resume)
-        algo = algo_cls.from_checkpoint(args.resume, **settings)
+        algo = Trainer.from_checkpoint(args.resume, **settings)
     else:
-        algo = algo_cls(**settings)
+        algo = Trainer(**settings)
     with algo:
         if algo.run_dir:
             verb = f"resuming at iteration {algo.iteration} in" if args.resume else "writing to"
@@ -116,10 +115,11 @@ def train(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
+    from shoal.train import Trainer
     from shoal.train.checkpoint import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.path)
-    algo = _algo_class(args.algo).from_checkpoint(checkpoint, save_outputs=False, verbose=0)
+    algo = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0)
     with algo:
         video_dir = None
         if args.video:
@@ -174,8 +174,25 @@ def bench(args: argparse.Namespace) -> int:
 COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare, "bench": bench}
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """argparse cannot take key=value pairs after an option (``train ENV --algo x seed=2``): collect
+    the pairs wherever they stand."""
+    parser = _build_parser()
+    args, extra = parser.parse_known_args(argv)
+    pairs = [x for x in extra if "=" in x and not x.startswith("-")]
+    if len(pairs) < len(extra) or (pairs and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(x for x in extra if x not in pairs or not hasattr(args, 'overrides'))}")
+    if pairs:
+        args.overrides = [*args.overrides, *pairs]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args = _parse(argv)
+    # 'package.module:Name' settings (algo, model, callbacks, envs) name code in the user's project:
+    # import it from the working directory, as `python -m` would
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return COMMANDS[args.command](args)
     except ShoalError as e:

@@ -1,6 +1,6 @@
 """Configuration: one pydantic model per algorithm, the same keys in Python, YAML and on the command line.
 
-Batch-size names follow RLlib (seed 000): ``train_batch_size`` agent steps are collected per
+Batch-size names follow RLlib: ``train_batch_size`` agent steps are collected per
 iteration as ``num_envs`` rows times ``rollout_fragment_length`` steps, then split into
 ``sgd_minibatch_size`` minibatches for ``num_sgd_iter`` epochs.
 """
@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shoal.errors import ConfigError, did_you_mean
+from shoal.imports import import_spec, is_spec, spec_of
+from shoal.models.catalog import check_model_config, resolve_model
 
 
 class TrainerConfig(BaseModel):
@@ -24,13 +26,14 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, arbitrary_types_allowed=True)
 
+    algo: Any = "ppo"  # an algorithm name, a shoal.Algorithm subclass or 'package.module:Class'
     env: Any = "CartPole-v1"
     env_config: dict[str, Any] = Field(default_factory=dict)
     vectorization_mode: Literal["vector_entry_point", "sync", "async"] | None = None
     seed: int = 0
     num_envs: int = Field(8, ge=1)
     num_workers: int = Field(0, ge=0)  # 0: envs step in this process; N: in N worker processes
-    async_factor: int = Field(1, ge=1)  # worker groups stepping while the policy acts on another (seed 003)
+    async_factor: int = Field(1, ge=1)  # worker groups stepping while the policy acts on another
     rollout_fragment_length: int | None = Field(None, ge=1)
     train_batch_size: int | None = Field(None, ge=1)
     total_timesteps: int = Field(100_000, ge=1)
@@ -50,18 +53,23 @@ class TrainerConfig(BaseModel):
     callbacks: list[Any] = Field(default_factory=list)
     wandb_project: str | None = None
     wandb_mode: Literal["offline", "online"] = "offline"
-    # discount, optimizer step size, and the actor-critic every algorithm builds
+    # discount, optimizer step size, and the network every policy is built with
     gamma: float = Field(0.98, ge=0.0, le=1.0)
     learning_rate: float = Field(1e-3, gt=0.0)
     lr_schedule: Literal["constant", "linear"] = "linear"
-    hiddens: list[int] = Field(default_factory=lambda: [64, 64])
-    activation: Literal["tanh", "relu"] = "tanh"
+    model: Any = "mlp"  # "mlp", "cnn", a torch.nn.Module subclass or 'package.module:Class'
+    # hiddens, activation, conv_filters, ... Written model_config everywhere; the attribute has
+    # another name because pydantic reserves model_config for itself.
+    model_options: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     log_std_init: float = 0.0
     normalize_obs: bool = False
     normalize_reward: bool = False
     clip_obs: float = Field(10.0, gt=0.0)
     clip_reward: float = Field(10.0, gt=0.0)
-    # several policies (seed 000/004): id -> overrides of POLICY_KEYS; None = one shared "default_policy"
+    # the learning signal only (logged returns stay raw): True = sign, c = clip to [-c, c];
+    # None = the env's default (sign for Atari games, off otherwise)
+    clip_rewards: bool | float | None = None
+    # several policies: id -> overrides of POLICY_KEYS; None = one shared "default_policy"
     policies: dict[str, dict[str, Any] | None] | list[str] | None = None
     # agent id, episode -> policy id, called at each episode start; a callable, 'module:function', or a
     # dict {agent id: policy id}. Default: the policy named like the agent, else the only policy.
@@ -72,7 +80,19 @@ class TrainerConfig(BaseModel):
     central_critic: Literal["team_obs", "state"] | None = None
 
     # keys a policy in `policies` may override: its network, and how it learns
-    POLICY_KEYS: ClassVar[tuple[str, ...]] = ("hiddens", "activation", "log_std_init", "learning_rate", "gamma")
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
+    # keys that moved: old name -> what to write instead
+    MOVED: ClassVar[dict[str, str]] = {"hiddens": "model_config={'hiddens': [64, 64]}",
+                                       "activation": "model_config={'activation': 'relu'}"}
+
+    @model_validator(mode="after")
+    def _check_model(self) -> TrainerConfig:
+        resolve_model(self.model)
+        check_model_config(self.model, self.model_options)
+        if isinstance(self.clip_rewards, float) and not isinstance(self.clip_rewards, bool) and self.clip_rewards <= 0:
+            raise ConfigError(f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
+                              f"True (their sign) or false.")
+        return self
 
     @model_validator(mode="after")
     def _resolve_rollout_shape(self) -> TrainerConfig:
@@ -155,8 +175,8 @@ class TrainerConfig(BaseModel):
                                   f"{did_you_mean(key, self.POLICY_KEYS)} Per-policy keys: {', '.join(self.POLICY_KEYS)}.")
         if not overrides:
             return self
-        fields = {k: getattr(self, k) for k in type(self).model_fields} | {"policies": None, "policies_to_train": None,
-                                                                            "policy_mapping_fn": None}
+        fields = self.settings() | {"policies": None, "policies_to_train": None, "policy_mapping_fn": None}
+        overrides = overrides | {"model_config": self.model_options | overrides.get("model_config", {})}
         try:
             return type(self).build(**fields | overrides)
         except ConfigError as e:
@@ -171,17 +191,26 @@ class TrainerConfig(BaseModel):
 
     @classmethod
     def keys(cls) -> list[str]:
-        return list(cls.model_fields)
+        """The config's keys as users write them."""
+        return [field.alias or name for name, field in cls.model_fields.items()]
+
+    def settings(self) -> dict[str, Any]:
+        """Every key's value, keyed as users write them (``build(**settings())`` rebuilds the config)."""
+        return {field.alias or name: getattr(self, name) for name, field in type(self).model_fields.items()}
 
     @classmethod
     def build(cls, **overrides: Any):
         """Validate ``overrides`` into a config, turning pydantic's errors into one clear ConfigError."""
-        unknown = [k for k in overrides if k not in cls.model_fields]
+        known = cls.keys()
+        unknown = [k for k in overrides if k not in known]
         if unknown:
             k = unknown[0]
+            if k in cls.MOVED:
+                raise ConfigError(f"'{k}' is a model_config key now: {cls.MOVED[k]} (on the command line "
+                                  f"model_config.{k}=...).")
             raise ConfigError(
-                f"unknown config key '{k}' for {cls.__name__}.{did_you_mean(k, cls.model_fields)} "
-                f"Valid keys: {', '.join(sorted(cls.model_fields))}."
+                f"unknown config key '{k}' for {cls.__name__}.{did_you_mean(k, known)} "
+                f"Valid keys: {', '.join(sorted(known))}."
             )
         try:
             return cls(**overrides)
@@ -197,9 +226,12 @@ class TrainerConfig(BaseModel):
         """The config as plain data, for config.yaml and checkpoints: an env object, a callback
         object or a policy_mapping_fn function becomes its repr (``env_is_object`` says which;
         such objects are passed again when a checkpoint is loaded)."""
-        data = self.model_dump()
+        data = self.model_dump(by_alias=True)
         if not isinstance(data["env"], str):
             data["env"] = repr(self.env)
+        for key in ("algo", "model"):  # classes are stored as 'module:Class', importable on load
+            if isinstance(data[key], type):
+                data[key] = spec_of(data[key])
         data["callbacks"] = [c if isinstance(c, str) else repr(c) for c in self.callbacks]
         if callable(self.policy_mapping_fn):
             data["policy_mapping_fn"] = repr(self.policy_mapping_fn)
@@ -213,6 +245,9 @@ class TrainerConfig(BaseModel):
 class PPOConfig(TrainerConfig):
     """PPO's keys. Defaults solve CartPole-v1 in well under 100k steps (rl-baselines3-zoo's CartPole settings)."""
 
+    advantage_estimator: str = "gae"  # or 'package.module:function' (rollout, gamma, gae_lambda) -> [N, T]
+    # the hand-fused learn step for the built-in MLP (the same numbers, faster); off: always autograd
+    fused_update: bool = True
     sgd_minibatch_size: int = Field(256, ge=1)
     num_sgd_iter: int = Field(20, ge=1)
     gae_lambda: float = Field(0.8, ge=0.0, le=1.0)
@@ -229,6 +264,18 @@ class PPOConfig(TrainerConfig):
     POLICY_KEYS: ClassVar[tuple[str, ...]] = TrainerConfig.POLICY_KEYS + (
         "gae_lambda", "adam_eps", "clip_coef", "vf_clip_coef", "vf_coef", "ent_coef", "max_grad_norm", "norm_adv",
         "target_kl", "num_sgd_iter", "sgd_minibatch_size")
+
+    @model_validator(mode="after")
+    def _check_estimator(self) -> PPOConfig:
+        from shoal.algos.advantages import ESTIMATORS  # here: shoal.algos imports this module
+
+        spec = self.advantage_estimator
+        if spec not in ESTIMATORS:
+            if not is_spec(spec):
+                raise ConfigError(f"advantage_estimator='{spec}' is not one of {list(ESTIMATORS)} nor a "
+                                  f"'package.module:function'.{did_you_mean(spec, ESTIMATORS)}")
+            import_spec(spec, "advantage_estimator")
+        return self
 
     def check_batch(self, agents_per_env: int = 1) -> None:
         """The learner sees ``train_batch_size x agents_per_env`` agent steps per iteration;
@@ -248,13 +295,26 @@ class PPOConfig(TrainerConfig):
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """Parse ``key=value`` command-line pairs; values are read as YAML scalars or lists (``hiddens=[64,64]``)."""
+    """Parse ``key=value`` command-line pairs; values are read as YAML (``model_config.hiddens=[64,64]``
+    sets one key of a dict-valued key)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"expected key=value, got '{pair}'.")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.safe_load(raw) if raw.strip() else None
+        outer, dot, inner = key.strip().partition(".")
+        out = merge_settings(out, {outer: {inner: value}} if dot else {outer: value})
+    return out
+
+
+def merge_settings(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``extra``, where a dict value updates the dict it replaces key by key
+    (``model_config.hiddens=[32]`` on the command line keeps the YAML file's other model_config keys)."""
+    out = dict(base)
+    for key, value in extra.items():
+        both_dicts = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = out[key] | value if both_dicts else value
     return out
 
 

@@ -1,6 +1,8 @@
-"""Pure RL math and the update step of each algorithm."""
+"""Learning algorithms: pure RL math (advantages, losses) and each ``Algorithm``."""
 
 from shoal.algos.advantages import gae
-from shoal.algos.ppo import PPOLearner
+from shoal.algos.base import Algorithm
+from shoal.algos.ppo import PPOAlgorithm
+from shoal.algos.registry import ALGORITHMS, algorithm_class, register_algorithm
 
-__all__ = ["PPOLearner", "gae"]
+__all__ = ["ALGORITHMS", "Algorithm", "PPOAlgorithm", "algorithm_class", "gae", "register_algorithm"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
+
+from shoal.imports import import_spec
 
 
 def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tensor, truncated_t: torch.Tensor,
@@ -82,3 +85,24 @@ def _backward_scan(delta: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
     for step in range(t - 2, -1, -1):
         torch.addcmul(delta[step], carry[step], adv[step + 1], out=adv[step])
     return advantage.t()
+
+
+def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.Tensor:
+    """``gae`` over a ``[N, T+1]`` rollout's fields; non-decision steps are folded only when the
+    rollout has any (padding rows and next-step resets exist only with some backends)."""
+    valid = rollout["valid"][:, :-1]
+    return gae(rollout["reward"][:, :-1], rollout["value"], rollout["terminated"][:, :-1],
+               rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], gamma, gae_lambda,
+               valid_t=None if bool(valid.all()) else valid)
+
+
+# name -> (rollout, gamma, gae_lambda) -> advantages [N, T]; a 'package.module:function' of the same
+# signature may be given instead
+ESTIMATORS = {"gae": rollout_gae}
+
+
+def advantage_estimator(spec: str):
+    """The advantage function ``advantage_estimator`` names (checked when the config is built)."""
+    if spec in ESTIMATORS:
+        return ESTIMATORS[spec]
+    return import_spec(spec, "advantage_estimator")

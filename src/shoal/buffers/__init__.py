@@ -1,5 +1,6 @@
-"""Experience storage."""
+"""Experience storage and the samplers that draw minibatches from it."""
 
-from shoal.buffers.rollout import RolloutBuffer, iterate_minibatches, torch_dtype, transition_view
+from shoal.buffers.rollout import RolloutBuffer, env_fields, torch_dtype, transition_view
+from shoal.buffers.samplers import FlatSampler, num_minibatches
 
-__all__ = ["RolloutBuffer", "iterate_minibatches", "torch_dtype", "transition_view"]
+__all__ = ["FlatSampler", "RolloutBuffer", "env_fields", "num_minibatches", "torch_dtype", "transition_view"]

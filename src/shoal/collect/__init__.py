@@ -1,6 +1,6 @@
-"""Collection: the policy acting on a backend, writing the rollout."""
+"""Collection: the policies acting on a backend, writing the rollout."""
 
-from shoal.collect.collector import Collector
-from shoal.collect.episodes import EpisodeTracker
+from shoal.collect.collector import Collector, Truncations
+from shoal.collect.episodes import EPISODE_CONTINUES, EpisodeTracker
 
-__all__ = ["Collector", "EpisodeTracker"]
+__all__ = ["EPISODE_CONTINUES", "Collector", "EpisodeTracker", "Truncations"]

@@ -1,60 +1,90 @@
-"""The collector: runs the policy on a backend and writes the rollout in place.
+"""The collector: runs the policies on a backend and writes the rollout in place.
 
 Batches arrive in whatever order the backend's env groups finish stepping (``async_factor``
 groups; one when synchronous). Every agent row keeps its own write position, so each row's
 trajectory is whole however the groups interleave. A group that has taken its ``T`` steps is
-*parked*: its latest observation goes in slot ``T`` as the bootstrap, and it waits, not stepping,
-until the next rollout starts from exactly that observation.
+*parked*: its latest observation goes in slot ``T``, the policy's extras for it (the bootstrap
+value, for PPO) are written there, and the group waits, not stepping, until the next rollout
+starts from exactly that observation.
 
-Per batch it does one forward per policy over the rows that policy owns (``PolicyMap``; with a
-single policy, one forward over all rows) and a fixed handful of copies into views of the
-preallocated storage (made once per rollout storage and batch). When an env ends its episode the
-mapping is asked again for its agents' policies.
+Per batch it does one forward per policy over the rows that policy owns (``PolicyMap``) and a
+fixed handful of copies into views of the preallocated storage (made once per rollout storage
+and batch). What the policies return besides actions (``extras``: the fields the algorithm
+declared) is written straight into the rollout. Each row's ``first`` flag (its observation starts
+an episode) and the policies' per-row state are carried from step to step, across rollouts,
+through every backend.
+
+The true final observation of each truncated episode is kept in ``truncations`` (only those
+rows, so nothing is stored twice) for algorithms that bootstrap from it.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from shoal.collect.critic import _CriticInput
+from shoal.collect.critic import CriticInput
 from shoal.collect.episodes import EpisodeTracker, env_episode_ends
 from shoal.collect.policies import PolicyMap
-from shoal.errors import EnvError
-from shoal.models.normalize import ObsNormalizer, RewardScaler
+from shoal.errors import ConfigError, EnvError
+from shoal.models.normalize import RewardScaler
 from shoal.vector.base import StepBatch, VecBackend
 
-_FIELDS = ("obs", "action", "sample_log_prob", "value", "final_value", "reward", "done", "terminated",
-           "truncated", "valid", "raw_reward", "policy_id")
+_FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "valid", "policy_id")
+
+
+@dataclass
+class Truncations:
+    """The truncated transitions of a rollout: ``row``, ``step`` and the true last observation
+    ``obs`` (and centralized-critic input) of each, ``[K, ...]``."""
+
+    row: torch.Tensor
+    step: torch.Tensor
+    obs: torch.Tensor
+    critic_obs: torch.Tensor | None
+
+    def __len__(self) -> int:
+        return len(self.row)
 
 
 class Collector:
-    def __init__(self, backend: VecBackend, policies: PolicyMap, tracker: EpisodeTracker,
-                 obs_normalizer: ObsNormalizer | None = None, reward_scaler: RewardScaler | None = None,
-                 critic: _CriticInput | None = None):
+    def __init__(self, backend: VecBackend, policies: PolicyMap, tracker: EpisodeTracker, extras: tuple[str, ...],
+                 reward_scaler: RewardScaler | None = None, critic: CriticInput | None = None,
+                 clip_rewards: bool | float | None = None):
+        """``extras``: the fields the policies' ``act`` fills, stored at every step. ``clip_rewards``
+        changes the learning signal only (True: the reward's sign; a number c: clipped to [-c, c]);
+        the episode returns the tracker reports stay raw."""
+        for pid, module in zip(policies.ids, policies.modules):
+            missing = [key for key in extras if key not in module.extras]
+            if missing:
+                raise ConfigError(f"policy '{pid}' ({type(module).__name__}) does not give the per-step fields {missing} "
+                                  f"the algorithm stores; its act() fills {list(module.extras)}.")
         self.backend, self.policies, self.tracker, self.critic = backend, policies, tracker, critic
-        self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
+        self.extras, self.reward_scaler, self.clip_rewards = extras, reward_scaler, clip_rewards
+        self.env_steps = 0  # env steps collected so far
+        self.sample_time_s = 0.0  # time spent collecting so far
+        self.truncations: Truncations | None = None  # of the last rollout
+        self.first = torch.ones(backend.num_rows, dtype=torch.bool)  # the row's observation starts an episode
         self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
-        self._views: dict[int, dict[str, tuple[torch.Tensor, ...]]] = {}
+        self._views: dict[int, dict[str, Any]] = {}
         self._views_of: TensorDict | None = None
         self._raw_reward: torch.Tensor | None = None  # [N, T+1]: the tracker reads unscaled rewards
+        self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None]] = []
 
     def reset(self, seed: int | None) -> None:
         """Reset every env; all groups start parked on their first observation."""
         self.backend.reset(seed)
+        self.first.fill_(True)
         self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
 
-    def _write_obs(self, raw: torch.Tensor, out: torch.Tensor, update: bool) -> torch.Tensor:
-        if self.obs_normalizer is None:
-            return out.copy_(raw)
-        if update:
-            self.obs_normalizer.stats.update(raw)
-        return self.obs_normalizer.normalize(raw, out=out)
-
-    def _views_for(self, rollout: TensorDict, batch: StepBatch) -> dict[str, tuple[torch.Tensor, ...]]:
+    def _views_for(self, rollout: TensorDict, batch: StepBatch) -> dict[str, Any]:
         """Per-step views ``field[t] -> [rows of batch, ...]`` of the storage, made once."""
         if self._views_of is not rollout:
             self._views, self._views_of = {}, rollout
@@ -64,8 +94,10 @@ class Collector:
         views = self._views.get(id(batch))
         if views is None:
             keys = _FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())
-            views = {key: (self._raw_reward if key == "raw_reward" else rollout[key])[batch.rows].unbind(1)
-                     for key in keys}
+            views = {key: rollout[key][batch.rows].unbind(1) for key in keys}
+            views["raw_reward"] = self._raw_reward[batch.rows].unbind(1)
+            views["extras"] = rollout.select(*self.extras)[batch.rows].unbind(1)
+            views["first"] = self.first[batch.rows]
             for key in ("terminated", "truncated", "valid"):  # numpy's any() costs a third of torch's
                 views[f"{key}_np"] = getattr(batch, key).numpy()
             self._views[id(batch)] = views
@@ -77,12 +109,14 @@ class Collector:
         (agent steps divided by the agent rows per env)."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
+        start = time.perf_counter()
         backend, policies = self.backend, self.policies
         horizon = rollout.batch_size[1] - 1
         step_infos: dict[int, dict[int, dict]] = {}  # step -> row -> info of an episode's last step
         ready, self._parked = self._parked, []
         num_groups = len(ready)
         self._position[:] = 0
+        self._truncated.clear()
         while len(self._parked) < num_groups:
             if ready:  # parked since the last rollout: its obs is current, no step result to record
                 batch = ready.pop()
@@ -93,54 +127,73 @@ class Collector:
                 views = self._views_for(rollout, batch)
                 t = int(self._position[batch.rows.start])
                 self._record_step(batch, views, t - 1, step_infos)
-            if t < horizon:
-                obs_t = self._write_obs(batch.obs, views["obs"][t], update=True)
-                mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
-                critic_obs = None if self.critic is None else self.critic.write(batch, obs_t, views["critic_obs"][t])
-                if not policies.single:
-                    views["policy_id"][t].copy_(policies.row_policy[batch.rows])
-                a, _, _ = policies.act(obs_t, mask, batch.rows, critic_obs=critic_obs,
-                                       out=(views["action"][t], views["sample_log_prob"][t], views["value"][t]))
-                backend.send(a, batch)
-                self._position[batch.rows] = t + 1
-            else:  # T steps taken: bootstrap from the current obs and park until the next rollout
-                last = self._write_obs(batch.obs, views["obs"][horizon], update=False)
-                critic_obs = None if self.critic is None else self.critic.write(batch, last,
-                                                                                 views["critic_obs"][horizon])
-                views["value"][horizon].copy_(policies.value(last, batch.rows, critic_obs=critic_obs))
+            # T steps taken: act on the current obs for its extras only (the bootstrap) and park until the next rollout
+            parking = t == horizon
+            obs = views["obs"][t].copy_(batch.obs)
+            mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
+            critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
+            if not policies.single:
+                views["policy_id"][t].copy_(policies.row_policy[batch.rows])
+            action, _ = policies.act(obs, views["first"], mask, batch.rows, out=views["extras"][t],
+                                     critic_obs=critic_obs, advance=not parking)
+            if parking:
                 self._parked.append(batch)
-        steps = slice(0, horizon)
-        if backend.autoreset == "next_step":  # the true final obs of a truncation is the next step's obs
-            truncated = rollout["truncated"][:, steps]
-            rollout["final_value"][:, steps] = torch.where(truncated, rollout["value"][:, 1:],
-                                                           rollout["final_value"][:, steps])
-        self.tracker.add(self._raw_reward[:, steps].numpy().T, rollout["done"].numpy()[:, steps].T,
-                         rollout["valid"].numpy()[:, steps].T, step_infos, rollout["policy_id"].numpy()[:, steps].T)
+                continue
+            views["action"][t].copy_(action)
+            backend.send(action, batch)
+            self._position[batch.rows] = t + 1
+        self.truncations = self._gather_truncations(rollout, horizon)
+        self.tracker.add(self._raw_reward[:, :horizon].numpy().T, rollout["done"].numpy()[:, :horizon].T,
+                         rollout["valid"].numpy()[:, :horizon].T, step_infos,
+                         rollout["policy_id"].numpy()[:, :horizon].T)
         self._check_rewards(rollout, horizon)
-        return backend.num_envs * horizon
+        steps = backend.num_envs * horizon
+        self.env_steps += steps
+        self.sample_time_s += time.perf_counter() - start
+        return steps
 
     def _record_step(self, batch: StepBatch, views: dict, t: int, step_infos: dict[int, dict[int, dict]]) -> None:
-        """Write the result of step ``t`` (reward, flags, bootstrap values) for ``batch``'s rows."""
+        """Write the result of step ``t`` (reward, flags, truncated episodes' last observations) for
+        ``batch``'s rows, and which rows start an episode now."""
         done = torch.logical_or(batch.terminated, batch.truncated, out=views["done"][t])
+        reward = views["reward"][t]
         if self.reward_scaler is None:
-            views["reward"][t].copy_(batch.reward)
+            reward.copy_(batch.reward)
         else:
-            self.reward_scaler.scale(batch.reward, done, out=views["reward"][t], rows=batch.rows)
+            self.reward_scaler.scale(batch.reward, done, out=reward, rows=batch.rows)
+        if self.clip_rewards is True:
+            reward.sign_()
+        elif self.clip_rewards:
+            reward.clamp_(-self.clip_rewards, self.clip_rewards)
         views["raw_reward"][t].copy_(batch.reward)
         views["terminated"][t].copy_(batch.terminated)
         views["truncated"][t].copy_(batch.truncated)
         views["valid"][t].copy_(batch.valid)
+        if self.backend.autoreset == "same_step":
+            views["first"].copy_(done)
+        else:  # the step after a done is the reset, marked invalid; the obs it returns starts the episode
+            torch.logical_not(batch.valid, out=views["first"])
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():
             rows = batch.truncated.nonzero().squeeze(-1)
-            final_obs = self._write_obs(batch.final_obs[rows], torch.empty_like(views["obs"][t][rows]),
-                                        update=False)
-            critic_obs = None if self.critic is None else self.critic.final(
-                batch, rows, lambda obs: self._write_obs(obs, torch.empty_like(obs, dtype=torch.float32), update=False))
-            views["final_value"][t][rows] = self.policies.value(final_obs, batch.rows, rows, critic_obs)
+            critic = None if self.critic is None else self.critic.final(batch, rows)
+            self._truncated.append((rows + batch.rows.start, t, batch.final_obs[rows].clone(), critic))
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
+
+    def _gather_truncations(self, rollout: TensorDict, horizon: int) -> Truncations:
+        critic = rollout.get("critic_obs", None)
+        if self.backend.autoreset == "next_step":  # the true final obs is the next step's obs, already stored
+            row, step = rollout["truncated"][:, :horizon].nonzero().unbind(1)
+            return Truncations(row, step, rollout["obs"][row, step + 1],
+                               None if critic is None else critic[row, step + 1])
+        if not self._truncated:
+            none = torch.zeros(0, dtype=torch.long)
+            return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0])
+        rows, steps, obs, critics = zip(*self._truncated)
+        return Truncations(torch.cat(rows), torch.cat([torch.full_like(r, t) for r, t in zip(rows, steps)]),
+                           torch.cat(obs), None if critic is None else torch.cat(critics))
 
     def _start_episodes(self, batch: StepBatch, views: dict) -> None:
         """Envs whose episode ended this step (an agent finished and none is left acting) start a
@@ -159,3 +212,17 @@ class Collector:
                 f"env '{self.backend.name}' (env {env_id}) returned a non-finite reward "
                 f"({reward[row, step].item()}) at step {step} of this rollout; rewards must be finite floats."
             )
+
+    # ----- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": self.first.clone(), "policy_map": self.policies.state_dict(),
+                "tracker": self.tracker.state_dict(), "env_steps": self.env_steps,
+                "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first.copy_(state["first"])
+        self.policies.load_state_dict(state["policy_map"])
+        self.tracker.load_state_dict(state["tracker"])
+        self.env_steps = state["env_steps"]
+        if self.reward_scaler is not None and state["reward_scaler"] is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])

@@ -12,14 +12,12 @@ state). The actor still sees only its own observation. Two global views:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from shoal.vector.base import StepBatch
 
 
-class _CriticInput:
+class CriticInput:
     """``[global view, slot one-hot]`` rows; subclasses say where the global view comes from."""
 
     def __init__(self, view_dim: int, rows_per_env: int):
@@ -41,16 +39,16 @@ class _CriticInput:
         return out
 
     def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Write the global part of ``out`` ``[R, dim]`` for the batch whose (normalized) observations
+        """Write the global part of ``out`` ``[R, dim]`` for the batch whose observations
         are ``obs``; returns ``out``."""
         raise NotImplementedError
 
-    def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
+    def final(self, batch: StepBatch, rows: torch.Tensor) -> torch.Tensor:
         """The critic input of the batch's truncated ``rows`` at their true last step."""
         raise NotImplementedError
 
 
-class TeamObs(_CriticInput):
+class TeamObs(CriticInput):
     def __init__(self, obs_dim: int, rows_per_env: int):
         super().__init__(rows_per_env * obs_dim, rows_per_env)
 
@@ -60,18 +58,18 @@ class TeamObs(_CriticInput):
         out.view(envs, self.k, self.dim)[..., :self.view_dim].copy_(team)
         return out
 
-    def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
-        team = batch.obs.clone()  # the team as each truncated row last saw it
-        team[rows] = batch.final_obs[rows]
-        return self.write(batch, normalize(team), self._fresh(batch.agent_id))[rows]
+    def final(self, batch: StepBatch, rows: torch.Tensor) -> torch.Tensor:
+        team = batch.obs.to(torch.float32, copy=True)  # the team as each truncated row last saw it
+        team[rows] = batch.final_obs[rows].to(torch.float32)
+        return self.write(batch, team, self._fresh(batch.agent_id))[rows]
 
 
-class EnvState(_CriticInput):
+class EnvState(CriticInput):
     def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         out[:, :self.view_dim].copy_(batch.state)
         return out
 
-    def final(self, batch: StepBatch, rows: torch.Tensor, normalize: Callable[[torch.Tensor], torch.Tensor]):
+    def final(self, batch: StepBatch, rows: torch.Tensor) -> torch.Tensor:
         out = self._fresh(batch.agent_id[rows])
         out[:, :self.view_dim] = batch.final_state[rows]
         return out

@@ -1,4 +1,4 @@
-"""Per-row episode return and length, summarised RLlib-style (seed 004's summarize_episodes).
+"""Per-row episode return and length, summarised RLlib-style (as its summarize_episodes).
 
 Multi-agent envs (``agent_names`` given, one row per agent): every agent's own episode return
 goes to ``agent_reward_mean/<agent>`` and ``episode_reward_mean`` is the team's: the sum of its
@@ -6,6 +6,10 @@ agents' returns over the env's episode. An env's episode ends at the step where 
 still acting is done (agents that left earlier are padding by then). With several agents or
 several policies, each agent's return also goes to ``policy_reward_mean/<policy>`` of the policy
 that acted in that episode (RLlib's names).
+
+A done step whose info holds ``EPISODE_CONTINUES: True`` ends the learning episode only (e.g. a life
+lost in an Atari game, a terminal for the value function): the tracker keeps counting the
+episode until a done step without it, so returns are whole games.
 
 Custom metrics: every numeric scalar an env puts in the ``info`` of an episode's last step (and
 anything an ``on_episode_end`` callback adds to ``episode.custom_metrics``) is aggregated over the
@@ -34,6 +38,9 @@ class Episode:
     episode_length: int
     info: dict[str, Any]
     custom_metrics: dict[str, float] = field(default_factory=dict)
+
+
+EPISODE_CONTINUES = "episode_continues"  # info key: this done is a learning terminal, the episode goes on
 
 
 def numeric_items(info: dict[str, Any]) -> dict[str, float]:
@@ -103,10 +110,11 @@ class EpisodeTracker:
         that ended in it (per step, the bookkeeping cost as much as a policy forward)."""
         # Running sums since the start of the block: an episode ending at step t has its
         # return so far plus cum_ret[t]; the next one starts from -cum_ret[t].
+        step_infos = step_infos or {}
+        done = self._episode_ends(done, step_infos)
         cum_ret = np.cumsum(reward, axis=0, dtype=np.float64)
         cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
         steps, rows = np.nonzero(done)
-        step_infos = step_infos or {}
         team_ends = self._team_ends(done, valid) if self.agent_names else {}
         for t, row in zip(steps.tolist(), rows.tolist()):
             ret, length = float(self.ret[row] + cum_ret[t, row]), int(self.len[row] + cum_len[t, row])
@@ -126,6 +134,25 @@ class EpisodeTracker:
         ended = len(team_ends) if self.agent_names else len(rows)  # multi-agent: the team's episodes
         self.episodes_this_iter += ended
         self.episodes_total += ended
+
+    @staticmethod
+    def _episode_ends(done: np.ndarray, step_infos: dict[int, dict[int, dict]]) -> np.ndarray:
+        """``done`` without the steps whose info says the episode continues."""
+        going_on = [(t, row) for t, infos in step_infos.items() for row, info in infos.items()
+                    if info.get(EPISODE_CONTINUES)]
+        if going_on:
+            done = done.copy()
+            done[tuple(zip(*going_on))] = False
+        return done
+
+    def reset_episodes(self) -> None:
+        """Forget the episodes under way (their envs were reset): running returns and lengths,
+        per row and per team, start again from zero."""
+        self.ret[:] = 0.0
+        self.len[:] = 0
+        if self.agent_names:
+            self.team_ret[:] = 0.0
+            self.team_len[:] = 0
 
     def _team_ends(self, done: np.ndarray, valid: np.ndarray) -> dict[tuple[int, int], int]:
         """Where an env's episode ended, an agent finished and none is left acting:

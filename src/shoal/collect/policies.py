@@ -1,4 +1,4 @@
-"""Which policy acts for each agent row (seed 000/004's policy_mapping_fn), one forward per policy.
+"""Which policy acts for each agent row (RLlib's policy_mapping_fn), one forward per policy.
 
 Every agent row belongs to one policy for a whole episode: ``policy_mapping_fn(agent_id,
 episode)`` is called for each agent when its env starts an episode, so self-play can switch
@@ -9,15 +9,18 @@ is no mapping and no gather: the rows go straight through it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from shoal.errors import ConfigError, did_you_mean
+from shoal.imports import import_spec
+from shoal.models.policy import Policy
+
 
 @dataclass(frozen=True)
 class EpisodeStart:
@@ -43,29 +46,29 @@ def mapping_function(spec: Any, policy_ids: list[str], agents: list[str]) -> Cal
             raise ConfigError(f"policy_mapping_fn maps {sorted(spec)} but not the agents {missing} of this env.")
         return lambda agent, episode: spec[agent]
     if isinstance(spec, str):
-        module, sep, name = spec.partition(":")
-        try:
-            spec = getattr(importlib.import_module(module), name) if sep else None
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(f"policy_mapping_fn '{spec}' cannot be imported ({e}).") from None
-        if spec is None:
-            raise ConfigError(f"policy_mapping_fn '{module}' must be 'package.module:function'.")
+        spec = import_spec(spec, "policy_mapping_fn")
     if not callable(spec):
         raise ConfigError(f"policy_mapping_fn must be a function (agent_id, episode) -> policy id, got {spec!r}.")
     return spec
 
 
 class PolicyMap:
-    """The policies and the row -> policy assignment of one backend (env-major rows, ``k`` per env)."""
+    """The policies, the row -> policy assignment and the per-row policy state of one backend
+    (env-major rows, ``k`` per env)."""
 
-    def __init__(self, policies: dict[str, torch.nn.Module], mapping: Callable[[str, EpisodeStart], str] | None,
+    def __init__(self, policies: dict[str, Policy], mapping: Callable[[str, EpisodeStart], str] | None,
                  agents: list[str], num_envs: int):
         self.ids, self.modules = list(policies), list(policies.values())
         self.single = len(self.modules) == 1
         self.mapping, self.agents = mapping, agents
-        self.row_policy = torch.zeros(num_envs * len(agents), dtype=torch.long)  # index into self.ids
+        num_rows = num_envs * len(agents)
+        self.row_policy = torch.zeros(num_rows, dtype=torch.long)  # index into self.ids
         self.episodes_started = 0
-        self._groups: dict[int, list[tuple[torch.nn.Module, torch.Tensor]]] = {}  # batch start row -> groups
+        # each policy's state of every row (read only on the rows it owns); empty for feedforward policies
+        self.states = [module.initial_state(num_rows) for module in self.modules]
+        self.stateful = any(not state.is_empty() for state in self.states)
+        self._groups: dict[int, list[tuple[int, torch.Tensor]]] = {}  # batch start row -> (policy, positions)
+        self._state_views: dict[tuple[int, int], TensorDict] = {}  # (policy, batch start row) -> its rows
 
     def start_episodes(self, envs: np.ndarray | range, first_env_id: int = 0) -> None:
         """Envs (backend indices) starting an episode: map each of their agents to a policy."""
@@ -88,49 +91,61 @@ class PolicyMap:
             raise ConfigError(f"policy_mapping_fn mapped agent '{agent}' to {policy_id!r}, which is not one of the "
                               f"policies {self.ids}.{did_you_mean(str(policy_id), self.ids)}") from None
 
-    def _split(self, owner: torch.Tensor) -> list[tuple[torch.nn.Module, torch.Tensor]]:
+    def split(self, owner: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """Each policy among ``owner`` (policy indices of some rows) with the positions it owns."""
-        return [(self.modules[p], (owner == p).nonzero().squeeze(1)) for p in owner.unique().tolist()]
+        return [(p, (owner == p).nonzero().squeeze(1)) for p in owner.unique().tolist()]
 
-    def _groups_for(self, rows: slice) -> list[tuple[torch.nn.Module, torch.Tensor]]:
+    def _groups_for(self, rows: slice) -> list[tuple[int, torch.Tensor]]:
         groups = self._groups.get(rows.start)
         if groups is None:
-            groups = self._groups[rows.start] = self._split(self.row_policy[rows])
+            groups = self._groups[rows.start] = self.split(self.row_policy[rows])
         return groups
 
-    def act(self, obs: torch.Tensor, action_mask: torch.Tensor | None, rows: slice, deterministic: bool = False,
-            out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, critic_obs: torch.Tensor | None = None):
-        """``(action, log_prob, value)`` for the batch's rows, each row by its policy; also written
-        into ``out`` when given."""
-        if self.single:  # returns the policy's own (contiguous) tensors, which backends take fastest
-            result = self.modules[0].act(obs, deterministic, action_mask, critic_obs)
-            for dst, src in zip(out or (), result):
-                dst.copy_(src)
-            return result
-        for module, idx in self._groups_for(rows):
-            result = module.act(obs[idx], deterministic, None if action_mask is None else action_mask[idx],
-                                None if critic_obs is None else critic_obs[idx])
-            if out is None:
-                out = tuple(torch.empty((len(obs), *r.shape[1:]), dtype=r.dtype) for r in result)
-            for dst, src in zip(out, result):
-                dst[idx] = src
-        return out
+    def _state(self, p: int, rows: slice) -> TensorDict:
+        view = self._state_views.get((p, rows.start))
+        if view is None:
+            view = self._state_views[(p, rows.start)] = self.states[p][rows]
+        return view
 
-    def value(self, obs: torch.Tensor, rows: slice, subset: torch.Tensor | None = None,
-              critic_obs: torch.Tensor | None = None) -> torch.Tensor:
-        """Values of the batch's rows (or of its rows ``subset``, whose obs ``obs`` holds)."""
-        if self.single:
-            return self.modules[0].value(obs, critic_obs)
-        owner = self.row_policy[rows] if subset is None else self.row_policy[rows][subset]
-        out = torch.empty(len(obs))
-        for module, idx in self._split(owner):
-            out[idx] = module.value(obs[idx], None if critic_obs is None else critic_obs[idx])
-        return out
+    def act(self, obs: torch.Tensor, first: torch.Tensor, action_mask: torch.Tensor | None, rows: slice,
+            deterministic: bool = False, out: TensorDict | None = None, critic_obs: torch.Tensor | None = None,
+            advance: bool = True) -> tuple[torch.Tensor, TensorDict]:
+        """Actions and extras for the batch's ``rows``, each row by its policy (extras written into
+        ``out`` when given). ``advance=False`` leaves the policy state as it was (acting on an
+        observation that will be acted on again)."""
+        if self.single:  # returns the policy's own (contiguous) action tensor, which backends take fastest
+            state = self._state(0, rows)
+            action, extras, next_state = self.modules[0].act(obs, state, first, action_mask, deterministic=deterministic,
+                                                             out=out, critic_obs=critic_obs)
+            if self.stateful and advance:
+                state.update_(next_state)
+            return action, extras
+        action = None
+        for p, idx in self._groups_for(rows):
+            state = self._state(p, rows)
+            part = state[idx]
+            a, extras, next_state = self.modules[p].act(
+                obs[idx], part, first[idx], None if action_mask is None else action_mask[idx],
+                deterministic=deterministic, critic_obs=None if critic_obs is None else critic_obs[idx])
+            if action is None:
+                action = a.new_empty((len(obs), *a.shape[1:]))
+                if out is None:
+                    out = TensorDict({k: v.new_empty((len(obs), *v.shape[1:])) for k, v in extras.items()},
+                                     batch_size=[len(obs)])
+            action[idx] = a
+            for key, value in extras.items():
+                out.get(key)[idx] = value
+            if self.stateful and advance:
+                state[idx] = next_state
+        return action, out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"row_policy": self.row_policy.tolist(), "episodes_started": self.episodes_started}
+        return {"row_policy": self.row_policy.tolist(), "episodes_started": self.episodes_started,
+                "states": [state.to_dict() for state in self.states]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.row_policy[:] = torch.tensor(state["row_policy"])
         self.episodes_started = state["episodes_started"]
+        for mine, saved in zip(self.states, state["states"]):
+            mine.update_(saved)
         self._groups.clear()

@@ -1,7 +1,8 @@
-"""Example native env: many agents on a grid, all stepped with numpy.
+"""Example envs: many agents on a grid stepped with numpy (``TargetGrid``), and a Dict observation
+of an image and a vector that are each useless alone (``SideSwitch``).
 
-Importing this module registers it as ``TargetGrid-v0`` (``env_config`` holds its keyword
-arguments), so ``shoal train shoal.envs.examples:TargetGrid-v0`` trains it.
+Importing this module registers them as ``TargetGrid-v0`` and ``SideSwitch-v0`` (``env_config``
+holds their keyword arguments), so ``shoal train shoal.envs.examples:TargetGrid-v0`` trains one.
 """
 
 from __future__ import annotations
@@ -91,4 +92,43 @@ class TargetGrid(AgentEnv):
         out[:, 4] = self.t / self.max_steps
 
 
+class SideSwitch(gym.Env):
+    """Dict observations: an image and a vector, each useless alone.
+
+    ``image``: a ``size`` x ``size`` x 1 uint8 picture, black but for one bright cell in its left or
+    right half; ``switch``: a one-hot of two settings. The right action (Discrete(4)) is
+    ``2 * side + setting``: reward 1 for it, 0 otherwise. Each of the ``length`` steps of an
+    episode shows a new picture and switch, so a policy that reads both keys scores ``length``,
+    one that reads either alone ``length / 2`` and a random one ``length / 4``.
+    """
+
+    def __init__(self, size: int = 12, length: int = 8):
+        self.size, self.length = size, length
+        self.observation_space = gym.spaces.Dict({
+            "image": gym.spaces.Box(0, 255, (size, size, 1), np.uint8),
+            "switch": gym.spaces.Box(0.0, 1.0, (2,), np.float32),
+        })
+        self.action_space = gym.spaces.Discrete(4)
+        self.t = self.answer = 0
+
+    def _draw(self) -> dict[str, np.ndarray]:
+        side, setting = self.np_random.integers(0, 2, 2)
+        image = np.zeros((self.size, self.size, 1), np.uint8)
+        half = self.size // 2
+        image[self.np_random.integers(0, self.size), side * half + self.np_random.integers(0, half), 0] = 255
+        self.answer = int(2 * side + setting)
+        return {"image": image, "switch": np.eye(2, dtype=np.float32)[setting]}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.answer)
+        self.t += 1
+        return self._draw(), reward, False, self.t >= self.length, {}
+
+
 register_env("TargetGrid-v0", lambda config: TargetGrid(**config))
+register_env("SideSwitch-v0", lambda config: SideSwitch(**config))

@@ -1,6 +1,6 @@
 """Native many-agent envs: one simulation of many agents in arrays, writing its rows of the flat batch.
 
-The model is PufferLib's native envs and Metta (seed 003): an env of, say, 128 agents steps
+The model is PufferLib's native envs and Metta's trainer: an env of, say, 128 agents steps
 them all with numpy (or compiled code) and writes observations, rewards and flags straight into
 its ``[num_agents, ...]`` rows of the ``[num_envs * num_agents, ...]`` batch, so no Python runs
 per agent and nothing is copied. A subclass of ``AgentEnv`` declares ``num_agents``,

@@ -1,4 +1,4 @@
-"""Turn what the user passes as ``env`` into something that makes environments (seed 004's env creators)."""
+"""Turn what the user passes as ``env`` into something that makes environments (RLlib-style env creators)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from shoal.envs.atari import is_atari_id, is_minatar_id, make_atari_env, make_minatar_env
 from shoal.envs.native import AgentEnv
 from shoal.errors import EnvError, did_you_mean
 
@@ -56,12 +57,46 @@ def _pettingzoo_maker(env_id: str) -> Callable:
     return make
 
 
+def _register_ale() -> None:
+    import ale_py
+    import cv2  # noqa: F401  (the preprocessing resizes frames with it)
+
+    gym.register_envs(ale_py)  # the import registered the ids; this call only makes that explicit
+
+
+def _register_minatar() -> None:
+    import minatar.gym
+
+    if "MinAtar/Breakout-v1" not in gym.registry:  # registering twice warns about every id
+        minatar.gym.register_envs()
+
+
+# Gymnasium knows these ids only once their package has registered them; the extra installs it.
+_NAMESPACES = {"ALE/": (_register_ale, "atari"), "MinAtar/": (_register_minatar, "minatar")}
+
+
+def _register_namespace(env_id: str) -> None:
+    """Register the ids of the package behind ``env_id``'s namespace, or say how to install it.
+    The import runs on every call (a dict look-up once imported) so a missing package always shows."""
+    for prefix, (register, extra) in _NAMESPACES.items():
+        if env_id.startswith(prefix):
+            try:
+                register()
+            except ImportError as e:
+                raise EnvError(f"env '{env_id}' needs the '{extra}' extra ({e}): "
+                               f"pip install 'shoal[{extra}]'.") from None
+
+
 def check_env_id(env_id: str) -> None:
     """Raise a clear error when ``env_id`` is neither a shoal nor a Gymnasium id.
 
     ``module:EnvId`` (Gymnasium's form) imports ``module`` first, which registers the id;
-    ``pettingzoo:module`` names a PettingZoo env module with a ``parallel_env()`` or an ``env()``."""
-    if env_id in _REGISTRY or env_id in gym.registry:
+    ``pettingzoo:module`` names a PettingZoo env module with a ``parallel_env()`` or an ``env()``;
+    ``ALE/...`` and ``MinAtar/...`` ids register their package's envs first."""
+    if env_id in _REGISTRY:
+        return
+    _register_namespace(env_id.partition(":")[2] or env_id)
+    if env_id in gym.registry:
         return
     if env_id.startswith(PETTINGZOO):
         _pettingzoo_maker(env_id)
@@ -93,17 +128,18 @@ def env_name(env: Any) -> str:
     return getattr(env, "__name__", type(env).__name__)
 
 
-def env_creator(env: Any, env_config: dict) -> Callable[[int], gym.Env]:
+def env_creator(env: Any, env_config: dict, evaluation: bool = False) -> Callable[[int], gym.Env]:
     """Return ``make(index) -> gym.Env`` for an id, a registered name or a factory."""
-    make = config_creator(env)
+    make = config_creator(env, evaluation)
     return lambda index: make(env_config)
 
 
-def config_creator(env: Any) -> Callable[[dict], gym.Env]:
+def config_creator(env: Any, evaluation: bool = False) -> Callable[[dict], gym.Env]:
     """Return ``make(env_config) -> gym.Env`` for an id, a registered name or a factory.
 
     A Gymnasium id gets ``env_config`` as ``gym.make`` keyword arguments; a factory may take
-    ``env_config`` (seed 004 style) or no argument.
+    ``env_config`` (RLlib style) or no argument. ``ALE/...`` ids get shoal's Atari
+    preprocessing (``envs/atari.py``), in which ``evaluation`` turns off the loss-of-life terminals.
     """
     if isinstance(env, str) and env.startswith(PETTINGZOO):
         make = _pettingzoo_maker(env)
@@ -114,6 +150,10 @@ def config_creator(env: Any) -> Callable[[dict], gym.Env]:
         if env in _REGISTRY:
             creator = _REGISTRY[env]
             return lambda env_config: _call_creator(creator, env_config, env)
+        if is_atari_id(env):
+            return lambda env_config: make_atari_env(env, env_config, evaluation)
+        if is_minatar_id(env):
+            return lambda env_config: make_minatar_env(env, env_config)
         return lambda env_config: gym.make(env, **env_config)
     if callable(env) and not isinstance(env, gym.Env) and not is_parallel_env(env) and not is_aec_env(env):
         return lambda env_config: _call_creator(env, env_config, env_name(env))

@@ -43,6 +43,12 @@ class ObsSpec:
         out[...] = obs
 
 
+    def flat_sample(self) -> np.ndarray:
+        """One random observation in its stored form (flattened when structured)."""
+        obs = self.space.sample()
+        return np.asarray(gym.spaces.flatten(self.space, obs) if self.structured else obs, dtype=self.dtype)
+
+
 def obs_spec(space: gym.Space) -> ObsSpec:
     if isinstance(space, gym.spaces.Box):
         dtype = np.dtype(np.float32) if np.issubdtype(space.dtype, np.floating) else np.dtype(space.dtype)
@@ -77,3 +83,20 @@ def action_spec(space: gym.Space) -> ActionSpec:
             raise EnvError(f"Box action space {space} must be 1-D.")
         return ActionSpec(space, "continuous", tuple(space.shape), np.dtype(np.float32))
     raise EnvError(f"action space {space} is not supported: use Discrete, MultiDiscrete or Box.")
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What an algorithm knows of the envs it learns from: the row layout of the flat batch."""
+
+    name: str
+    obs_spec: ObsSpec
+    act_spec: ActionSpec
+    num_envs: int
+    rows_per_env: int  # agent rows per env (1 for single-agent envs)
+    mask_size: int = 0  # width of the action mask, 0 when no env sends one
+    critic_dim: int = 0  # width of a centralized critic's input, 0 without one
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_envs * self.rows_per_env

@@ -1,4 +1,4 @@
-"""Metric names in the logs, and the end-of-run analysis (seed 004's metric_analysis).
+"""Metric names in the logs, and the end-of-run analysis (RLlib's metric_analysis).
 
 ``train()`` returns RLlib's flat keys (``episode_reward_mean``, ``sps``, ``policy_loss``) with
 ``evaluation`` and ``custom_metrics`` as nested dicts. Every log (JSONL, CSV, TensorBoard,

@@ -1,7 +1,8 @@
-"""Networks, action distributions and normalizers."""
+"""Networks, action distributions, normalizers, and the policy contract."""
 
-from shoal.models.flat import FlatAdam, flatten_parameters
+from shoal.models.catalog import build_model, build_policy
 from shoal.models.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
-from shoal.models.policy import ActorCritic
+from shoal.models.policy import ActorCriticPolicy, Policy
 
-__all__ = ["ActorCritic", "FlatAdam", "ObsNormalizer", "RewardScaler", "RunningMeanStd", "flatten_parameters"]
+__all__ = ["ActorCriticPolicy", "ObsNormalizer", "Policy", "RewardScaler", "RunningMeanStd", "build_model",
+           "build_policy"]

@@ -1,75 +1,95 @@
-"""The actor-critic every on-policy algorithm in shoal uses by default."""
+"""The policy contract the collector, evaluation and ``compute_actions`` act through, and the
+actor-critic policy every on-policy algorithm in shoal uses by default.
+
+    act(obs, state, first, action_mask) -> (action, extras, next_state)
+    initial_state(rows) -> state
+
+``state`` is a TensorDict with one entry per agent row: empty for feedforward models, the
+recurrent core's tensors otherwise; a policy resets the rows where ``first`` is True (the
+observation starts an episode) before using them. ``extras`` is a TensorDict of what the
+algorithm asked the collector to store per step (for PPO: ``sample_log_prob`` and ``value``).
+When the caller passes ``out`` (a TensorDict of views into the rollout), the policy writes the
+extras there and returns it, so the rollout loop creates nothing per step.
+
+Observation normalization happens here, in one place: the rollout stores raw observations (uint8
+images stay uint8), and every forward (acting, learning, evaluation, ``compute_actions``)
+normalizes with the running statistics the algorithm updates from each batch it collects.
+"""
 
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
 from torch import nn
 
 from shoal.envs.spaces import ActionSpec
-from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
-from shoal.models.layers import StackedMLP
+from shoal.models.distributions import make_distribution
+from shoal.models.normalize import ObsNormalizer
 
 # raised rather than ignoring the mask: a caller passing one expects it to constrain the actions
 BOX_MASK_ERROR = "action_mask is only supported for Discrete and MultiDiscrete actions, not continuous (Box)"
 
 
-def make_distribution(spec: ActionSpec):
-    if spec.kind == "discrete":
-        return Categorical(spec.nvec[0])
-    if spec.kind == "multi_discrete":
-        return MultiCategorical(spec.nvec)
-    return DiagGaussian(spec.shape[0])
+class Policy(nn.Module):
+    """Base of every policy: subclasses implement ``act`` and set ``extras``."""
+
+    extras: tuple[str, ...] = ()  # the per-step fields ``act`` fills
+
+    def initial_state(self, rows: int) -> TensorDict:
+        """The state of ``rows`` agent rows at an episode start (empty: feedforward)."""
+        return TensorDict({}, batch_size=[rows])
+
+    def act(self, obs: torch.Tensor, state: TensorDict, first: torch.Tensor, action_mask: torch.Tensor | None = None,
+            *, deterministic: bool = False, out: TensorDict | None = None, critic_obs: torch.Tensor | None = None):
+        raise NotImplementedError
 
 
-class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs (no shared trunk), computed side by side.
+class ActorCriticPolicy(Policy):
+    """Actions sampled from a distribution whose inputs, with a value, come from ``model``
+    (``obs -> (dist_inputs [B, P], value [B])``). Box actions add a state-independent ``log_std``.
 
-    With ``critic_dim`` the critic is centralized (MAPPO): it sees ``critic_obs`` ``[B,
-    critic_dim]`` (e.g. the whole team's observations) while the actor sees only its own
-    ``obs``; both inputs are zero-padded to one width so the towers still run as one batched
-    matmul. Every method takes ``critic_obs``; without it such a critic sees zeros, which is fine
-    where only actions are wanted (evaluation, ``compute_actions``).
-
-    ``act`` is the rollout path (sample, log-prob, value); ``evaluate`` the learning path
-    (log-prob and entropy of stored actions, value). Each takes an optional ``action_mask`` for
-    Discrete / MultiDiscrete actions, bool ``[B, sum(nvec)]``, True = allowed (see
-    ``shoal.models.distributions``); the learning path must be given the mask the action was
-    sampled under.
+    ``act`` is the rollout path; ``evaluate`` the learning path (log-prob and entropy of stored
+    actions, and values), which must be given the action mask the action was sampled under.
     """
 
-    def __init__(self, obs_dim: int, action: ActionSpec, hiddens: list[int], activation: str = "tanh",
-                 log_std_init: float = 0.0, critic_dim: int = 0):
+    extras = ("sample_log_prob", "value")
+
+    def __init__(self, model: nn.Module, action: ActionSpec, obs_normalizer: ObsNormalizer | None = None,
+                 critic_normalizer: ObsNormalizer | None = None, log_std_init: float = 0.0):
         super().__init__()
+        self.model = model
         self.dist = make_distribution(action)
         self.continuous = action.kind == "continuous"
-        self.obs_dim, self.critic_dim = obs_dim, critic_dim
-        self.net = StackedMLP(max(obs_dim, critic_dim), hiddens, [self.dist.param_dim, 1], head_gains=[0.01, 1.0],
-                              activation=activation)
+        self.obs_normalizer, self.critic_normalizer = obs_normalizer, critic_normalizer
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((self.dist.param_dim,), float(log_std_init)))
 
-    def _inputs(self, obs: torch.Tensor, critic_obs: torch.Tensor | None) -> torch.Tensor:
-        """The network input: ``[B, obs_dim]``, or ``[2, B, width]`` with a centralized critic."""
-        x = obs.reshape(obs.shape[0], -1).float()
-        if not self.critic_dim:
-            return x
-        both = x.new_zeros(2, x.shape[0], max(self.obs_dim, self.critic_dim))
-        both[0, :, :self.obs_dim] = x
-        if critic_obs is not None:
-            both[1, :, :self.critic_dim] = critic_obs
-        return both
+    def normalize(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None):
+        """The model's inputs: ``(obs, critic_obs)`` normalized when the policy keeps statistics."""
+        if self.obs_normalizer is not None:
+            obs = self.obs_normalizer.normalize(obs)
+        if critic_obs is not None and self.critic_normalizer is not None:
+            critic_obs = self.critic_normalizer.normalize(critic_obs)
+        return obs, critic_obs
+
+    @torch.no_grad()
+    def update_obs_stats(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> None:
+        """Fold a batch of raw observations into the normalization statistics (a no-op without them)."""
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.stats.update(obs)
+        if critic_obs is not None and self.critic_normalizer is not None:
+            self.critic_normalizer.stats.update(critic_obs)
 
     def forward(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Distribution parameters ``[B, param_dim]`` and values ``[B]``."""
-        params, value = self.net(self._inputs(obs, critic_obs))
-        return params, value.squeeze(-1)
+        """Distribution inputs ``[B, P]`` and values ``[B]`` of raw observations."""
+        obs, critic_obs = self.normalize(obs, critic_obs)
+        return self.model(obs) if critic_obs is None else self.model(obs, critic_obs)
 
     def value(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward(obs, critic_obs)[1]
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False, action_mask: torch.Tensor | None = None,
-            critic_obs: torch.Tensor | None = None):
-        """Sample actions: returns ``(action, log_prob, value)``."""
+    def act(self, obs: torch.Tensor, state: TensorDict, first: torch.Tensor, action_mask: torch.Tensor | None = None,
+            *, deterministic: bool = False, out: TensorDict | None = None, critic_obs: torch.Tensor | None = None):
         params, value = self.forward(obs, critic_obs)
         if self.continuous:
             if action_mask is not None:
@@ -77,41 +97,22 @@ class ActorCritic(nn.Module):
             action, logp = self.dist.sample(params, self.log_std, deterministic)
         else:
             action, logp = self.dist.sample(params, deterministic, action_mask)
-        return action, logp, value
+        if out is None:
+            out = TensorDict({"sample_log_prob": logp, "value": value}, batch_size=[obs.shape[0]])
+        else:
+            out.get("sample_log_prob").copy_(logp)
+            out.get("value").copy_(value)
+        return action, out, state
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True,
                  action_mask: torch.Tensor | None = None, critic_obs: torch.Tensor | None = None):
-        """Log-probability of ``action`` under the current policy, its entropy (None when not asked
-        for) and values."""
+        """Log-probability of ``action`` under the current policy, its entropy (None when not
+        asked for) and values."""
         params, value = self.forward(obs, critic_obs)
-        return *self._log_prob_entropy(params, action, entropy, action_mask)[:2], value
-
-    @torch.no_grad()
-    def evaluate_backward(self, obs: torch.Tensor, action: torch.Tensor, loss_and_grad, entropy: bool = True,
-                          action_mask: torch.Tensor | None = None, critic_obs: torch.Tensor | None = None):
-        """``evaluate`` and the backward pass of a loss of its outputs, without the autograd engine.
-
-        ``loss_and_grad(logp, entropy, value)`` returns ``(result, (grad_logp, grad_value,
-        grad_entropy))``; the gradient is written (not accumulated) into every parameter's
-        ``.grad``, which must exist (see ``flatten_parameters``). Returns ``result`` and the entropy.
-        The engine's graph bookkeeping costs more than the arithmetic on networks this small.
-        """
-        x = self._inputs(obs, critic_obs)
-        (params, value), hidden = self.net.forward_for_backward(x)
-        logp, ent, ctx = self._log_prob_entropy(params, action, entropy, action_mask)
-        result, (grad_logp, grad_value, grad_entropy) = loss_and_grad(logp, ent, value.squeeze(-1))
-        if self.continuous:
-            grad_params, grad_log_std = self.dist.backward(ctx, grad_logp, grad_entropy)
-            self.log_std.grad.copy_(grad_log_std)
-        else:
-            grad_params = self.dist.backward(ctx, grad_logp, grad_entropy)
-        self.net.backward_into_grad(x, hidden, (grad_params, grad_value.unsqueeze(-1)))
-        return result, ent
-
-    def _log_prob_entropy(self, params: torch.Tensor, action: torch.Tensor, entropy: bool,
-                          action_mask: torch.Tensor | None):
         if self.continuous:
             if action_mask is not None:
                 raise ValueError(BOX_MASK_ERROR)
-            return self.dist.log_prob_entropy(params, self.log_std, action, entropy)
-        return self.dist.log_prob_entropy(params, action, entropy, action_mask)
+            logp, ent = self.dist.log_prob_entropy(params, self.log_std, action, entropy)
+        else:
+            logp, ent = self.dist.log_prob_entropy(params, action, entropy, action_mask)
+        return logp, ent, value

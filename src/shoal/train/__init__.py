@@ -1,6 +1,5 @@
-"""The training loop and the algorithms users construct."""
+"""The run's lifecycle: the trainer, callbacks, checkpoints, evaluation."""
 
-from shoal.train.ppo import PPO
 from shoal.train.trainer import Trainer
 
-__all__ = ["PPO", "Trainer"]
+__all__ = ["Trainer"]

@@ -1,4 +1,4 @@
-"""Trainer hooks (seed 004's callbacks, plain): subclass ``Callback`` and override what you need.
+"""Trainer hooks (RLlib's callbacks, plain): subclass ``Callback`` and override what you need.
 
 Every hook may return True to stop training after the current iteration (the run is then
 checkpointed like any other stop). ``config.callbacks`` takes instances, classes, or
@@ -8,12 +8,12 @@ not pickled into it).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shoal.collect.episodes import Episode
 from shoal.errors import ConfigError
+from shoal.imports import import_spec
 
 if TYPE_CHECKING:
     from shoal.train.trainer import Trainer
@@ -38,11 +38,7 @@ HOOKS = ("on_episode_end", "on_train_result", "on_evaluate_end", "on_checkpoint"
 
 def _instantiate(spec: Any) -> Callback:
     if isinstance(spec, str):
-        module, _, name = spec.partition(":")
-        try:
-            spec = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ConfigError(f"callback '{spec}' cannot be imported ({e}); use 'package.module:ClassName'.") from None
+        spec = import_spec(spec, "callback")
     if isinstance(spec, type):
         spec = spec()
     if not any(callable(getattr(spec, hook, None)) for hook in HOOKS):

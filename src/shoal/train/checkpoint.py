@@ -22,7 +22,7 @@ import torch
 
 from shoal.errors import ShoalError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STATE_FILE, META_FILE = "state.pt", "meta.json"
 PREFIX, TMP_PREFIX = "checkpoint_", ".tmp-"
 

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
 from shoal.vector import SerialBackend, VecBackend
 
@@ -85,26 +86,34 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
     return SerialBackend(make, num_envs, name), filmers
 
 
-def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
                  seed: int, row_policy: tuple[list[str], np.ndarray] | None = None) -> dict[str, Any]:
-    """Play one episode on each of the backend's envs; summarise returns and lengths. With
-    named agents, an episode's return is the sum over its agents (each row's first episode), its
-    length the longest agent's; anonymous agents (native envs) each count as an episode.
-    ``row_policy`` (policy ids, and each row's index into them) adds each policy's mean agent
-    return as ``policy_reward_mean``."""
+    """Play one episode on each of the backend's envs; summarise returns and lengths.
+
+    ``act(obs, action_mask, first)`` gives the rows' actions; ``first`` marks the rows whose
+    observation starts an episode (recurrent policies reset their state there). With named
+    agents, an episode's return is the sum over its agents (each row's first episode), its length
+    the longest agent's; anonymous agents (native envs) each count as an episode. ``row_policy``
+    (policy ids, and each row's index into them) adds each policy's mean agent return as
+    ``policy_reward_mean``."""
     n = backend.num_rows
     backend.reset(seed)
     returns = np.zeros(n)
     lengths = np.zeros(n, dtype=np.int64)
     finished = np.zeros(n, dtype=bool)
+    first = torch.ones(n, dtype=torch.bool)
     batch = backend.recv()
     while not finished.all():
-        backend.send(act(batch.obs, batch.action_mask))
+        backend.send(act(batch.obs, batch.action_mask, first))
         batch = backend.recv()
         live = ~finished  # every reward counts, a step where the row acted, a done even where it did not
         returns[live] += batch.reward.numpy()[live]
         lengths[live & batch.valid.numpy()] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
+        if backend.autoreset == "same_step":
+            torch.logical_or(batch.terminated, batch.truncated, out=first)
+        else:
+            torch.logical_not(batch.valid, out=first)
     per_policy = {}
     if row_policy is not None:
         ids, index = row_policy
@@ -122,3 +131,21 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         "episodes": len(returns),
         **per_policy,
     }
+
+
+def prepare_obs(spec: ObsSpec, obs: Any, device: str) -> tuple[torch.Tensor, bool]:
+    """A batch of observations as the policy takes them (flattened when structured, in the stored
+    dtype); also says whether the input was one observation."""
+    if spec.structured:
+        single = not isinstance(obs, list)  # one Dict/Tuple observation, or a list of them
+        items = [obs] if single else obs
+        arr = np.stack([gym.spaces.flatten(spec.space, o) for o in items]).astype(np.float32)
+    else:
+        arr = np.asarray(obs, dtype=spec.dtype)
+        single = arr.shape == spec.shape
+        if single:
+            arr = arr[None]
+        if arr.shape[1:] != spec.shape:
+            raise EnvError(f"compute_actions got observations of shape {arr.shape}; expected "
+                           f"[batch, {', '.join(map(str, spec.shape))}] or one observation of shape {spec.shape}.")
+    return torch.as_tensor(arr, device=device), single

@@ -1,12 +1,14 @@
-"""The training loop: collect -> learn -> sync weights -> evaluate -> log -> checkpoint.
+"""The Trainer: the run's lifecycle, the same for every algorithm.
 
-``Trainer`` is algorithm-agnostic; an algorithm names its config class and learner. With the
-in-process backends the collector and learner share one policy module, so the "sync weights"
-step of seed 000 is a no-op today; remote backends will hook in at ``_sync_weights``.
+    Trainer.train() -> algorithm.training_step(collector) -> result -> log / callbacks / checkpoint / evaluate
 
-The run lifecycle lives here once for every algorithm: periodic evaluation, callbacks,
+The trainer builds the envs (a backend), asks the algorithm named by ``algo`` to build its
+policies, networks and storage for them, wires the collector between the two, and then owns only
+the lifecycle: iterations and stop criteria, timing, the progress line, loggers, callbacks,
 checkpoints (periodic, at the end, and on Ctrl-C / SIGTERM, which stop the run after the current
-iteration), exact resume via ``from_checkpoint``, and ``result.json`` with each metric's analysis.
+iteration), exact resume via ``from_checkpoint``, evaluation on separate env copies, and handing
+new weights to whoever steps the envs (in process they share the modules, so that is a no-op
+until a backend steps envs elsewhere).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import re
 import signal
 import threading
 import time
@@ -23,40 +24,48 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-from shoal.buffers.rollout import RolloutBuffer, torch_dtype
+from shoal.algos.base import Algorithm
+from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.collect import Collector, EpisodeTracker
-from shoal.collect.critic import EnvState, TeamObs, _CriticInput
+from shoal.collect.critic import CriticInput, EnvState, TeamObs
 from shoal.collect.episodes import Episode
 from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.config import TrainerConfig
+from shoal.envs.atari import is_atari_id
 from shoal.envs.registry import config_creator, env_name
 from shoal.envs.snapshot import decode, encode
-from shoal.errors import ConfigError, EnvError, did_you_mean
+from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError, did_you_mean
+from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
-from shoal.models import ActorCritic, ObsNormalizer, RewardScaler
+from shoal.models.normalize import RewardScaler
+from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import CallbackList
-from shoal.train.evaluation import filmed_backend, run_episodes
+from shoal.train.evaluation import filmed_backend, prepare_obs, run_episodes
 from shoal.vector import VecBackend, make_backend
 from shoal.vector.vmas import is_vmas
 
-_IMPORT_SPEC = re.compile(r"[\w.]+:[\w.]+")
-
 
 class Trainer:
-    config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
-    algo_name: ClassVar[str] = "Trainer"
+    """Trains the algorithm ``algo`` names (``"ppo"``, an ``Algorithm`` subclass, or
+    ``"package.module:Class"``) on ``env``; any config key as a keyword.
+
+    >>> trainer = shoal.Trainer(algo="ppo", env="CartPole-v1", seed=1)
+    >>> trainer.learn(100_000)
+    """
+
+    algo: ClassVar[Any] = None  # set by presets such as shoal.PPO: the one algorithm they train
 
     def __init__(self, env: Any = None, config: dict[str, Any] | None = None, **overrides: Any):
-        settings = dict(config or {})
-        settings.update(overrides)
+        settings = dict(config or {}) | overrides
         if env is not None:
             settings["env"] = env
-        self.config = self.config_class.build(**settings)
+        algo_cls = self._algorithm_class(settings)
+        self.config = algo_cls.config_class.build(**settings)
         c = self.config
         torch.set_num_threads(c.torch_threads)
         # Adam's second moments and annealed updates drift into denormal floats late in training,
@@ -69,33 +78,20 @@ class Trainer:
         self.backend = self._make_backend(c.num_envs, c.num_workers)
         try:
             c.check_batch(self.backend.rows_per_env)
+            critic = self._central_critic()
+            self.algorithm: Algorithm = algo_cls(c, self._env_info(critic))
         except ConfigError:
             self.backend.close()
             raise
-        spec = self.backend.obs_spec
-        obs_dim = int(np.prod(spec.shape))
-        critic = self._central_critic(obs_dim)
-        critic_dim = critic.dim if critic else 0
-        self.policy_configs = {pid: c.policy_config(pid) for pid in c.policy_ids}
-        self.policies = {pid: ActorCritic(obs_dim, self.backend.act_spec, pc.hiddens, pc.activation, pc.log_std_init,
-                                          critic_dim).to(c.device) for pid, pc in self.policy_configs.items()}
         self.policy_map = self._make_policy_map(self.backend)
-        self.obs_normalizer = ObsNormalizer(spec.shape, c.clip_obs) if c.normalize_obs else None
-        self.reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
         on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
         self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing,
                                       self.backend.batch.env_id.numpy(), on_episode_end,
                                       self.backend.agents, c.policy_ids)
-        self.collector = Collector(self.backend, self.policy_map, self.tracker, self.obs_normalizer,
-                                   self.reward_scaler, critic)
-        mask = self.backend.batch.action_mask
-        self.buffer = RolloutBuffer(self.backend.num_rows, c.rollout_fragment_length, spec.shape,
-                                    torch_dtype(spec.dtype), self.backend.act_spec.shape,
-                                    torch_dtype(self.backend.act_spec.dtype), c.device,
-                                    0 if mask is None else mask.shape[1], critic_dim)
-        trained = c.policy_ids if c.policies_to_train is None else c.policies_to_train
-        self.learners = {pid: self._make_learner(self.policies[pid], self.policy_configs[pid], i)
-                         for i, pid in enumerate(c.policy_ids) if pid in trained}
+        reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
+        clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
+        self.collector = Collector(self.backend, self.policy_map, self.tracker, self.algorithm.extras, reward_scaler,
+                                   critic, clip_rewards)
 
         self.iteration = 0
         self.timesteps_total = 0
@@ -109,22 +105,41 @@ class Trainer:
         self._logger: RunLogger | None = None
 
     # ----- set-up -------------------------------------------------------------------------
-    def _make_learner(self, policy: ActorCritic, config: TrainerConfig, index: int):
-        """The learner of one policy (``config`` has the policy's overrides; ``index`` its place)."""
-        raise NotImplementedError
+    @classmethod
+    def _algorithm_class(cls, settings: dict[str, Any]) -> type[Algorithm]:
+        if cls.algo is None:
+            return algorithm_class(settings.get("algo", TrainerConfig.model_fields["algo"].default))
+        preset = algorithm_class(cls.algo)
+        if "algo" in settings and algorithm_class(settings["algo"]) is not preset:
+            raise ConfigError(f"shoal.{cls.__name__} trains {preset.name}; for algo={settings['algo']!r} use "
+                              f"shoal.Trainer(algo=...).")
+        return preset
 
-    def _central_critic(self, obs_dim: int) -> _CriticInput | None:
+    @property
+    def algo_name(self) -> str:
+        return self.algorithm.name
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        return self.algorithm.policies
+
+    def _env_info(self, critic: CriticInput | None) -> EnvInfo:
+        b = self.backend
+        mask = b.batch.action_mask
+        return EnvInfo(self.env_name, b.obs_spec, b.act_spec, b.num_envs, b.rows_per_env,
+                       0 if mask is None else mask.shape[1], critic.dim if critic else 0)
+
+    def _central_critic(self) -> CriticInput | None:
         kind, backend = self.config.central_critic, self.backend
         if kind is None:
             return None
         if backend.rows_per_env < 2 or (kind == "state" and backend.batch.state is None):
-            backend.close()
             why = ("has one agent per env" if backend.rows_per_env < 2 else
                    "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'")
             raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{self.env_name}' {why}.")
         if kind == "state":
             return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
-        return TeamObs(obs_dim, backend.rows_per_env)
+        return TeamObs(int(np.prod(backend.obs_spec.shape)), backend.rows_per_env)
 
     def _make_policy_map(self, backend: VecBackend, mapping_fn: Any = None) -> PolicyMap:
         """Which policy acts for each of ``backend``'s rows (``mapping_fn`` replaces the config's)."""
@@ -134,10 +149,11 @@ class Trainer:
             mapping = mapping_function(mapping_fn or self.config.policy_mapping_fn, list(self.policies), agents)
         return PolicyMap(self.policies, mapping, agents, backend.num_envs)
 
-    def _make_backend(self, num_envs: int, num_workers: int = 0) -> VecBackend:
+    def _make_backend(self, num_envs: int, num_workers: int = 0, evaluation: bool = False) -> VecBackend:
         c = self.config
         return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode, num_workers,
-                            c.async_factor if num_workers else 1, env_state=c.central_critic == "state")
+                            c.async_factor if num_workers else 1, env_state=c.central_critic == "state",
+                            evaluation=evaluation)
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -163,31 +179,22 @@ class Trainer:
         return self._logger
 
     # ----- the loop -----------------------------------------------------------------------
-    def learning_rate(self, policy_id: str | None = None) -> float:
-        """The step size now: the policy's ``learning_rate``, annealed when ``lr_schedule`` is linear."""
-        c = self.config
-        base = (self.policy_configs[policy_id] if policy_id else c).learning_rate
-        if c.lr_schedule == "linear":
-            remaining = 1.0 - self.timesteps_total / max(1, self._schedule_end)
-            return base * max(remaining, 0.0)
-        return base
-
     def train(self) -> dict[str, Any]:
-        """One iteration: collect ``train_batch_size`` env steps (times the agents per env), update, evaluate if due, log,
-        checkpoint if due. Returns the result dict."""
+        """One iteration: the algorithm's training step, then evaluation if due, logging,
+        callbacks, a checkpoint if due. Returns the result dict."""
         c = self.config
+        collector = self.collector
         t0 = time.perf_counter()
-        rollout = self.buffer.start_rollout()
-        steps = self.collector.collect(rollout)
-        self.buffer.add(rollout)
-        t1 = time.perf_counter()
-        stats = self._update_policies(rollout)
+        steps_before, sample_before = collector.env_steps, collector.sample_time_s
+        self.algorithm.progress = self.timesteps_total / max(1, self._schedule_end)
+        stats = self.algorithm.training_step(collector)
         self._sync_weights()
-        t2 = time.perf_counter()
+        elapsed = time.perf_counter() - t0
+        steps = collector.env_steps - steps_before
+        sample_s = collector.sample_time_s - sample_before
 
         self.iteration += 1
         self.timesteps_total += steps
-        elapsed = t2 - t0
         self.time_total_s += elapsed
         agents = self.backend.rows_per_env  # agent rows per env, padding included
         result: dict[str, Any] = {
@@ -200,8 +207,8 @@ class Trainer:
             "sps": steps / elapsed,
             "agent_sps": steps * agents / elapsed,
             "time_this_iter_s": elapsed,
-            "sample_time_ms": 1e3 * (t1 - t0),
-            "learn_time_ms": 1e3 * (t2 - t1),
+            "sample_time_ms": 1e3 * sample_s,
+            "learn_time_ms": 1e3 * (elapsed - sample_s),
             **stats,
         }
         if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
@@ -215,21 +222,6 @@ class Trainer:
         if self.run_dir is not None and c.checkpoint_interval and self.iteration % c.checkpoint_interval == 0:
             self.save()
         return result
-
-    def _update_policies(self, rollout) -> dict[str, Any]:
-        """Each trained policy learns from the steps it took. One policy's statistics are
-        top-level result keys; with several they go under ``learner`` as ``<policy>/<stat>``."""
-        single = len(self.policies) == 1
-        acted = None if single else rollout["policy_id"][:, :-1].reshape(-1)
-        stats: dict[str, Any] = {}
-        for pid, learner in self.learners.items():
-            select = None if single else acted == self.policy_map.ids.index(pid)
-            if select is not None and not select.any():
-                continue  # the mapping gave this policy no rows this iteration
-            lr = self.learning_rate(pid)
-            out = {"learning_rate": lr, **learner.update(rollout, lr, select)}
-            stats |= out if single else {f"{pid}/{k}": v for k, v in out.items()}
-        return stats if single else {"learner": stats}
 
     def _sync_weights(self) -> None:
         """Hand the new weights to whoever steps the envs (in process: they already share them)."""
@@ -306,12 +298,8 @@ class Trainer:
             "config": self.config.to_yaml_dict(),
             "counters": {"iteration": self.iteration, "timesteps_total": self.timesteps_total,
                          "time_total_s": self.time_total_s, "schedule_end": self._schedule_end},
-            "policies": {pid: policy.state_dict() for pid, policy in self.policies.items()},
-            "learners": {pid: learner.state_dict() for pid, learner in self.learners.items()},
-            "policy_map": self.policy_map.state_dict(),
-            "obs_normalizer": None if self.obs_normalizer is None else self.obs_normalizer.state_dict(),
-            "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
-            "tracker": self.tracker.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "collector": self.collector.state_dict(),
             "analysis": self.analysis.stats,
             "backend": self.backend.state_dict(),
             "rng": {"python": random.getstate(), "numpy": encode(np.random.get_state()),
@@ -320,15 +308,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
-            for pid, policy in self.policies.items():
-                policy.load_state_dict(state["policies"][pid])
-            for pid, learner in self.learners.items():
-                learner.load_state_dict(state["learners"][pid])
-            self.policy_map.load_state_dict(state["policy_map"])
-            for module, key in ((self.obs_normalizer, "obs_normalizer"), (self.reward_scaler, "reward_scaler")):
-                if module is not None and state[key] is not None:
-                    module.load_state_dict(state[key])
-            self.tracker.load_state_dict(state["tracker"])
+            self.algorithm.load_state_dict(state["algorithm"])
+            self.collector.load_state_dict(state["collector"])
         except (RuntimeError, KeyError, ValueError) as e:
             raise ckpt.CheckpointError(f"the checkpoint does not fit this trainer's config: {e}") from None
         counters = state["counters"]
@@ -339,8 +320,7 @@ class Trainer:
             warnings.warn(f"env '{self.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
                           f"the resumed run starts new episodes instead of continuing them.", stacklevel=2)
             self.collector.reset(self.config.seed + self.iteration)
-            self.tracker.ret[:] = 0.0
-            self.tracker.len[:] = 0
+            self.tracker.reset_episodes()
         rng = state["rng"]
         random.setstate(rng["python"])
         np.random.set_state(decode(rng["numpy"]))
@@ -363,9 +343,10 @@ class Trainer:
     def _meta(self) -> dict[str, Any]:
         from shoal import __version__
 
-        return {"algo": self.algo_name, "env": self.env_name, "env_is_object": self.config.env_is_object,
-                "training_iteration": self.iteration, "timesteps_total": self.timesteps_total,
-                "shoal_version": __version__, "saved_at": datetime.now().isoformat(timespec="seconds")}
+        return {"algo": algorithm_spec(type(self.algorithm)), "env": self.env_name,
+                "env_is_object": self.config.env_is_object, "training_iteration": self.iteration,
+                "timesteps_total": self.timesteps_total, "shoal_version": __version__,
+                "saved_at": datetime.now().isoformat(timespec="seconds")}
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Trainer:
@@ -373,27 +354,34 @@ class Trainer:
         restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``)."""
         path = ckpt.resolve_checkpoint(path)
         state, meta = ckpt.read_checkpoint(path)
-        if meta.get("algo") != cls.algo_name:
-            raise ckpt.CheckpointError(f"checkpoint '{path}' was written by {meta.get('algo')}, not {cls.algo_name}; "
-                                       f"load it with shoal.{meta.get('algo')}.from_checkpoint.")
-        if meta.get("env_is_object") and "env" not in overrides:
-            raise ckpt.CheckpointError(f"checkpoint '{path}' was trained on an env object ({state['config']['env']}); "
-                                       f"pass the same env again: from_checkpoint(path, env=...).")
         settings = dict(state["config"])
-        # Callback objects are not stored (only their repr): keep importable ones, take others anew.
-        settings["callbacks"] = [cb for cb in settings.get("callbacks", []) if _IMPORT_SPEC.fullmatch(cb)]
-        mapping = settings.get("policy_mapping_fn")
-        if isinstance(mapping, str) and not _IMPORT_SPEC.fullmatch(mapping) and "policy_mapping_fn" not in overrides:
-            raise ckpt.CheckpointError(f"checkpoint '{path}' was trained with policy_mapping_fn {mapping}, a function "
-                                       f"shoal cannot store; pass it again: from_checkpoint(path, policy_mapping_fn=...).")
-        settings.update(overrides)
-        trainer = cls(**settings)
+        if cls.algo is not None and "algo" not in overrides:
+            saved = settings["algo"]
+            try:
+                same = algorithm_class(saved) is algorithm_class(cls.algo)
+            except ConfigError:  # an algorithm of the user's that does not import here
+                same = False
+            if not same:
+                raise ckpt.CheckpointError(f"checkpoint '{path}' was written by algo '{saved}', not '{cls.algo}'; load "
+                                           f"it with shoal.Trainer.from_checkpoint.")
+        if meta.get("env_is_object") and "env" not in overrides:
+            raise ckpt.CheckpointError(f"checkpoint '{path}' was trained on an env object ({settings['env']}); "
+                                       f"pass the same env again: from_checkpoint(path, env=...).")
+        # Objects are not stored (only their repr): keep importable ones, ask for the others again.
+        settings["callbacks"] = [cb for cb in settings.get("callbacks", []) if is_spec(cb)]
+        for key in ("policy_mapping_fn", "algo", "model"):
+            value = settings.get(key)
+            stored_object = isinstance(value, str) and (key == "policy_mapping_fn" or ":" in value)
+            if stored_object and not importable(value) and key not in overrides:
+                raise ckpt.CheckpointError(f"checkpoint '{path}' was trained with {key} {value}, which cannot be "
+                                           f"imported; pass it again: from_checkpoint(path, {key}=...).")
+        trainer = cls(**settings | overrides)
         trainer.load_state_dict(state)
         trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
         return trainer
 
     # ----- using the policy ---------------------------------------------------------------
-    def get_policy(self, policy_id: str | None = None) -> ActorCritic:
+    def get_policy(self, policy_id: str | None = None) -> Policy:
         """The policy ``policy_id`` (RLlib's name); without one, the only policy."""
         if policy_id is None and len(self.policies) == 1:
             return next(iter(self.policies.values()))
@@ -402,32 +390,15 @@ class Trainer:
                               f"{did_you_mean(str(policy_id), self.policies)}")
         return self.policies[policy_id]
 
-    def _prepare_obs(self, obs: Any) -> tuple[torch.Tensor, bool]:
-        """Batch of observations -> normalized float tensor; also says if the input was one obs."""
-        spec = self.backend.obs_spec
-        if spec.structured:
-            single = not isinstance(obs, list)  # one Dict/Tuple observation, or a list of them
-            items = [obs] if single else obs
-            arr = np.stack([gym.spaces.flatten(spec.space, o) for o in items]).astype(np.float32)
-        else:
-            arr = np.asarray(obs, dtype=spec.dtype)
-            single = arr.shape == spec.shape
-            if single:
-                arr = arr[None]
-            if arr.shape[1:] != spec.shape:
-                raise EnvError(f"compute_actions got observations of shape {arr.shape}; expected "
-                               f"[batch, {', '.join(map(str, spec.shape))}] or one observation of shape {spec.shape}.")
-        x = torch.as_tensor(arr, device=self.config.device)
-        if self.obs_normalizer is not None:
-            x = self.obs_normalizer.normalize(x)
-        return x, single
-
     @torch.inference_mode()
     def compute_actions(self, obs: Any, deterministic: bool = False, policy_id: str | None = None) -> np.ndarray:
         """Actions of policy ``policy_id`` (default: the only one) for a batch of observations (or
         one), ready to pass to the env."""
-        x, single = self._prepare_obs(obs)
-        action, _, _ = self.get_policy(policy_id).act(x, deterministic=deterministic)
+        x, single = prepare_obs(self.backend.obs_spec, obs, self.config.device)
+        policy = self.get_policy(policy_id)
+        rows = x.shape[0]
+        action, _, _ = policy.act(x, policy.initial_state(rows), torch.ones(rows, dtype=torch.bool),
+                                  deterministic=deterministic)
         action = self.backend.env_actions(action.cpu())
         return action[0] if single else action
 
@@ -436,10 +407,12 @@ class Trainer:
                  video_dir: str | Path | None = None, policy_mapping_fn: Any = None) -> dict[str, Any]:
         """Play ``num_episodes`` fresh episodes on separate env copies and summarise their returns.
 
-        Evaluation never touches the training envs or random state. With ``video_dir`` each
-        episode is also written there as an mp4 (the env must render ``rgb_array`` frames). With
-        several policies, ``policy_mapping_fn`` may replace the config's (e.g. to play a fixed
-        opponent), and ``policy_reward_mean/<policy>`` gives each policy's mean agent return.
+        Evaluation never touches the training envs or random state, and sees the raw env: no
+        reward clipping, no training-only env wrappers (Atari's life-loss terminals). With
+        ``video_dir`` each episode is also written there as an mp4 (the env must render
+        ``rgb_array`` frames). With several policies, ``policy_mapping_fn`` may replace the
+        config's (e.g. to play a fixed opponent), and ``policy_reward_mean/<policy>`` gives each
+        policy's mean agent return.
         """
         c = self.config
         n = num_episodes or c.evaluation_num_episodes
@@ -449,18 +422,17 @@ class Trainer:
             raise ConfigError(f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
                               f"scenario, which shoal does not film yet.")
         if video_dir is None:
-            backend = self._make_backend(n)
+            backend = self._make_backend(n, evaluation=True)
         else:
-            backend, filmers = filmed_backend(config_creator(c.env), c.env_config, n, Path(video_dir),
-                                              f"iter{self.iteration:06d}_", self.env_name)
-
+            backend, filmers = filmed_backend(config_creator(c.env, evaluation=True), c.env_config, n,
+                                              Path(video_dir), f"iter{self.iteration:06d}_", self.env_name)
         try:
             policies = self._make_policy_map(backend, policy_mapping_fn)
             policies.start_episodes(range(backend.num_envs))
+            rows = slice(0, backend.num_rows)
 
-            def act(obs: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
-                x = obs if self.obs_normalizer is None else self.obs_normalizer.normalize(obs)
-                return policies.act(x, action_mask, slice(0, backend.num_rows), deterministic)[0]
+            def act(obs: torch.Tensor, action_mask: torch.Tensor | None, first: torch.Tensor) -> torch.Tensor:
+                return policies.act(obs, first, action_mask, rows, deterministic)[0]
 
             with torch.random.fork_rng(devices=[]):
                 out = run_episodes(backend, act, c.seed + 10_000 if seed is None else seed,
@@ -485,4 +457,4 @@ class Trainer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"{self.algo_name}(env={self.env_name!r}, timesteps_total={self.timesteps_total})"
+        return f"{type(self).__name__}(algo={self.algo_name!r}, env={self.env_name!r}, timesteps_total={self.timesteps_total})"

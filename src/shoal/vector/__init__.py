@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 
 from shoal.envs.aec import AECEnvAdapter
+from shoal.envs.atari import is_atari_id, is_minatar_id
 from shoal.envs.multi_agent import dict_env_adapter, is_dict_env
 from shoal.envs.native import AgentEnv
 from shoal.envs.pettingzoo import ParallelEnvAdapter
@@ -25,12 +26,14 @@ __all__ = ["AgentEnvBackend", "GymVectorBackend", "MultiprocessBackend", "Serial
 
 
 def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vectorization_mode: str | None = None,
-                 num_workers: int = 0, async_factor: int = 1, env_state: bool = False) -> VecBackend:
+                 num_workers: int = 0, async_factor: int = 1, env_state: bool = False,
+                 evaluation: bool = False) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
 
     ``num_workers=0`` steps the envs in this process; more spreads them over worker processes.
-    ``env_state``: multi-agent envs also write their global ``state()`` (a centralized critic's input)."""
+    ``env_state``: multi-agent envs also write their global ``state()`` (a centralized critic's input).
+    ``evaluation``: envs for evaluation, without training-only wrappers (Atari's life-loss terminals)."""
     env_config = env_config or {}
     name = env_name(env)
     if is_vmas(env):
@@ -46,10 +49,14 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
     if vectorization_mode is not None:
         if not isinstance(env, str):
             raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
+        if is_atari_id(env) or is_minatar_id(env):
+            raise ConfigError(f"vectorization_mode='{vectorization_mode}' would make '{name}' without shoal's wrappers "
+                              f"(Atari preprocessing, MinAtar rendering); leave it unset (num_workers steps envs in "
+                              f"parallel processes).")
         check_env_id(env)
         return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
-    make = _copies_of(env, name) if instance else env_creator(env, env_config)
+    make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
     make, serial_class = _adapted(make, name, env_state)
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)

@@ -1,4 +1,4 @@
-"""The flat agent batch: the one contract every env backend fulfils (see ARCHITECTURE.md).
+"""The flat agent batch: the one contract every env backend fulfils.
 
 A backend steps ``num_envs`` environments and shows them as ``num_rows`` agent rows (one per env
 for single-agent Gymnasium). Its fields are preallocated tensors that share memory with numpy

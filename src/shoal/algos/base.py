@@ -1,0 +1,110 @@
+"""``Algorithm``: what every learning algorithm in shoal is, and what a user writes to add one.
+
+The trainer owns the run (iterations, stop criteria, logging, checkpoints, evaluation); an
+algorithm owns the learning: its policies and their networks, optimizers, storage and schedules,
+and ``training_step(collector)``, which gathers experience through the collector it is handed
+and learns from it. To add one, subclass ``Algorithm``:
+
+    class MyAlgo(shoal.Algorithm):
+        name = "MyAlgo"
+        config_class = MyConfig                    # shoal.TrainerConfig plus your own keys
+
+        def __init__(self, config, env):
+            super().__init__(config, env)          # builds self.policies from model / model_config
+            self.buffer = RolloutBuffer(env, config.rollout_fragment_length, self.extra_fields())
+            ...                                    # optimizers, schedules
+
+        def training_step(self, collector) -> dict:
+            collector.collect(self.buffer.rollout) # [N, T+1]: obs, action, reward, flags + extras
+            ...                                    # learn; return statistics to log
+
+and train it with the unchanged trainer: ``shoal.Trainer(algo=MyAlgo, env="CartPole-v1").learn()``.
+``examples/reinforce.py`` is a whole one. The collector stores, besides the env fields, the
+per-step ``extras`` the policies' ``act`` returns (the default actor-critic policy gives
+``sample_log_prob`` and ``value``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import torch
+from tensordict import TensorDict
+
+from shoal.buffers.rollout import FieldSpec
+from shoal.config import TrainerConfig
+from shoal.envs.spaces import EnvInfo
+from shoal.models.catalog import build_policy
+from shoal.models.policy import Policy
+
+# every built-in extra is one float per agent step
+EXTRA_FIELDS: dict[str, FieldSpec] = {"sample_log_prob": ((), torch.float32), "value": ((), torch.float32)}
+
+
+class Collector(Protocol):
+    """What an algorithm may ask of the collector it is handed (``shoal.collect.Collector``)."""
+
+    truncations: Any  # the last rollout's truncated steps and their true final observations
+
+    def collect(self, rollout: TensorDict) -> int: ...
+
+
+class Algorithm:
+    name: ClassVar[str] = "Algorithm"
+    config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
+
+    def __init__(self, config: TrainerConfig, env: EnvInfo):
+        self.config, self.env = config, env
+        self.progress = 0.0  # fraction of the current learn() budget done; the trainer sets it before each step
+        self.policy_configs = {pid: config.policy_config(pid) for pid in config.policy_ids}
+        self.policies: dict[str, Policy] = {pid: self.make_policy(pid, pc).to(config.device)
+                                            for pid, pc in self.policy_configs.items()}
+        trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
+        self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
+
+    def make_policy(self, policy_id: str, config: TrainerConfig) -> Policy:
+        """The policy ``policy_id`` (``config`` has its overrides): by default the actor-critic
+        that ``model`` and ``model_config`` describe."""
+        return build_policy(config, self.env)
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        """The per-step fields the collector stores from the policies' ``act``."""
+        return next(iter(self.policies.values())).extras
+
+    def extra_fields(self) -> dict[str, FieldSpec]:
+        """Storage specs of ``extras``, for a rollout buffer."""
+        return {key: EXTRA_FIELDS[key] for key in self.extras}
+
+    def learning_rate(self, config: TrainerConfig) -> float:
+        """``config.learning_rate``, annealed linearly to 0 over the run when ``lr_schedule`` is linear."""
+        if config.lr_schedule == "linear":
+            return config.learning_rate * max(1.0 - self.progress, 0.0)
+        return config.learning_rate
+
+    @torch.no_grad()
+    def update_obs_stats(self, rollout: TensorDict) -> None:
+        """Fold the rollout's observations (valid steps, each into its own policy) into the
+        policies' normalization statistics; a no-op for policies without them."""
+        steps = rollout[:, :-1]
+        valid = steps["valid"]
+        owner = steps["policy_id"]
+        for index, policy in enumerate(self.policies.values()):
+            update = getattr(policy, "update_obs_stats", None)
+            if update is None or getattr(policy, "obs_normalizer", None) is None:
+                continue
+            keep = valid if len(self.policies) == 1 else valid & (owner == index)
+            rows = steps[keep]
+            update(rows["obs"], rows.get("critic_obs", None))
+
+    def training_step(self, collector: Collector) -> dict[str, Any]:
+        """Collect experience and learn from it once; returns statistics to log."""
+        raise NotImplementedError(f"{type(self).__name__} must implement training_step(collector)")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs; subclasses add their optimizers and schedules."""
+        return {"policies": {pid: policy.state_dict() for pid, policy in self.policies.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for pid, policy in self.policies.items():
+            policy.load_state_dict(state["policies"][pid])

@@ -1,0 +1,44 @@
+"""``algo=``: an algorithm's short name, an ``Algorithm`` subclass, or ``'package.module:Class'``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.algos.base import Algorithm
+from shoal.algos.ppo import PPOAlgorithm
+from shoal.errors import ConfigError, did_you_mean
+from shoal.imports import import_spec, is_spec, spec_of
+
+ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPOAlgorithm}
+
+
+def register_algorithm(name: str, cls: type[Algorithm]) -> None:
+    """Make ``algo=name`` (config, command line) build ``cls``."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"register_algorithm('{name}', ...) needs a shoal.Algorithm subclass, got {cls!r}.")
+    ALGORITHMS[name.lower()] = cls
+
+
+def algorithm_class(spec: Any) -> type[Algorithm]:
+    """The Algorithm subclass ``spec`` names."""
+    if isinstance(spec, type) and issubclass(spec, Algorithm):
+        return spec
+    if not isinstance(spec, str):
+        raise ConfigError(f"algo must be an algorithm name ({', '.join(ALGORITHMS)}), a shoal.Algorithm subclass "
+                          f"or 'package.module:Class', got {spec!r}.")
+    if spec.lower() in ALGORITHMS:
+        return ALGORITHMS[spec.lower()]
+    if not is_spec(spec):
+        raise ConfigError(f"unknown algo '{spec}'.{did_you_mean(spec.lower(), ALGORITHMS)} Known: "
+                          f"{', '.join(ALGORITHMS)}; an algorithm of your own is given as a shoal.Algorithm "
+                          f"subclass or 'package.module:Class'.")
+    return algorithm_class(import_spec(spec, "algo"))
+
+
+def algorithm_spec(cls: type[Algorithm]) -> str:
+    """What ``algo`` is written as in config.yaml and checkpoints: the short name of a registered
+    algorithm, else 'module:Class' (importable again when the checkpoint is loaded)."""
+    for name, known in ALGORITHMS.items():
+        if known is cls:
+            return name
+    return spec_of(cls)

@@ -1,0 +1,179 @@
+"""``model=`` and ``model_config=``: which network a policy gets, checked before training starts.
+
+    model="mlp"                 separate actor and critic MLPs (the default)
+    model="cnn"                 a CNN for image observations (one encoder per key for Dict/Tuple)
+    model=MyModule / "pkg.mod:MyModule"   a torch.nn.Module of your own
+
+Built-in models read ``model_config`` keys (checked, with did-you-mean): ``hiddens``, ``activation``,
+``conv_filters``, ``shared_trunk``, ``channels``. A module of your own is built as
+``MyModule(obs_space, action_space, num_outputs, **model_config)`` and must return, from
+``forward(obs)``, a pair ``(dist_inputs [B, num_outputs], value [B])``: the action distribution's
+inputs (logits for Discrete, concatenated logits for MultiDiscrete, the mean for Box: the
+log-std is the policy's own parameter) and the state value. ``obs`` is the raw batch
+``[B, *obs_shape]`` in the stored dtype (uint8 images stay uint8: scale them yourself), or
+normalized float32 with ``normalize_obs``. ``check_user_model`` runs it once on sample
+observations and says exactly what does not fit.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from torch import nn
+
+from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError, did_you_mean
+from shoal.imports import import_spec, is_spec
+from shoal.models.distributions import make_distribution
+from shoal.models.encoders import is_image, make_encoder
+from shoal.models.networks import EncoderModel, MLPModel
+from shoal.models.normalize import ObsNormalizer
+from shoal.models.policy import ActorCriticPolicy
+
+BUILT_IN = ("mlp", "cnn")
+
+
+class ModelConfig(BaseModel):
+    """``model_config`` of the built-in models; None means the model's own default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hiddens: list[int] | None = Field(None, min_length=1)  # mlp: [64, 64]; cnn: [512] after the convolutions
+    activation: Literal["tanh", "relu"] | None = None  # mlp: tanh; cnn: relu
+    conv_filters: list[tuple[int, int, int]] | None = Field(None, min_length=1)  # (out_channels, kernel, stride)
+    shared_trunk: bool | None = None  # mlp: separate actor and critic; cnn: one trunk for both
+    channels: Literal["first", "last"] | None = None  # image channel order; None: detected from the shape
+
+
+def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
+    """Reject bad keys and values of a built-in model's ``model_config`` (a user module takes any)."""
+    if not isinstance(model, str) or model not in BUILT_IN:
+        return
+    for key in model_config:
+        if key not in ModelConfig.model_fields:
+            raise ConfigError(f"unknown model_config key '{key}' for model='{model}'."
+                              f"{did_you_mean(key, ModelConfig.model_fields)} "
+                              f"Valid keys: {', '.join(ModelConfig.model_fields)}.")
+    try:
+        built = ModelConfig(**model_config)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = str(first["loc"][0])
+        raise ConfigError(f"bad value for 'model_config.{key}': {model_config.get(key)!r}: {first['msg']}.") from None
+    layers = [*(built.hiddens or []), *(v for f in built.conv_filters or [] for v in f)]
+    if any(size < 1 for size in layers):
+        key = "hiddens" if any(h < 1 for h in built.hiddens or []) else "conv_filters"
+        raise ConfigError(f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
+                          f"stride must be a positive integer, e.g. hiddens=[64, 64] or conv_filters=[[16, 3, 1]].")
+
+
+def resolve_model(model: Any) -> str | type[nn.Module]:
+    """'mlp', 'cnn', or the user's module class (given as a class or 'package.module:Class')."""
+    if isinstance(model, str) and model in BUILT_IN:
+        return model
+    if isinstance(model, str):
+        if not is_spec(model):
+            raise ConfigError(f"model='{model}' is not one of {list(BUILT_IN)}.{did_you_mean(model, BUILT_IN)} "
+                              f"A module of your own is given as a class or 'package.module:Class'.")
+        model = import_spec(model, "model")
+    if not (isinstance(model, type) and issubclass(model, nn.Module)):
+        raise ConfigError(f"model must be 'mlp', 'cnn' or a torch.nn.Module subclass, got {model!r}.")
+    return model
+
+
+def holds_image(space: gym.Space) -> bool:
+    """An image, or a Dict/Tuple with an image somewhere inside."""
+    if isinstance(space, gym.spaces.Dict):
+        return any(holds_image(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return any(holds_image(s) for s in space.spaces)
+    return is_image(space)
+
+
+def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outputs: int) -> nn.Module:
+    kind = resolve_model(model)
+    space = env.obs_spec.space
+    if not isinstance(kind, str):
+        if env.critic_dim:
+            raise ConfigError("central_critic needs the built-in model='mlp' (its critic tower takes the critic's "
+                              f"input); got model={kind.__name__}.")
+        return check_user_model(kind, model_config, env, num_outputs)
+    cfg = ModelConfig(**model_config)
+    image = kind == "cnn"
+    if image and not holds_image(space):
+        raise ConfigError(f"model='cnn' needs image observations (a 3-D Box or a 2-D one of at least 8x8, or a "
+                          f"Dict/Tuple holding one); "
+                          f"'{env.name}' observes {space}. Use model='mlp'.")
+    hiddens = cfg.hiddens or ([512] if image else [64, 64])
+    activation = cfg.activation or ("relu" if image else "tanh")
+    shared = cfg.shared_trunk if cfg.shared_trunk is not None else image
+    if env.critic_dim and (image or shared):
+        raise ConfigError("central_critic needs model='mlp' with separate actor and critic (shared_trunk false).")
+    if not image and not shared:
+        return MLPModel(int(np.prod(env.obs_spec.shape)), num_outputs, hiddens, activation, env.critic_dim)
+    encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, env.obs_spec.shape, np.float32)
+    return EncoderModel(lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels), num_outputs, hiddens,
+                        activation, shared)
+
+
+def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: EnvInfo, num_outputs: int) -> nn.Module:
+    """Build the user's module and run it once on two sample observations; any mismatch with the
+    contract (see the module docstring) is a ConfigError naming what came back."""
+    name = cls.__name__
+    try:
+        module = cls(env.obs_spec.space, env.act_spec.space, num_outputs, **model_config)
+    except TypeError as e:
+        raise ConfigError(f"model {name} cannot be built as {name}(obs_space, action_space, num_outputs, "
+                          f"**model_config) with model_config={model_config}: {e}.") from None
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ConfigError(f"model {name} has no trainable parameters.")
+    spec = env.obs_spec
+    sample = np.stack([spec.flat_sample() for _ in range(2)])
+    with torch.no_grad():
+        out = module(torch.as_tensor(sample))
+    want = f"(dist_inputs [B, {num_outputs}], value [B]) as float tensors, here B = 2"
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)):
+        raise ConfigError(f"model {name}.forward returned {_describe(out)}; expected a pair {want}.")
+    dist_inputs, value = out
+    if tuple(dist_inputs.shape) != (2, num_outputs) or not dist_inputs.is_floating_point():
+        raise ConfigError(f"model {name}.forward returned dist_inputs of shape {list(dist_inputs.shape)} and dtype "
+                          f"{dist_inputs.dtype}; expected [2, {num_outputs}] float for {env.act_spec.space} "
+                          f"(the pair should be {want}).")
+    if tuple(value.shape) != (2,) or not value.is_floating_point():
+        hint = " (squeeze the last dim)" if tuple(value.shape) == (2, 1) else ""
+        raise ConfigError(f"model {name}.forward returned value of shape {list(value.shape)} and dtype {value.dtype}; "
+                          f"expected [2] float{hint} (the pair should be {want}).")
+    return module
+
+
+def _describe(out: Any) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"one tensor of shape {list(out.shape)}"
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)}: " + ", ".join(_describe(x) for x in out)
+    return type(out).__name__
+
+
+def build_policy(config: Any, env: EnvInfo) -> ActorCriticPolicy:
+    """The actor-critic of one policy: ``config`` is the policy's config (with its overrides)."""
+    num_outputs = make_distribution(env.act_spec).param_dim
+    spec = env.obs_spec
+    pixels = is_image(spec.space) and spec.space.dtype in (np.uint8, np.bool_)  # not e.g. an int8 game board
+    if "model" not in config.model_fields_set and pixels:
+        warnings.warn(f"observations are images {list(spec.space.shape)} {spec.space.dtype}; model='cnn' is usually "
+                      f"far better than the default model='mlp' over {int(np.prod(spec.shape))} flattened inputs (set "
+                      f"model='mlp' to keep it without this warning).", stacklevel=2)
+    model = build_model(config.model, config.model_options, env, num_outputs)
+    normalizer = critic_normalizer = None
+    if config.normalize_obs:
+        if env.obs_spec.dtype != np.float32:
+            raise ConfigError(f"normalize_obs=True normalizes float observations; '{env.name}' observes "
+                              f"{env.obs_spec.dtype} {list(env.obs_spec.shape)} (images are scaled inside the CNN).")
+        normalizer = ObsNormalizer(env.obs_spec.shape, config.clip_obs)
+        critic_normalizer = ObsNormalizer((env.critic_dim,), config.clip_obs) if env.critic_dim else None
+    return ActorCriticPolicy(model, env.act_spec, normalizer, critic_normalizer, config.log_std_init)

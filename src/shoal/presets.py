@@ -1,0 +1,16 @@
+"""The algorithms users construct by name: ``shoal.PPO(env=...)`` is ``shoal.Trainer(algo="ppo", env=...)``."""
+
+from __future__ import annotations
+
+from shoal.train.trainer import Trainer
+
+
+class PPO(Trainer):
+    """Proximal Policy Optimization.
+
+    >>> algo = shoal.PPO(env="CartPole-v1", seed=1)
+    >>> algo.learn(100_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "ppo"
