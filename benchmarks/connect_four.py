@@ -87,7 +87,7 @@ class BoundaryLosses(shoal.Callback):
         self.games = self.lost = 0
 
     def on_train_result(self, trainer, result):
-        rollout = trainer.buffer.rollout[:, :-1]
+        rollout = trainer.algorithm.buffer.rollout[:, :-1]
         k = trainer.backend.rows_per_env
         self.games += int(rollout["done"].reshape(-1, k, rollout.shape[1]).any(1).sum())
         first = rollout[:, 0]

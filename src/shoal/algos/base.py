@@ -37,8 +37,7 @@ from shoal.envs.spaces import EnvInfo
 from shoal.models.catalog import build_policy
 from shoal.models.policy import Policy
 
-# every built-in extra is one float per agent step
-EXTRA_FIELDS: dict[str, FieldSpec] = {"sample_log_prob": ((), torch.float32), "value": ((), torch.float32)}
+SCALAR: FieldSpec = ((), torch.float32)  # one float per agent step, as every built-in extra
 
 
 class Collector(Protocol):
@@ -52,6 +51,8 @@ class Collector(Protocol):
 class Algorithm:
     name: ClassVar[str] = "Algorithm"
     config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
+    extras: ClassVar[tuple[str, ...] | None] = None  # per-step fields to store from act(); None: all it gives
+    extra_specs: ClassVar[dict[str, FieldSpec]] = {}  # shape and dtype of extras that are not one float
 
     def __init__(self, config: TrainerConfig, env: EnvInfo):
         self.config, self.env = config, env
@@ -67,14 +68,15 @@ class Algorithm:
         that ``model`` and ``model_config`` describe."""
         return build_policy(config, self.env)
 
-    @property
-    def extras(self) -> tuple[str, ...]:
-        """The per-step fields the collector stores from the policies' ``act``."""
-        return next(iter(self.policies.values())).extras
+    def stored_extras(self) -> tuple[str, ...]:
+        """The per-step fields the collector stores from the policies' ``act``: ``extras``, or
+        when that is None all the policies give."""
+        return self.extras if self.extras is not None else next(iter(self.policies.values())).extras
 
     def extra_fields(self) -> dict[str, FieldSpec]:
-        """Storage specs of ``extras``, for a rollout buffer."""
-        return {key: EXTRA_FIELDS[key] for key in self.extras}
+        """Storage specs of the stored extras for a rollout buffer: one float per step each, unless
+        ``extra_specs`` says otherwise."""
+        return {key: self.extra_specs.get(key, SCALAR) for key in self.stored_extras()}
 
     def learning_rate(self, config: TrainerConfig) -> float:
         """``config.learning_rate``, annealed linearly to 0 over the run when ``lr_schedule`` is linear."""
@@ -90,12 +92,11 @@ class Algorithm:
         valid = steps["valid"]
         owner = steps["policy_id"]
         for index, policy in enumerate(self.policies.values()):
-            update = getattr(policy, "update_obs_stats", None)
-            if update is None or getattr(policy, "obs_normalizer", None) is None:
+            if getattr(policy, "obs_normalizer", None) is None:
                 continue
             keep = valid if len(self.policies) == 1 else valid & (owner == index)
             rows = steps[keep]
-            update(rows["obs"], rows.get("critic_obs", None))
+            policy.update_obs_stats(rows["obs"], rows.get("critic_obs", None))
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         """Collect experience and learn from it once; returns statistics to log."""

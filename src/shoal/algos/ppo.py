@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.algos.advantages import advantage_estimator
-from shoal.algos.base import Algorithm, Collector
+from shoal.algos.base import SCALAR, Algorithm, Collector
 from shoal.algos.losses import explained_variance, masked_mean, normalize_advantage, policy_stats, ppo_loss
 from shoal.algos.ppo_fused import FusedPPOStep, fused_unavailable
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
@@ -31,16 +31,16 @@ from shoal.models.policy import ActorCriticPolicy
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
 LEARN_KEYS = ("obs", "action", "sample_log_prob", "value", "return", "advantage", "valid")
-FLOAT = ((), torch.float32)
 
 
 class PPOAlgorithm(Algorithm):
     name = "PPO"
     config_class = PPOConfig
+    extras = ("sample_log_prob", "value")  # stored per step: the behaviour policy's log-prob, the value
 
     def __init__(self, config: PPOConfig, env: EnvInfo):
         super().__init__(config, env)
-        fields = self.extra_fields() | {"final_value": FLOAT, "advantage": FLOAT, "return": FLOAT}
+        fields = self.extra_fields() | dict.fromkeys(("final_value", "advantage", "return"), SCALAR)
         self.buffer = RolloutBuffer(env, config.rollout_fragment_length, fields, config.device)
         self.learners = {pid: PPOLearner(self.policies[pid], self.policy_configs[pid],
                                          torch.Generator().manual_seed(config.seed + i))

@@ -127,14 +127,15 @@ class Collector:
                 views = self._views_for(rollout, batch)
                 t = int(self._position[batch.rows.start])
                 self._record_step(batch, views, t - 1, step_infos)
-            # T steps taken: act on the current obs for its extras only (the bootstrap) and park until the next rollout
+            # T steps taken: act on the current obs for its extras only (the bootstrap; the action is
+            # not taken, so it is not sampled: no random draw is spent) and park until the next rollout
             parking = t == horizon
             obs = views["obs"][t].copy_(batch.obs)
             mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
             critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
             if not policies.single:
                 views["policy_id"][t].copy_(policies.row_policy[batch.rows])
-            action, _ = policies.act(obs, views["first"], mask, batch.rows, out=views["extras"][t],
+            action, _ = policies.act(obs, views["first"], mask, batch.rows, parking, out=views["extras"][t],
                                      critic_obs=critic_obs, advance=not parking)
             if parking:
                 self._parked.append(batch)

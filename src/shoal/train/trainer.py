@@ -90,8 +90,8 @@ class Trainer:
                                       self.backend.agents, c.policy_ids)
         reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
         clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
-        self.collector = Collector(self.backend, self.policy_map, self.tracker, self.algorithm.extras, reward_scaler,
-                                   critic, clip_rewards)
+        self.collector = Collector(self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(),
+                                   reward_scaler, critic, clip_rewards)
 
         self.iteration = 0
         self.timesteps_total = 0
