@@ -1,6 +1,7 @@
 """``model=`` and ``model_config=``: the built-in models, a user's own module (its contract checked
 at start), Dict observations with an image, and every bad setting stopping with one clear message."""
 
+import re
 import warnings
 
 import gymnasium as gym
@@ -110,6 +111,23 @@ def test_the_command_line_exits_with_the_message_and_no_traceback(pair, message,
     assert main(["train", "CartPole-v1", pair, "save_outputs=false", "verbose=0"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("pairs,message", [
+    (["model_config.conv_filters=[[16,20,1]]"], r"does not fit 'MinAtar/Breakout-v1'.*\(10, 10, 4\), read as \[H, W, C\]"),
+    (["model_config.channels=first", "model_config.conv_filters=[[16,5,1]]"], r"read as \[C, H, W\].*set channels"),
+])
+def test_a_conv_stack_that_does_not_fit_the_image_exits_with_the_message(pairs, message, capsys):
+    assert main(["train", "MinAtar/Breakout-v1", "model=cnn", *pairs, "save_outputs=false", "verbose=0"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_mlp_reads_images_flat_also_with_a_shared_trunk():
+    with shoal.PPO(env="MinAtar/Breakout-v1", model_config={"shared_trunk": True}, **FAST) as algo:
+        net = algo.get_policy().model
+        assert not any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
+        assert algo.train()["timesteps_this_iter"] > 0
 
 
 def test_a_dict_observation_with_an_image_and_a_vector_learns():

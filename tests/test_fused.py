@@ -13,7 +13,7 @@ import shoal
 from shoal.algos.losses import ppo_loss
 from shoal.algos.ppo import AutogradPPOStep, PPOLearner
 from shoal.algos.ppo_fused import (FusedPPOStep, _categorical_forward, _dist_backward, _dist_forward,
-                                   fused_unavailable, ppo_loss_and_grad, stacked_backward)
+                                   flatten_parameters, fused_unavailable, ppo_loss_and_grad, stacked_backward)
 from shoal.buffers import RolloutBuffer
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
@@ -239,6 +239,9 @@ def test_the_fused_step_serves_only_the_plain_built_in_mlp():
         assert isinstance(algo.algorithm.learners["default_policy"].step, AutogradPPOStep)
     with shoal.PPO(**kw) as algo:
         assert isinstance(algo.algorithm.learners["default_policy"].step, FusedPPOStep)
+        algo.get_policy().model.register_forward_hook(lambda *args: None)  # too late: never silently skipped
+        with pytest.raises(shoal.ConfigError, match=r"MLPModel has hooks.*fused_update=false"):
+            algo.train()
 
 
 def test_categorical_context_holds_the_masked_log_probabilities():
@@ -247,3 +250,17 @@ def test_categorical_context_holds_the_masked_log_probabilities():
     logp, ent, (logp_all, index, ent_again) = _categorical_forward(dist, logits, torch.tensor([0, 1]), True, mask)
     assert logp_all[0, 1] < -1e18 and torch.equal(ent, ent_again)
     assert isinstance(MultiCategorical((2, 2)).split(torch.zeros(1, 4), None)[0][0], Categorical)
+
+
+def test_flat_parameters_share_storage_and_receive_grads():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    before = [p.detach().clone() for p in net.parameters()]
+    flat = flatten_parameters(net)
+    assert flat.numel() == sum(p.numel() for p in net.parameters())
+    for p, b in zip(net.parameters(), before):
+        assert torch.equal(p, b)
+    net(torch.randn(5, 3)).sum().backward()
+    assert flat.grad.abs().sum() > 0
+    with torch.no_grad():
+        flat.add_(1.0)
+    assert torch.equal(next(net.parameters()), before[0] + 1.0)

@@ -39,9 +39,12 @@ class CountingPolicy(shoal.Policy):
 
 
 def _collector(backend):
-    policies = PolicyMap({"default_policy": CountingPolicy()}, None, ["agent_0"], backend.num_envs)
+    agents = backend.agents or ["agent_0"]
+    policies = PolicyMap({"default_policy": CountingPolicy()}, None, agents, backend.num_envs)
     tracker = EpisodeTracker(backend.num_rows, 100)
-    env = EnvInfo("counter", backend.obs_spec, backend.act_spec, backend.num_envs, 1)
+    mask = backend.batch.action_mask
+    env = EnvInfo("counter", backend.obs_spec, backend.act_spec, backend.num_envs, backend.rows_per_env,
+                  0 if mask is None else mask.shape[1])
     storage = RolloutBuffer(env, 5, {"steps_seen": ((), torch.float32)})
     collector = Collector(backend, policies, tracker, ("steps_seen",))
     collector.reset(0)
@@ -61,6 +64,23 @@ def test_state_is_carried_across_steps_and_rollouts_and_reset_where_episodes_sta
             assert rollout["truncated"][:, :-1].sum() > 0
     finally:
         backend.close()
+
+
+def test_agents_that_leave_early_start_again_when_their_env_resets():
+    from tests.test_pettingzoo import DyingAgentsEnv
+
+    # agent k leaves after k + 1 steps and the env resets after 3: a row that left is padding
+    # until then, and its next episode starts with its env's, not on the step after it left
+    backend = make_backend(lambda: DyingAgentsEnv(), 2)
+    collector, rollout = _collector(backend)
+    for _ in range(2):
+        collector.collect(rollout)
+        steps = rollout[:, :-1]
+        valid = steps["valid"]
+        assert not valid.all()  # some steps are padding
+        env_time = steps["obs"][..., 1]  # every agent observes its env's step count
+        assert torch.equal(steps["steps_seen"][valid], env_time[valid] + 1)
+    backend.close()
 
 
 def test_next_step_backends_start_the_episode_after_the_reset_step():
@@ -96,3 +116,24 @@ def test_extras_the_policy_does_not_fill_are_an_error_naming_them():
     with pytest.raises(shoal.ConfigError, match=r"policy 'default_policy' \(CountingPolicy\) does not give the "
                                                 r"per-step fields \['value'\].*fills \['steps_seen'\]"):
         Collector(backend, policies, EpisodeTracker(2, 10), ("steps_seen", "value"))
+
+
+@pytest.mark.parametrize("num_policies", [1, 2])
+def test_an_algorithm_may_store_a_subset_of_the_actor_critics_extras(num_policies):
+    ppo = shoal.PPO(env="CartPole-v1", save_outputs=False, verbose=0)
+    policy = ppo.get_policy()
+    backend = make_backend("CartPole-v1", 4)
+    ids = [f"p{i}" for i in range(num_policies)]
+    policies = PolicyMap(dict.fromkeys(ids, policy), lambda agent, episode: ids[episode.env_id % len(ids)],
+                         ["agent_0"], 4)
+    env = EnvInfo("CartPole-v1", backend.obs_spec, backend.act_spec, 4, 1)
+    rollout = RolloutBuffer(env, 5, {"value": ((), torch.float32)}).rollout
+    collector = Collector(backend, policies, EpisodeTracker(4, 10), ("value",))  # not sample_log_prob
+    collector.reset(0)
+    collector.collect(rollout)
+    with torch.no_grad():
+        values = policy.value(rollout["obs"].reshape(-1, 4)).reshape(4, 6)
+    assert torch.allclose(rollout["value"], values, atol=1e-5)  # large batches compute tanh another way
+    assert "sample_log_prob" not in rollout.keys()
+    backend.close()
+    ppo.close()

@@ -190,9 +190,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     # 'package.module:Name' settings (algo, model, callbacks, envs) name code in the user's project:
-    # import it from the working directory, as `python -m` would
+    # importable from the working directory, after installed packages so no stray file shadows one
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     try:
         return COMMANDS[args.command](args)
     except ShoalError as e:

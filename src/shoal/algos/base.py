@@ -56,7 +56,7 @@ class Algorithm:
 
     def __init__(self, config: TrainerConfig, env: EnvInfo):
         self.config, self.env = config, env
-        self.progress = 0.0  # fraction of the current learn() budget done; the trainer sets it before each step
+        self.progress = 0.0  # timesteps_total / the run's step budget; the trainer sets it before each step
         self.policy_configs = {pid: config.policy_config(pid) for pid in config.policy_ids}
         self.policies: dict[str, Policy] = {pid: self.make_policy(pid, pc).to(config.device)
                                             for pid, pc in self.policy_configs.items()}
@@ -95,8 +95,8 @@ class Algorithm:
             if getattr(policy, "obs_normalizer", None) is None:
                 continue
             keep = valid if len(self.policies) == 1 else valid & (owner == index)
-            rows = steps[keep]
-            policy.update_obs_stats(rows["obs"], rows.get("critic_obs", None))
+            critic_obs = steps.get("critic_obs", None)
+            policy.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         """Collect experience and learn from it once; returns statistics to log."""

@@ -27,6 +27,7 @@ from shoal.algos.ppo_fused import FusedPPOStep, fused_unavailable
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError
 from shoal.models.policy import ActorCriticPolicy
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
@@ -50,11 +51,12 @@ class PPOAlgorithm(Algorithm):
         rollout = self.buffer.start_rollout()
         collector.collect(rollout)
         self.buffer.add(rollout)
-        # The observation statistics take in this rollout before learning from it. It was acted on
-        # with the statistics before it, which move little once a few rollouts are in; waiting a
-        # rollout to use them makes the first iterations learn from unnormalized inputs.
-        self.update_obs_stats(rollout)
+        # Truncated episodes' final values are taken with the statistics the rollout was acted on,
+        # like its stored values. Then the observation statistics take in this rollout before
+        # learning from it: they move little once a few rollouts are in, and waiting a rollout to
+        # use them makes the first iterations learn from unnormalized inputs.
         self.bootstrap_truncations(rollout, collector.truncations)
+        self.update_obs_stats(rollout)
         # Each trained policy learns from the steps it took; one policy's statistics are top-level
         # result keys, several go under "learner" as "<policy>/<stat>".
         single = len(self.policies) == 1
@@ -117,6 +119,9 @@ class PPOLearner:
         Advantages are computed over whole rows either way: a row changes policy only between
         episodes, where GAE does not bootstrap."""
         c = self.config
+        if self.fused_off_reason is None and (late := fused_unavailable(self.policy, True)):
+            raise ConfigError(f"the policy changed after PPO chose its hand-fused learn step ({late}), which "
+                              f"would bypass it; build the trainer with fused_update=false to learn on autograd.")
         self.step.lr = learning_rate
 
         # 1. Advantages and returns on the whole rollout.

@@ -36,9 +36,10 @@ def algorithm_class(spec: Any) -> type[Algorithm]:
 
 
 def algorithm_spec(cls: type[Algorithm]) -> str:
-    """What ``algo`` is written as in config.yaml and checkpoints: the short name of a registered
-    algorithm, else 'module:Class' (importable again when the checkpoint is loaded)."""
+    """What ``algo`` is written as in config.yaml and checkpoints: a built-in algorithm's short
+    name, else 'module:Class', which a new process can import again (a name given with
+    ``register_algorithm`` exists only in the process that registered it)."""
     for name, known in ALGORITHMS.items():
-        if known is cls:
+        if known is cls and cls.__module__.startswith("shoal."):
             return name
     return spec_of(cls)

@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.collect.critic import CriticInput
-from shoal.collect.episodes import EpisodeTracker, env_episode_ends
+from shoal.collect.episodes import EpisodeTracker, env_episode_ends, mark_episode_starts
 from shoal.collect.policies import PolicyMap
 from shoal.errors import ConfigError, EnvError
 from shoal.models.normalize import RewardScaler
@@ -170,10 +170,7 @@ class Collector:
         views["terminated"][t].copy_(batch.terminated)
         views["truncated"][t].copy_(batch.truncated)
         views["valid"][t].copy_(batch.valid)
-        if self.backend.autoreset == "same_step":
-            views["first"].copy_(done)
-        else:  # the step after a done is the reset, marked invalid; the obs it returns starts the episode
-            torch.logical_not(batch.valid, out=views["first"])
+        mark_episode_starts(done, batch.valid, self.backend.autoreset, self.backend.rows_per_env, views["first"])
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():

@@ -26,6 +26,7 @@ from numbers import Real
 from typing import Any
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -63,6 +64,21 @@ def env_episode_ends(done: np.ndarray, valid: np.ndarray, rows_per_env: int) -> 
     done = done.reshape(*done.shape[:-1], -1, rows_per_env)
     left = done | ~valid.reshape(done.shape)
     return done.any(-1) & left.all(-1)
+
+
+def mark_episode_starts(done: torch.Tensor, valid: torch.Tensor, autoreset: str, rows_per_env: int,
+                        out: torch.Tensor) -> None:
+    """Write into ``out`` which rows' current observation starts an episode, from the flags of the
+    step that returned it. Same-step autoreset: every row of an env whose episode just ended (an
+    agent that left early starts again only when its env resets); next-step: the reset step,
+    which backends mark invalid."""
+    if autoreset != "same_step":
+        torch.logical_not(valid, out=out)
+        return
+    out.copy_(done)
+    if rows_per_env > 1 and bool(out.any()):
+        ended = env_episode_ends(done.numpy(), valid.numpy(), rows_per_env)
+        out.copy_(torch.from_numpy(ended).repeat_interleave(rows_per_env))
 
 
 def _mean(values: deque[float]) -> float:

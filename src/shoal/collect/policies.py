@@ -133,8 +133,8 @@ class PolicyMap:
                     out = TensorDict({k: v.new_empty((len(obs), *v.shape[1:])) for k, v in extras.items()},
                                      batch_size=[len(obs)])
             action[idx] = a
-            for key, value in extras.items():
-                out.get(key)[idx] = value
+            for key, stored in out.items():  # what the algorithm stores, a subset of the extras
+                stored[idx] = extras.get(key)
             if self.stateful and advance:
                 state[idx] = next_state
         return action, out

@@ -116,9 +116,13 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
         raise ConfigError("central_critic needs model='mlp' with separate actor and critic (shared_trunk false).")
     if not image and not shared:
         return MLPModel(int(np.prod(env.obs_spec.shape)), num_outputs, hiddens, activation, env.critic_dim)
-    encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, env.obs_spec.shape, np.float32)
-    return EncoderModel(lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels), num_outputs, hiddens,
-                        activation, shared)
+    # model='mlp' reads any observation flat (images too); 'cnn' encodes it by its structure
+    encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
+    try:
+        return EncoderModel(lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels), num_outputs,
+                            hiddens, activation, shared)
+    except ValueError as e:  # the encoder's checks of conv_filters and channels against the image
+        raise ConfigError(f"model={kind!r} with model_config={model_config} does not fit '{env.name}': {e}") from None
 
 
 def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: EnvInfo, num_outputs: int) -> nn.Module:

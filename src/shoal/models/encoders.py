@@ -5,7 +5,8 @@ gets (``make_encoder``) follows how shoal stores observations (``shoal/envs/spac
 keeps its shape and dtype, so an image Box reaches ``CNNEncoder`` as uint8 / bool / float32; a
 Dict or Tuple arrives as one float32 vector in gymnasium's flatten order, which ``DictEncoder``
 cuts back into its leaves. Scaling uint8 by 1/255 happens inside the network so the rollout
-buffers keep one byte per pixel.
+keeps an image Box at one byte per pixel (an image inside a Dict is stored as float32 with the
+rest of the vector, four bytes per pixel).
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ class CNNEncoder(nn.Module):
         layers: list[nn.Module] = []
         for out_channels, kernel, stride in filters:
             if min(height, width) < kernel:
-                raise ValueError(f"conv_filters {filters} shrink image shape {self.shape} below 1x1 "
-                                 f"(a {kernel}x{kernel} kernel meets a {height}x{width} map); use a "
-                                 f"smaller stack, e.g. {SMALL_FILTERS}.")
+                order = "[H, W, C]" if self.channels_last else "[C, H, W]"
+                raise ValueError(f"conv_filters {filters} shrink image shape {self.shape}, read as {order}, "
+                                 f"below 1x1 (a {kernel}x{kernel} kernel meets a {height}x{width} map); use a "
+                                 f"smaller stack (e.g. {SMALL_FILTERS}) or, if the channel order is wrong, "
+                                 f"set channels: first|last.")
             conv = nn.Conv2d(in_channels, out_channels, kernel, stride)
             # sqrt(2) is ReLU's gain: it keeps the activations' scale through the stack.
             nn.init.orthogonal_(conv.weight, math.sqrt(2))

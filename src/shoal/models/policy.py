@@ -9,7 +9,8 @@ recurrent core's tensors otherwise; a policy resets the rows where ``first`` is 
 observation starts an episode) before using them. ``extras`` is a TensorDict of what the
 algorithm asked the collector to store per step (for PPO: ``sample_log_prob`` and ``value``).
 When the caller passes ``out`` (a TensorDict of views into the rollout), the policy writes the
-extras there and returns it, so the rollout loop creates nothing per step.
+extras ``out`` holds there (all of its ``extras``, or the subset the algorithm stores) and
+returns it, so the rollout loop creates nothing per step.
 
 Observation normalization happens here, in one place: the rollout stores raw observations (uint8
 images stay uint8), and every forward (acting, learning, evaluation, ``compute_actions``)
@@ -97,11 +98,11 @@ class ActorCriticPolicy(Policy):
             action, logp = self.dist.sample(params, self.log_std, deterministic)
         else:
             action, logp = self.dist.sample(params, deterministic, action_mask)
+        extras = {"sample_log_prob": logp, "value": value}
         if out is None:
-            out = TensorDict({"sample_log_prob": logp, "value": value}, batch_size=[obs.shape[0]])
-        else:
-            out.get("sample_log_prob").copy_(logp)
-            out.get("value").copy_(value)
+            return action, TensorDict(extras, batch_size=[obs.shape[0]]), state
+        for key, stored in out.items():  # the extras the algorithm stores: all of these, or some
+            stored.copy_(extras[key])
         return action, out, state
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True,

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from shoal.collect.episodes import mark_episode_starts
 from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
 from shoal.vector import SerialBackend, VecBackend
@@ -110,10 +111,8 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         returns[live] += batch.reward.numpy()[live]
         lengths[live & batch.valid.numpy()] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
-        if backend.autoreset == "same_step":
-            torch.logical_or(batch.terminated, batch.truncated, out=first)
-        else:
-            torch.logical_not(batch.valid, out=first)
+        mark_episode_starts(batch.terminated | batch.truncated, batch.valid, backend.autoreset,
+                            backend.rows_per_env, first)
     per_policy = {}
     if row_policy is not None:
         ids, index = row_policy

@@ -80,7 +80,7 @@ class Trainer:
             c.check_batch(self.backend.rows_per_env)
             critic = self._central_critic()
             self.algorithm: Algorithm = algo_cls(c, self._env_info(critic))
-        except ConfigError:
+        except BaseException:  # the envs (and worker processes) must not outlive a failed start
             self.backend.close()
             raise
         self.policy_map = self._make_policy_map(self.backend)
@@ -393,7 +393,8 @@ class Trainer:
     @torch.inference_mode()
     def compute_actions(self, obs: Any, deterministic: bool = False, policy_id: str | None = None) -> np.ndarray:
         """Actions of policy ``policy_id`` (default: the only one) for a batch of observations (or
-        one), ready to pass to the env."""
+        one), ready to pass to the env. Each call acts from the policy's initial state, as at an
+        episode start."""
         x, single = prepare_obs(self.backend.obs_spec, obs, self.config.device)
         policy = self.get_policy(policy_id)
         rows = x.shape[0]
