@@ -128,7 +128,7 @@ def test_plot_three_seeds_and_compare(tmp_path, capsys):
     runs = []
     for seed in (1, 2, 3):
         run = tmp_path / f"s{seed}"
-        with shoal.PPO(seed=seed, run_dir=str(run), **FAST) as algo:
+        with shoal.PPO(seed=seed, run_dir=str(run), evaluation_interval=4, evaluation_num_episodes=2, **FAST) as algo:
             algo.learn(10 * 128)
         runs.append(str(run))
     curves = learning_curves([load_run(r) for r in runs], "rollout/episode_reward_mean", "timesteps_total")
@@ -136,6 +136,8 @@ def test_plot_three_seeds_and_compare(tmp_path, capsys):
     out = tmp_path / "curve.png"
     assert main(["plot", *runs, "--out", str(out), "--x", "time"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # a metric logged every few iterations only, missing from the first and last rows
+    assert main(["plot", *runs, "--metric", "evaluation/episode_reward_mean", "--out", str(out)]) == 0
     assert main(["compare", *runs]) == 0
     table = capsys.readouterr().out
     assert all(r in table for r in runs) and "rollout/episode_reward_mean: final and best" in table

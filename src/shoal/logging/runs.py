@@ -50,7 +50,7 @@ def load_run(path: str | Path) -> Run:
 
 def resolve_metric(runs: list[Run], metric: str) -> str:
     """The logged key for ``metric`` (``episode_reward_mean`` and ``rollout/episode_reward_mean`` both work)."""
-    known = set().union(*(r.rows[-1].keys() for r in runs), *(r.rows[0].keys() for r in runs))
+    known = set().union(*(row.keys() for r in runs for row in r.rows))  # periodic keys (evaluation/...) included
     for candidate in (metric, log_key(metric)):
         if candidate in known:
             return candidate
