@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
-.PHONY: train test bench setup clean
+.PHONY: train test lint format bench setup clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
+
+# the formatter's layout and the rule set in pyproject.toml ([tool.ruff]) over all Python in the tree
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks examples
+	$(BIN)/ruff check --fix src tests benchmarks examples
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'

@@ -68,8 +68,11 @@ def main() -> int:
     print(f"{'backend':<22} {'env-only SPS':>13} {'training SPS':>13} {'collecting':>11}")
     # With async_factor 1 the collector waits for both workers every step, so each step costs the
     # slower worker's time (Atari steps vary: resets, lost lives); with 2 each worker goes on alone.
-    for label, workers, groups in (("serial (this process)", 0, 1), ("2 worker processes", 2, 1),
-                                   ("2 workers, async 2", 2, 2)):
+    for label, workers, groups in (
+        ("serial (this process)", 0, 1),
+        ("2 worker processes", 2, 1),
+        ("2 workers, async 2", 2, 2),
+    ):
         env_only = env_sps(ENV, n, workers, groups, args.seconds)["sps"]
         sps, sampling = train_sps(settings, workers, groups, args.train_steps)
         print(f"{label:<22} {env_only:>13,.0f} {sps:>13,.0f} {sampling:>10.0%}")
@@ -77,8 +80,10 @@ def main() -> int:
     t = settings["rollout_fragment_length"]
     print(f"\nrollout of N={n} x (T+1)={t + 1} steps, obs [4, 84, 84] uint8:")
     print(f"  obs storage {obs:,} bytes; N x (T+1) x 84 x 84 x 4 = {formula:,} bytes ({obs / formula:.3f}x)")
-    print(f"  whole rollout {total:,} bytes ({total / formula:.3f}x the obs formula); resident memory a copy "
-          f"of it took: {grown:,} bytes ({grown / formula:.3f}x)")
+    print(
+        f"  whole rollout {total:,} bytes ({total / formula:.3f}x the obs formula); resident memory a copy "
+        f"of it took: {grown:,} bytes ({grown / formula:.3f}x)"
+    )
     return 0
 
 

@@ -23,7 +23,6 @@ import time
 import gymnasium as gym
 import numpy as np
 
-
 BYTES_PER_MS = 1_700_000  # SHA-256 throughput per millisecond, measured on that machine
 
 

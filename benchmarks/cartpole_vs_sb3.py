@@ -32,9 +32,20 @@ from pathlib import Path
 
 TOTAL = 100_000
 # vf_coef=1.0 on shoal's 0.5 * squared error is SB3's vf_coef=0.5 on plain MSE: the same loss.
-ZOO = dict(num_envs=8, rollout_fragment_length=32, sgd_minibatch_size=256, num_sgd_iter=20, gamma=0.98,
-           gae_lambda=0.8, learning_rate=1e-3, lr_schedule="linear", clip_coef=0.2, ent_coef=0.0, vf_coef=1.0,
-           max_grad_norm=0.5)
+ZOO = dict(
+    num_envs=8,
+    rollout_fragment_length=32,
+    sgd_minibatch_size=256,
+    num_sgd_iter=20,
+    gamma=0.98,
+    gae_lambda=0.8,
+    learning_rate=1e-3,
+    lr_schedule="linear",
+    clip_coef=0.2,
+    ent_coef=0.0,
+    vf_coef=1.0,
+    max_grad_norm=0.5,
+)
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -51,8 +62,12 @@ def run_shoal(seed: int, settings: dict) -> dict:
         if t475 is None and result["episode_reward_mean"] >= 475:
             t475 = time.perf_counter() - start
     wall = time.perf_counter() - start
-    return {"sps": algo.timesteps_total / wall, "t475_s": t475, "wall_s": wall,
-            "eval": algo.evaluate(20)["episode_reward_mean"]}
+    return {
+        "sps": algo.timesteps_total / wall,
+        "t475_s": t475,
+        "wall_s": wall,
+        "eval": algo.evaluate(20)["episode_reward_mean"],
+    }
 
 
 def run_sb3(seed: int) -> dict:
@@ -64,8 +79,20 @@ def run_sb3(seed: int) -> dict:
 
     torch.set_num_threads(1)
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8,
-                learning_rate=lambda remaining: 1e-3 * remaining, clip_range=0.2, ent_coef=0.0, seed=seed, verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        learning_rate=lambda remaining: 1e-3 * remaining,
+        clip_range=0.2,
+        ent_coef=0.0,
+        seed=seed,
+        verbose=0,
+    )
 
     class Watch(BaseCallback):
         t475 = None
@@ -81,8 +108,9 @@ def run_sb3(seed: int) -> dict:
     start = time.perf_counter()
     model.learn(TOTAL, callback=Watch())
     wall = time.perf_counter() - start
-    mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=seed + 10_000),
-                              n_eval_episodes=20, deterministic=True)
+    mean, _ = evaluate_policy(
+        model, make_vec_env("CartPole-v1", n_envs=1, seed=seed + 10_000), n_eval_episodes=20, deterministic=True
+    )
     return {"sps": model.num_timesteps / wall, "t475_s": Watch.t475, "wall_s": wall, "eval": float(mean)}
 
 
@@ -101,15 +129,23 @@ def run_env_only(num_envs: int, vectorized: bool, steps: int) -> dict:
     return {"sps": steps * num_envs / (time.perf_counter() - start)}
 
 
-WORKERS = {"shoal": lambda a: run_shoal(a["seed"], a["settings"]), "sb3": lambda a: run_sb3(a["seed"]),
-           "env": lambda a: run_env_only(a["num_envs"], a["vectorized"], a["steps"])}
+WORKERS = {
+    "shoal": lambda a: run_shoal(a["seed"], a["settings"]),
+    "sb3": lambda a: run_sb3(a["seed"]),
+    "env": lambda a: run_env_only(a["num_envs"], a["vectorized"], a["steps"]),
+}
 
 
 # ----- driver -------------------------------------------------------------------------------------
 def spawn(kind: str, src: str | None = None, **args) -> dict:
     env = None if src is None else {**os.environ, "PYTHONPATH": src}  # shoal from another checkout
-    out = subprocess.run([sys.executable, __file__, "--worker", kind, json.dumps(args)],
-                         capture_output=True, text=True, check=False, env=env)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", kind, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
     if out.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -140,9 +176,11 @@ def main() -> None:
     rows: list[tuple[str, dict]] = []
     from shoal.config import load_yaml
 
-    shoal_rows = [("8 envs (zoo settings)", ZOO),
-                  ("64 numpy envs", load_yaml(CONFIGS / "cartpole_numpy64.yaml")),
-                  ("1024 numpy envs", load_yaml(CONFIGS / "cartpole_numpy1024.yaml"))]
+    shoal_rows = [
+        ("8 envs (zoo settings)", ZOO),
+        ("64 numpy envs", load_yaml(CONFIGS / "cartpole_numpy64.yaml")),
+        ("1024 numpy envs", load_yaml(CONFIGS / "cartpole_numpy1024.yaml")),
+    ]
     sources = [("shoal", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
     contenders = [[(f"{who}, {what}", "shoal", settings, src) for who, src in sources] for what, settings in shoal_rows]
     if not args.skip_sb3:
@@ -154,20 +192,28 @@ def main() -> None:
                 runs[label].append(spawn(kind, src, seed=seed, settings=settings))
                 print(f"  {label} seed {seed}: {runs[label][-1]}", file=sys.stderr, flush=True)
         rows += [(label, summarize(r)) for label, r in runs.items()]
-    for label, n, vec, steps in [("env only, 8 gym.Env, random actions", 8, False, 20_000),
-                                 ("env only, 64 numpy envs, random actions", 64, True, 5_000),
-                                 ("env only, 1024 numpy envs, random actions", 1024, True, 1_000)]:
-        rows.append((label, {**spawn("env", num_envs=n, vectorized=vec, steps=steps), "t475_s": None,
-                             "reached": "-", "eval": None}))
+    for label, n, vec, steps in [
+        ("env only, 8 gym.Env, random actions", 8, False, 20_000),
+        ("env only, 64 numpy envs, random actions", 64, True, 5_000),
+        ("env only, 1024 numpy envs, random actions", 1024, True, 1_000),
+    ]:
+        rows.append(
+            (
+                label,
+                {**spawn("env", num_envs=n, vectorized=vec, steps=steps), "t475_s": None, "reached": "-", "eval": None},
+            )
+        )
 
     def fmt(x, spec):
         return "-" if x is None else format(x, spec)
 
     print(f"\nCartPole-v1, seeds {args.seeds}: medians over seeds; 'reached' counts runs that got to 475;")
-    print(f"8-env runs take {TOTAL:,} steps, numpy-env runs their config's total_timesteps; eval = 20 deterministic episodes")
+    print(f"8-env runs take {TOTAL:,} steps, numpy-env runs their config's total_timesteps; ", end="")
+    print("eval = 20 deterministic episodes")
     print(f"{'run':44} {'SPS':>10} {'time to 475 (s)':>16} {'reached':>8} {'eval':>7}")
     for label, r in rows:
-        print(f"{label:44} {fmt(r['sps'], ',.0f'):>10} {fmt(r['t475_s'], '.1f'):>16} {r['reached']:>8} {fmt(r['eval'], '.1f'):>7}")
+        sps, t475, ev = fmt(r["sps"], ",.0f"), fmt(r["t475_s"], ".1f"), fmt(r["eval"], ".1f")
+        print(f"{label:44} {sps:>10} {t475:>16} {r['reached']:>8} {ev:>7}")
     table = dict(rows)
     if "SB3 2.9, 8 envs (zoo settings)" in table:
         ratio = table["shoal, 8 envs (zoo settings)"]["sps"] / table["SB3 2.9, 8 envs (zoo settings)"]["sps"]

@@ -66,17 +66,25 @@ def play_vs_random(algo: shoal.PPO, games: int = 200, seed: int = 0) -> dict[str
                 action, _, state = policy.act(x, state, first, torch.from_numpy(mask)[None], deterministic=True)
                 action, first = int(action), torch.zeros(1, dtype=torch.bool)
                 if not mask[action]:
-                    raise IllegalMoveError(f"game {game}: the policy chose column {action}; legal columns were "
-                                           f"{np.flatnonzero(mask).tolist()}.")
+                    raise IllegalMoveError(
+                        f"game {game}: the policy chose column {action}; legal columns were "
+                        f"{np.flatnonzero(mask).tolist()}."
+                    )
             else:
                 action = int(rng.choice(np.flatnonzero(mask)))
             env.step(action)
     env.close()
     first, second = np.array(outcome[0]), np.array(outcome[1])
     both = np.concatenate([first, second])
-    return {"games": games, "wins": int((both == 1).sum()), "draws": int((both == 0).sum()),
-            "losses": int((both == -1).sum()), "win_first": float((first == 1).mean()),
-            "win_second": float((second == 1).mean()), "win_rate": float((both == 1).mean())}
+    return {
+        "games": games,
+        "wins": int((both == 1).sum()),
+        "draws": int((both == 0).sum()),
+        "losses": int((both == -1).sum()),
+        "win_first": float((first == 1).mean()),
+        "win_second": float((second == 1).mean()),
+        "win_rate": float((both == 1).mean()),
+    }
 
 
 class BoundaryLosses(shoal.Callback):
@@ -96,22 +104,32 @@ class BoundaryLosses(shoal.Callback):
 
 def main() -> int:
     args, overrides = seed_sweep_args(__doc__, games=(int, 200))
-    print(f"{'seed':>4} {'steps':>9} {'train (s)':>9} {'games':>5} {'wins':>5} {'draws':>5} {'losses':>6} "
-          f"{'win 1st':>7} {'win 2nd':>7} {'win all':>7} {'lost -1':>8}")
+    print(
+        f"{'seed':>4} {'steps':>9} {'train (s)':>9} {'games':>5} {'wins':>5} {'draws':>5} {'losses':>6} "
+        f"{'win 1st':>7} {'win 2nd':>7} {'win all':>7} {'lost -1':>8}"
+    )
     ok = True
     for seed in args.seeds:
         counter = BoundaryLosses()
-        settings = {**load_yaml(CONFIG), **overrides, "seed": seed, "save_outputs": False, "verbose": 0,
-                    "callbacks": [counter]}
+        settings = {
+            **load_yaml(CONFIG),
+            **overrides,
+            "seed": seed,
+            "save_outputs": False,
+            "verbose": 0,
+            "callbacks": [counter],
+        }
         start = time.perf_counter()
         with shoal.PPO(**settings) as algo:
             result = algo.learn()
             wall = time.perf_counter() - start
             out = play_vs_random(algo, args.games, seed=seed)
         ok &= out["win_rate"] >= 0.9
-        print(f"{seed:>4} {result['timesteps_total']:>9,} {wall:>9.1f} {out['games']:>5} {out['wins']:>5} "
-              f"{out['draws']:>5} {out['losses']:>6} {out['win_first']:>7.1%} {out['win_second']:>7.1%} "
-              f"{out['win_rate']:>7.1%} {counter.lost / max(counter.games, 1):>8.2%}")
+        print(
+            f"{seed:>4} {result['timesteps_total']:>9,} {wall:>9.1f} {out['games']:>5} {out['wins']:>5} "
+            f"{out['draws']:>5} {out['losses']:>6} {out['win_first']:>7.1%} {out['win_second']:>7.1%} "
+            f"{out['win_rate']:>7.1%} {counter.lost / max(counter.games, 1):>8.2%}"
+        )
     print("lost -1: share of training games whose loser's -1 fell on a rollout's first step (dropped by GAE)")
     return 0 if ok else 1
 

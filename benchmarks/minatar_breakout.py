@@ -53,9 +53,21 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
     out = Path(args.out)
-    cmd = [sys.executable, "-m", "shoal", "train", "--config", str(CONFIG), f"total_timesteps={args.steps}",
-           f"evaluation_interval={args.every}", "verbose=0", "--eval-episodes", "100", *args.overrides]
-    pending = {seed: cmd + [f"seed={seed}", "--run-dir", str(out / f"seed{seed}")] for seed in args.seeds}
+    cmd = [
+        sys.executable,
+        "-m",
+        "shoal",
+        "train",
+        "--config",
+        str(CONFIG),
+        f"total_timesteps={args.steps}",
+        f"evaluation_interval={args.every}",
+        "verbose=0",
+        "--eval-episodes",
+        "100",
+        *args.overrides,
+    ]
+    pending = {seed: [*cmd, f"seed={seed}", "--run-dir", str(out / f"seed{seed}")] for seed in args.seeds}
     running: dict[int, tuple[subprocess.Popen, float]] = {}
     summaries = {}
     while pending or running:
@@ -77,20 +89,38 @@ def main() -> int:
     rows = []
     for seed in args.seeds:
         s = summaries[seed]
-        rows.append((seed, s["timesteps_total"], s["episode_reward_mean"], s["evaluation"]["episode_reward_mean"],
-                     s["time_total_s"], s["timesteps_total"] / s["time_total_s"]))
+        rows.append(
+            (
+                seed,
+                s["timesteps_total"],
+                s["episode_reward_mean"],
+                s["evaluation"]["episode_reward_mean"],
+                s["time_total_s"],
+                s["timesteps_total"] / s["time_total_s"],
+            )
+        )
     evals = [r[3] for r in rows]
     print(f"\nMinAtar Breakout-v1, PPO model=cnn ({CONFIG.name}), deterministic evaluation over 100 episodes")
     print(f"{'seed':>4} {'steps':>10} {'train return':>13} {'eval return':>12} {'train time (s)':>15} {'SPS':>7}")
     for seed, steps, train, ev, wall, sps in rows:
         print(f"{seed:>4} {steps:>10,} {train:>13.2f} {ev:>12.2f} {wall:>15.0f} {sps:>7,.0f}")
     spread = statistics.stdev(evals) if len(evals) > 1 else 0.0
-    print(f"mean eval return over {len(evals)} seeds: {statistics.mean(evals):.2f} ± {spread:.2f}; "
-          f"uniform random policy: {random_return():.2f}")
-    png = plot_runs([str(out / f"seed{seed}") for seed in args.seeds], "episode_reward_mean", "timesteps",
-                    out / "minatar_breakout.png")
-    plot_runs([str(out / f"seed{seed}") for seed in args.seeds], "evaluation/episode_reward_mean", "timesteps",
-              out / "minatar_breakout_eval.png")
+    print(
+        f"mean eval return over {len(evals)} seeds: {statistics.mean(evals):.2f} ± {spread:.2f}; "
+        f"uniform random policy: {random_return():.2f}"
+    )
+    png = plot_runs(
+        [str(out / f"seed{seed}") for seed in args.seeds],
+        "episode_reward_mean",
+        "timesteps",
+        out / "minatar_breakout.png",
+    )
+    plot_runs(
+        [str(out / f"seed{seed}") for seed in args.seeds],
+        "evaluation/episode_reward_mean",
+        "timesteps",
+        out / "minatar_breakout_eval.png",
+    )
     print(f"curves: {png}")
     return 0
 

@@ -97,15 +97,18 @@ def main() -> None:
     kinds = {"native AgentEnv": lambda: TargetGrid(k), "Parallel dict API": lambda: TargetGridParallel(k)}
     ppo = {"num_envs": n, "rollout_fragment_length": 32, "sgd_minibatch_size": 2048, "num_sgd_iter": 1, "seed": 0}
 
-    print(f"TargetGrid, {n} envs x {k} agents, {os.cpu_count()} CPU cores. Agent-steps/s of the backend alone "
-          f"(random actions),\nof PPO's collect phase (env + policy forward) and of PPO end to end (+ update: "
-          f"num_sgd_iter={ppo['num_sgd_iter']}, as Metta); return of one agent after {args.iterations + 1} iterations.")
+    print(
+        f"TargetGrid, {n} envs x {k} agents, {os.cpu_count()} CPU cores. Agent-steps/s of the backend alone "
+        f"(random actions),\nof PPO's collect phase (env + policy forward) and of PPO end to end (+ update: "
+        f"num_sgd_iter={ppo['num_sgd_iter']}, as Metta); return of one agent after {args.iterations + 1} iterations."
+    )
     print(f"{'interface':<19}{'backend':<11}{'env only':>12}{'PPO collect':>13}{'PPO total':>11}{'return':>8}")
     figures = {}
     for kind, make in kinds.items():
         for workers in (0, 2):
-            env_only = max(env_sps(make, n, num_workers=workers, seconds=args.seconds)["sps"]
-                           for _ in range(args.repeats))
+            env_only = max(
+                env_sps(make, n, num_workers=workers, seconds=args.seconds)["sps"] for _ in range(args.repeats)
+            )
             runs = [ppo_sps({**ppo, "env": make, "num_workers": workers}, args.iterations) for _ in range(args.repeats)]
             total, collect, ret = max(r[0] for r in runs), max(r[1] for r in runs), runs[0][2]
             figures[kind, workers] = env_only, collect, total
@@ -113,7 +116,9 @@ def main() -> None:
             print(f"{kind:<19}{backend:<11}{env_only:>12,.0f}{collect:>13,.0f}{total:>11,.0f}{ret:>8.2f}")
     for workers in (0, 2):
         native, parallel = figures["native AgentEnv", workers], figures["Parallel dict API", workers]
-        ratios = ", ".join(f"{what} {a / b:.1f}x" for what, a, b in zip(("env only", "collect", "total"), native, parallel))
+        ratios = ", ".join(
+            f"{what} {a / b:.1f}x" for what, a, b in zip(("env only", "collect", "total"), native, parallel)
+        )
         print(f"native / dict, {f'{workers} workers' if workers else 'serial'}: {ratios}")
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # makes benchmarks.busy_env importable
 
-from shoal.bench import env_sps, train_sps  # noqa: E402
+from shoal.bench import env_sps, train_sps
 
 BUSY = "benchmarks.busy_env:Busy-v0"
 WAIT = "benchmarks.busy_env:Wait-v0"
@@ -48,8 +48,9 @@ def main() -> None:
     s = args.seconds
 
     def ppo(env: str, async_factor: int) -> float:
-        return train_sps({"env": env, "num_envs": 8, "num_workers": 2, "async_factor": async_factor},
-                         args.timesteps)["sps"]
+        return train_sps({"env": env, "num_envs": 8, "num_workers": 2, "async_factor": async_factor}, args.timesteps)[
+            "sps"
+        ]
 
     rows = [
         ("1 ms env, 8 envs, serial", env_sps(BUSY, 8, seconds=s)["sps"]),
@@ -66,8 +67,10 @@ def main() -> None:
         print(f"{name:<55}{sps:>14,.0f}")
     print(f"\n2 workers / serial on the 1 ms env: {rows[1][1] / rows[0][1]:.2f}x")
     print(f"shoal 2 workers / AsyncVectorEnv on CartPole-v1: {rows[2][1] / rows[3][1]:.2f}x")
-    print(f"PPO async_factor 2 / 1, CPU-bound env: {rows[5][1] / rows[4][1]:.2f}x; waiting env: "
-          f"{rows[7][1] / rows[6][1]:.2f}x")
+    print(
+        f"PPO async_factor 2 / 1, CPU-bound env: {rows[5][1] / rows[4][1]:.2f}x; waiting env: "
+        f"{rows[7][1] / rows[6][1]:.2f}x"
+    )
 
 
 if __name__ == "__main__":

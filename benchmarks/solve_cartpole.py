@@ -28,8 +28,10 @@ def main() -> int:
             ev = algo.evaluate(20)
         solved = ev["episode_reward_mean"] >= 475
         ok &= solved
-        print(f"{seed:>4} {result['timesteps_total']:>8,} {wall:>9.1f} {result['episode_reward_mean']:>13.1f} "
-              f"{ev['episode_reward_mean']:>10.1f} {ev['episode_reward_min']:>9.1f}  {'yes' if solved else 'NO'}")
+        print(
+            f"{seed:>4} {result['timesteps_total']:>8,} {wall:>9.1f} {result['episode_reward_mean']:>13.1f} "
+            f"{ev['episode_reward_mean']:>10.1f} {ev['episode_reward_min']:>9.1f}  {'yes' if solved else 'NO'}"
+        )
     return 0 if ok else 1
 
 

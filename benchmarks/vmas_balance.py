@@ -47,7 +47,9 @@ def env_only(env: str, env_config: dict, num_envs: int, steps: int, seed: int) -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=None, help="env steps to train (default: the config's total_timesteps)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="env steps to train (default: the config's total_timesteps)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=5, help="iterations between learning-curve points")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
@@ -62,18 +64,29 @@ def main() -> int:
         c = algo.config
         total = args.steps or c.total_timesteps
         rows = algo.backend.num_rows
-        print(f"{c.env} {c.env_config}: {c.num_envs} envs x {rows // c.num_envs} agents = {rows} rows; "
-              f"{rows * c.rollout_fragment_length:,} agent steps per iteration, {total * rows // c.num_envs:,} in all")
+        print(
+            f"{c.env} {c.env_config}: {c.num_envs} envs x {rows // c.num_envs} agents = {rows} rows; "
+            f"{rows * c.rollout_fragment_length:,} agent steps per iteration, {total * rows // c.num_envs:,} in all"
+        )
         before = algo.evaluate(20)["episode_reward_mean"]
         start = time.perf_counter()
         while algo.timesteps_total < total:
             r = algo.train()
             it = r["training_iteration"]
             if it == 1 or it % args.every == 0 or algo.timesteps_total >= total:
-                curve.append((r["training_iteration"], r["agent_timesteps_total"], time.perf_counter() - start,
-                              r["episode_reward_mean"]))
-                print(f"  iter {curve[-1][0]:>4}  {curve[-1][1]:>10,} agent steps  {curve[-1][2]:>6.1f} s  "
-                      f"mean episode reward {curve[-1][3]:>7.2f}", flush=True)
+                curve.append(
+                    (
+                        r["training_iteration"],
+                        r["agent_timesteps_total"],
+                        time.perf_counter() - start,
+                        r["episode_reward_mean"],
+                    )
+                )
+                print(
+                    f"  iter {curve[-1][0]:>4}  {curve[-1][1]:>10,} agent steps  {curve[-1][2]:>6.1f} s  "
+                    f"mean episode reward {curve[-1][3]:>7.2f}",
+                    flush=True,
+                )
         wall = time.perf_counter() - start
         after = algo.evaluate(20)["episode_reward_mean"]
         agent_steps = algo.timesteps_total * algo.backend.rows_per_env

@@ -57,8 +57,9 @@ class Reinforce(shoal.Algorithm):
             returns = discounted_returns(rollout, final_value, c.gamma)
 
         steps = self.buffer.get(flatten=True)  # [N*T] transitions
-        logp, entropy, value = self.policy.evaluate(steps["obs"], steps["action"],
-                                                    action_mask=steps.get("action_mask", None))
+        logp, entropy, value = self.policy.evaluate(
+            steps["obs"], steps["action"], action_mask=steps.get("action_mask", None)
+        )
         returns = returns.reshape(-1)
         valid = steps["valid"]  # False on padding rows and next-step resets
         advantage = (returns - value).detach()

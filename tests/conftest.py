@@ -53,8 +53,14 @@ def counter_env():
     return CounterEnv
 
 
-def mlp_policy(obs_dim: int, space: gym.Space, hiddens=(7, 6), log_std_init: float = 0.0, critic_dim: int = 0,
-               activation: str = "tanh") -> ActorCriticPolicy:
+def mlp_policy(
+    obs_dim: int,
+    space: gym.Space,
+    hiddens=(7, 6),
+    log_std_init: float = 0.0,
+    critic_dim: int = 0,
+    activation: str = "tanh",
+) -> ActorCriticPolicy:
     """The built-in actor-critic over ``obs_dim`` floats and the action ``space``."""
     spec = action_spec(space)
     model = MLPModel(obs_dim, make_distribution(spec).param_dim, list(hiddens), activation, critic_dim)

@@ -22,10 +22,8 @@ def slow_gae(reward, value, terminated, truncated, final_value, gamma, lam):
             else:
                 next_v = value[i, s + 1]
             delta = reward[i, s] + gamma * next_v - value[i, s]
-            if terminated[i, s] or truncated[i, s]:
-                running = delta
-            else:
-                running = delta + gamma * lam * running
+            ends = terminated[i, s] or truncated[i, s]
+            running = delta if ends else delta + gamma * lam * running
             adv[i, s] = running
     return adv
 
@@ -41,9 +39,14 @@ def test_gae_matches_reference_loop(gamma, lam):
     flags = rng.integers(0, 3, size=(n, t))
     terminated, truncated = flags == 1, flags == 2
     expected = slow_gae(reward, value, terminated, truncated, final_value, gamma, lam)
-    got = gae(*(torch.tensor(x, dtype=torch.float32) for x in (reward, value)),
-              torch.tensor(terminated), torch.tensor(truncated),
-              torch.tensor(final_value, dtype=torch.float32), gamma, lam)
+    got = gae(
+        *(torch.tensor(x, dtype=torch.float32) for x in (reward, value)),
+        torch.tensor(terminated),
+        torch.tensor(truncated),
+        torch.tensor(final_value, dtype=torch.float32),
+        gamma,
+        lam,
+    )
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -58,9 +61,15 @@ def test_gae_every_single_done_position():
         truncated = np.zeros((1, t), bool)
         (terminated if kind == "terminated" else truncated)[0, pos] = True
         expected = slow_gae(reward, value, terminated, truncated, final_value, 0.97, 0.9)
-        got = gae(torch.tensor(reward, dtype=torch.float32), torch.tensor(value, dtype=torch.float32),
-                  torch.tensor(terminated), torch.tensor(truncated),
-                  torch.tensor(final_value, dtype=torch.float32), 0.97, 0.9)
+        got = gae(
+            torch.tensor(reward, dtype=torch.float32),
+            torch.tensor(value, dtype=torch.float32),
+            torch.tensor(terminated),
+            torch.tensor(truncated),
+            torch.tensor(final_value, dtype=torch.float32),
+            0.97,
+            0.9,
+        )
         np.testing.assert_allclose(got.numpy(), expected, atol=1e-5)
 
 
@@ -124,9 +133,16 @@ def _folded_case(rng, n, t):
 
 def _torch_gae(reward, value, terminated, truncated, final_value, gamma, lam, valid=None):
     f32 = dict(dtype=torch.float32)
-    return gae(torch.tensor(reward, **f32), torch.tensor(value, **f32), torch.tensor(terminated),
-               torch.tensor(truncated), torch.tensor(final_value, **f32), gamma, lam,
-               valid_t=None if valid is None else torch.tensor(valid))
+    return gae(
+        torch.tensor(reward, **f32),
+        torch.tensor(value, **f32),
+        torch.tensor(terminated),
+        torch.tensor(truncated),
+        torch.tensor(final_value, **f32),
+        gamma,
+        lam,
+        valid_t=None if valid is None else torch.tensor(valid),
+    )
 
 
 @pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 0.0), (1.0, 1.0)])

@@ -39,11 +39,11 @@ class TurnsEnv(AECEnv):
         self.possible_agents = ["a0", "a1", "a2"]
         self.max_moves = max_moves
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def observation_space(self, agent):
         return gym.spaces.Box(0.0, 100.0, (2,), np.float32)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def action_space(self, agent):
         return gym.spaces.Discrete(3 if agent == "a2" else 2)
 
@@ -75,7 +75,7 @@ class TurnsEnv(AECEnv):
         if self.moves >= self.max_moves:
             self.truncations = dict.fromkeys(self.agents, True)
         live = [a for a in self.agents if not (self.terminations[a] or self.truncations[a])]
-        following = self.agents[self.agents.index(agent) + 1:] + self.agents
+        following = self.agents[self.agents.index(agent) + 1 :] + self.agents
         self.agent_selection = next((a for a in following if a in live), agent)
         self._accumulate_rewards()
         self._deads_step_first()
@@ -120,8 +120,15 @@ def test_only_the_mover_acts_every_agent_gets_its_rewards_and_dead_agents_become
     for t in range(7):
         # Each row sends its own action; only the mover's is played (the mover earns it + 1).
         batch = _step(backend, [1, 0, 2])
-        seen.append((batch.valid.tolist(), batch.reward.tolist(), batch.terminated.tolist(),
-                     batch.truncated.tolist(), batch.obs[:, 1].tolist()))
+        seen.append(
+            (
+                batch.valid.tolist(),
+                batch.reward.tolist(),
+                batch.terminated.tolist(),
+                batch.truncated.tolist(),
+                batch.obs[:, 1].tolist(),
+            )
+        )
         if t == 2:
             assert backend.final_infos == {1: {"moves": 3}}
         if t == 5:
@@ -129,12 +136,12 @@ def test_only_the_mover_acts_every_agent_gets_its_rewards_and_dead_agents_become
             assert backend.final_infos == {}
     F, T = False, True
     assert seen == [
-        ([T, F, F], [2.0, 10.0, 10.0], [F, F, F], [F, F, F], [1, 1, 1]),   # a0 moves; the others get 10
+        ([T, F, F], [2.0, 10.0, 10.0], [F, F, F], [F, F, F], [1, 1, 1]),  # a0 moves; the others get 10
         ([F, T, F], [20.0, 1.0, 20.0], [F, F, F], [F, F, F], [2, 2, 2]),
-        ([F, F, T], [30.0, 30.0, 3.0], [F, T, F], [F, F, F], [3, 0, 3]),   # a2's move kills a1: padding from now
-        ([T, F, F], [2.0, 0.0, 10.0], [F, F, F], [F, F, F], [4, 0, 4]),    # a1 was stepped out with None
+        ([F, F, T], [30.0, 30.0, 3.0], [F, T, F], [F, F, F], [3, 0, 3]),  # a2's move kills a1: padding from now
+        ([T, F, F], [2.0, 0.0, 10.0], [F, F, F], [F, F, F], [4, 0, 4]),  # a1 was stepped out with None
         ([F, F, T], [30.0, 0.0, 3.0], [F, F, F], [F, F, F], [5, 0, 5]),
-        ([T, F, F], [2.0, 0.0, 10.0], [F, F, F], [T, F, T], [0, 0, 0]),    # all truncated: a new game at once
+        ([T, F, F], [2.0, 0.0, 10.0], [F, F, F], [T, F, T], [0, 0, 0]),  # all truncated: a new game at once
         ([T, F, F], [2.0, 10.0, 10.0], [F, F, F], [F, F, F], [1, 1, 1]),
     ]
     assert batch.obs[:, 0].tolist() == [0, 1, 2]
@@ -236,8 +243,7 @@ def test_gae_folds_the_losers_reward_into_its_last_decision():
     steps = [_record(backend, [column, column], fields) for column in [0, 1, 0, 1, 0, 1, 0]]
     reward, terminated, truncated, valid = (torch.stack(column, 1) for column in zip(*steps))
     value = torch.full((2, 8), 0.5)
-    advantage = gae(reward, value, terminated, truncated, torch.zeros(2, 7), gamma=0.9, gae_lambda=0.95,
-                    valid_t=valid)
+    advantage = gae(reward, value, terminated, truncated, torch.zeros(2, 7), gamma=0.9, gae_lambda=0.95, valid_t=valid)
     assert valid.tolist() == [[True, False] * 3 + [True], [False, True] * 3 + [False]]
     # Folded rewards are not discounted and the game ended: the last decisions see -1 and +1 minus V = 0.5.
     assert advantage[1, 5].item() == pytest.approx(-1.5)
@@ -265,8 +271,10 @@ def test_bad_turn_based_envs_are_named_in_the_error():
         make_backend("pettingzoo:pettingzoo.classic.no_such_v0", 1)
     with pytest.raises(shoal.EnvError, match="module 'pettingzoo.utils' has neither a parallel_env.. nor an env"):
         make_backend("pettingzoo:pettingzoo.utils", 1)
-    with pytest.raises(shoal.EnvError, match="returned int, expected a gymnasium.Env .*, a PettingZoo ParallelEnv or "
-                                             "AECEnv, or a shoal.AgentEnv"):
+    with pytest.raises(
+        shoal.EnvError,
+        match="returned int, expected a gymnasium.Env .*, a PettingZoo ParallelEnv or AECEnv, or a shoal.AgentEnv",
+    ):
         make_backend(lambda: 42, 1)
 
 
@@ -304,9 +312,15 @@ def test_a_policy_picking_an_illegal_move_is_caught():
 
 
 def test_evaluation_ends_turn_based_games_and_counts_the_losers_reward():
-    with shoal.PPO(env="pettingzoo:pettingzoo.classic.connect_four_v3", policies=["main", "other"],
-                   policy_mapping_fn=lambda agent, episode: "main" if agent == "player_0" else "other",
-                   num_envs=4, sgd_minibatch_size=64, save_outputs=False, verbose=0) as algo:
+    with shoal.PPO(
+        env="pettingzoo:pettingzoo.classic.connect_four_v3",
+        policies=["main", "other"],
+        policy_mapping_fn=lambda agent, episode: "main" if agent == "player_0" else "other",
+        num_envs=4,
+        sgd_minibatch_size=64,
+        save_outputs=False,
+        verbose=0,
+    ) as algo:
         out = algo.evaluate(6)
     assert out["episodes"] == 6
     assert out["episode_reward_mean"] == 0.0  # zero-sum: the waiting loser's -1 is counted with the winner's +1

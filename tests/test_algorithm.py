@@ -50,8 +50,22 @@ def test_a_custom_algorithm_resumes_exactly_from_its_checkpoint(tmp_path):
 
 
 def test_algo_is_chosen_on_the_command_line_and_in_yaml(tmp_path, capsys):
-    assert main(["train", "CartPole-v1", "--algo", "examples.reinforce:Reinforce", "total_timesteps=1024",
-                 "--run-dir", str(tmp_path / "cli"), "--eval-episodes", "2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "CartPole-v1",
+                "--algo",
+                "examples.reinforce:Reinforce",
+                "total_timesteps=1024",
+                "--run-dir",
+                str(tmp_path / "cli"),
+                "--eval-episodes",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["evaluation"]["episodes"] == 2
     assert "algo: examples.reinforce:Reinforce" in (tmp_path / "cli" / "config.yaml").read_text()
     config = tmp_path / "r.yaml"
@@ -63,7 +77,9 @@ def test_algo_is_chosen_on_the_command_line_and_in_yaml(tmp_path, capsys):
 
 
 def test_an_algorithms_own_keys_are_checked_like_the_common_ones():
-    with pytest.raises(shoal.ConfigError, match=r"unknown config key 'vf_coeff' for ReinforceConfig. Did you mean 'vf_coef'"):
+    with pytest.raises(
+        shoal.ConfigError, match=r"unknown config key 'vf_coeff' for ReinforceConfig. Did you mean 'vf_coef'"
+    ):
         shoal.Trainer(algo=Reinforce, vf_coeff=0.5, save_outputs=False)
     with pytest.raises(shoal.ConfigError, match=r"bad value for 'vf_coef': -1"):
         shoal.Trainer(algo=Reinforce, vf_coef=-1, save_outputs=False)
@@ -74,7 +90,10 @@ def test_an_algorithms_own_keys_are_checked_like_the_common_ones():
 def test_presets_train_their_own_algorithm_and_trainer_builds_any():
     ppo = dict(FAST, seed=3, sgd_minibatch_size=64, save_outputs=False)
     weights = []
-    for make in (lambda: shoal.Trainer(algo="ppo", **ppo), lambda: shoal.PPO(**ppo)):  # one after the other: one global RNG
+    for make in (
+        lambda: shoal.Trainer(algo="ppo", **ppo),
+        lambda: shoal.PPO(**ppo),
+    ):  # one after the other: one global RNG
         with make() as trainer:
             trainer.train()
             weights.append(_weights(trainer))

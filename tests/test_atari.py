@@ -146,12 +146,18 @@ def test_render_gives_the_colour_frame():
     assert (frame[..., 0] != frame[..., 1]).any()
 
 
-@pytest.mark.parametrize("config, bad", [
-    ({"frame_stack": 0}, "frame_stack=0"), ({"screen_size": 8.5}, "screen_size=8.5"),
-    ({"noop_max": -1}, "noop_max=-1"), ({"frame_skip": True}, "frame_skip=True"),
-    ({"episodic_life": "yes"}, "episodic_life='yes'"), ({"frameskip": 4}, "frameskip=4.*set frame_skip"),
-    ({"obs_type": "rgb"}, "obs_type='rgb'.*'grayscale'"),
-])
+@pytest.mark.parametrize(
+    "config, bad",
+    [
+        ({"frame_stack": 0}, "frame_stack=0"),
+        ({"screen_size": 8.5}, "screen_size=8.5"),
+        ({"noop_max": -1}, "noop_max=-1"),
+        ({"frame_skip": True}, "frame_skip=True"),
+        ({"episodic_life": "yes"}, "episodic_life='yes'"),
+        ({"frameskip": 4}, "frameskip=4.*set frame_skip"),
+        ({"obs_type": "rgb"}, "obs_type='rgb'.*'grayscale'"),
+    ],
+)
 def test_bad_preprocessing_options_are_named(config, bad):
     with pytest.raises(ConfigError, match=bad):
         config_creator("ALE/Breakout-v5")(config)
@@ -167,10 +173,14 @@ def test_ids_are_recognised_and_unknown_games_get_a_suggestion():
         check_env_id("MinAtar/Breakot-v1")
 
 
-@pytest.mark.parametrize("env_id, module, extra", [
-    ("ALE/Pong-v5", "ale_py", "atari"), ("ALE/Pong-v5", "cv2", "atari"),
-    ("MinAtar/Breakout-v1", "minatar.gym", "minatar"),
-])
+@pytest.mark.parametrize(
+    "env_id, module, extra",
+    [
+        ("ALE/Pong-v5", "ale_py", "atari"),
+        ("ALE/Pong-v5", "cv2", "atari"),
+        ("MinAtar/Breakout-v1", "minatar.gym", "minatar"),
+    ],
+)
 def test_missing_package_says_how_to_install_it(monkeypatch, env_id, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
     with pytest.raises(EnvError, match=rf"pip install 'shoal\[{extra}\]'"):
@@ -191,6 +201,6 @@ def test_minatar_obs_and_render():
         for col in range(10):
             on = np.flatnonzero(obs[row, col])
             expected = PALETTE[on[-1]] if len(on) else [0, 0, 0]
-            block = frame[row * 16:(row + 1) * 16, col * 16:(col + 1) * 16]
+            block = frame[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16]
             assert (block == expected).all(), (row, col, on)
     assert obs.any(axis=-1).sum() > 0 and (frame == 0).all(axis=-1).any()

@@ -23,9 +23,12 @@ class TwoTowers(nn.Module):
     def __init__(self, obs_space, action_space, num_outputs, hidden=64):
         super().__init__()
         n = obs_space.shape[0]
-        self.pi = nn.Sequential(nn.Linear(n, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                                nn.Linear(hidden, num_outputs))
-        self.v = nn.Sequential(nn.Linear(n, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        self.pi = nn.Sequential(
+            nn.Linear(n, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, num_outputs)
+        )
+        self.v = nn.Sequential(
+            nn.Linear(n, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1)
+        )
 
     def forward(self, obs):
         return self.pi(obs), self.v(obs).squeeze(-1)
@@ -57,7 +60,7 @@ class Wrong(nn.Module):
         if self.returns == "one":
             return out
         if self.returns == "column":
-            return out[:, :self.n], out[:, self.n:]
+            return out[:, : self.n], out[:, self.n :]
         return out, out[:, 0]  # dist inputs one too wide
 
 
@@ -67,56 +70,90 @@ class Frozen(nn.Module):
         self.layer = nn.Linear(4, num_outputs + 1).requires_grad_(False)
 
 
-@pytest.mark.parametrize("model,config,message", [
-    (Wrong, {"returns": "one"}, r"Wrong.forward returned one tensor of shape \[2, 3\]; expected a pair "
-                                r"\(dist_inputs \[B, 2\], value \[B\]\)"),
-    (Wrong, {}, r"returned dist_inputs of shape \[2, 3\] and dtype torch.float32; expected \[2, 2\] float for "
-                r"Discrete\(2\)"),
-    (Wrong, {"returns": "column"}, r"returned value of shape \[2, 1\].*expected \[2\] float \(squeeze the last dim\)"),
-    (Wrong, {"bad_key": 1}, r"model Wrong cannot be built as Wrong\(obs_space, action_space, num_outputs, "
-                            r"\*\*model_config\) with model_config=\{'bad_key': 1\}: .*bad_key"),
-    (Frozen, {}, "model Frozen has no trainable parameters"),
-])
+@pytest.mark.parametrize(
+    "model,config,message",
+    [
+        (
+            Wrong,
+            {"returns": "one"},
+            r"Wrong.forward returned one tensor of shape \[2, 3\]; expected a pair "
+            r"\(dist_inputs \[B, 2\], value \[B\]\)",
+        ),
+        (
+            Wrong,
+            {},
+            r"returned dist_inputs of shape \[2, 3\] and dtype torch.float32; expected \[2, 2\] float for "
+            r"Discrete\(2\)",
+        ),
+        (
+            Wrong,
+            {"returns": "column"},
+            r"returned value of shape \[2, 1\].*expected \[2\] float \(squeeze the last dim\)",
+        ),
+        (
+            Wrong,
+            {"bad_key": 1},
+            r"model Wrong cannot be built as Wrong\(obs_space, action_space, num_outputs, "
+            r"\*\*model_config\) with model_config=\{'bad_key': 1\}: .*bad_key",
+        ),
+        (Frozen, {}, "model Frozen has no trainable parameters"),
+    ],
+)
 def test_a_users_module_that_breaks_the_contract_is_named_with_what_it_returned(model, config, message):
     with pytest.raises(shoal.ConfigError, match=message):
         shoal.PPO(model=model, model_config=config, **FAST)
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(model_config={"hiddens": [0]}), r"'model_config.hiddens': \[0\]: every layer size.*positive integer"),
-    (dict(model_config={"hiddens": [64, -1]}), r"'model_config.hiddens': \[64, -1\]: every layer size"),
-    (dict(model_config={"hiddens": []}), r"'model_config.hiddens': \[\]: List should have at least 1 item"),
-    (dict(model_config={"conv_filters": [[16, 0, 1]]}), r"'model_config.conv_filters'.*positive integer"),
-    (dict(model_config={"hidens": [8]}), r"unknown model_config key 'hidens' for model='mlp'. Did you mean 'hiddens'"),
-    (dict(model="cnnn"), r"model='cnnn' is not one of \['mlp', 'cnn'\]. Did you mean 'cnn'"),
-    (dict(model="nowhere:Net"), r"model 'nowhere:Net' cannot be imported"),
-    (dict(model="cnn"), r"model='cnn' needs image observations.*'CartPole-v1' observes Box"),
-    (dict(hiddens=[64]), r"'hiddens' is a model_config key now: model_config=\{'hiddens'"),
-    (dict(algo="ppp"), r"unknown algo 'ppp'. Did you mean 'ppo'"),
-    (dict(clip_rewards=-1.0), r"clip_rewards=-1.0 must be positive"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(model_config={"hiddens": [0]}), r"'model_config.hiddens': \[0\]: every layer size.*positive integer"),
+        (dict(model_config={"hiddens": [64, -1]}), r"'model_config.hiddens': \[64, -1\]: every layer size"),
+        (dict(model_config={"hiddens": []}), r"'model_config.hiddens': \[\]: List should have at least 1 item"),
+        (dict(model_config={"conv_filters": [[16, 0, 1]]}), r"'model_config.conv_filters'.*positive integer"),
+        (
+            dict(model_config={"hidens": [8]}),
+            r"unknown model_config key 'hidens' for model='mlp'. Did you mean 'hiddens'",
+        ),
+        (dict(model="cnnn"), r"model='cnnn' is not one of \['mlp', 'cnn'\]. Did you mean 'cnn'"),
+        (dict(model="nowhere:Net"), r"model 'nowhere:Net' cannot be imported"),
+        (dict(model="cnn"), r"model='cnn' needs image observations.*'CartPole-v1' observes Box"),
+        (dict(hiddens=[64]), r"'hiddens' is a model_config key now: model_config=\{'hiddens'"),
+        (dict(algo="ppp"), r"unknown algo 'ppp'. Did you mean 'ppo'"),
+        (dict(clip_rewards=-1.0), r"clip_rewards=-1.0 must be positive"),
+    ],
+)
 def test_bad_model_settings_stop_with_one_clear_message(settings, message):
     with pytest.raises(shoal.ConfigError, match=message):
         shoal.Trainer(**{**FAST, **settings})
 
 
-@pytest.mark.parametrize("pair,message", [
-    ("model_config.hiddens=[0]", "every layer size"),
-    ("model=cnn", "needs image observations"),
-    ("algo=ppp", "Did you mean 'ppo'"),
-    ("model_config.hidens=[8]", "Did you mean 'hiddens'"),
-    ("hiddens=[32]", "model_config key now"),
-])
+@pytest.mark.parametrize(
+    "pair,message",
+    [
+        ("model_config.hiddens=[0]", "every layer size"),
+        ("model=cnn", "needs image observations"),
+        ("algo=ppp", "Did you mean 'ppo'"),
+        ("model_config.hidens=[8]", "Did you mean 'hiddens'"),
+        ("hiddens=[32]", "model_config key now"),
+    ],
+)
 def test_the_command_line_exits_with_the_message_and_no_traceback(pair, message, capsys):
     assert main(["train", "CartPole-v1", pair, "save_outputs=false", "verbose=0"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("pairs,message", [
-    (["model_config.conv_filters=[[16,20,1]]"], r"does not fit 'MinAtar/Breakout-v1'.*\(10, 10, 4\), read as \[H, W, C\]"),
-    (["model_config.channels=first", "model_config.conv_filters=[[16,5,1]]"], r"read as \[C, H, W\].*set channels"),
-])
+@pytest.mark.parametrize(
+    "pairs,message",
+    [
+        (
+            ["model_config.conv_filters=[[16,20,1]]"],
+            r"does not fit 'MinAtar/Breakout-v1'.*\(10, 10, 4\), read as \[H, W, C\]",
+        ),
+        (["model_config.channels=first", "model_config.conv_filters=[[16,5,1]]"], r"read as \[C, H, W\].*set channels"),
+    ],
+)
 def test_a_conv_stack_that_does_not_fit_the_image_exits_with_the_message(pairs, message, capsys):
     assert main(["train", "MinAtar/Breakout-v1", "model=cnn", *pairs, "save_outputs=false", "verbose=0"]) == 2
     err = capsys.readouterr().err
@@ -124,7 +161,9 @@ def test_a_conv_stack_that_does_not_fit_the_image_exits_with_the_message(pairs, 
 
 
 def test_mlp_reads_images_flat_also_with_a_shared_trunk():
-    with shoal.PPO(env="MinAtar/Breakout-v1", model_config={"shared_trunk": True}, **FAST) as algo:
+    with pytest.warns(UserWarning, match="model='cnn' is usually far better"):
+        algo = shoal.PPO(env="MinAtar/Breakout-v1", model_config={"shared_trunk": True}, **FAST)
+    with algo:
         net = algo.get_policy().model
         assert not any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
         assert algo.train()["timesteps_this_iter"] > 0
@@ -171,8 +210,9 @@ def test_image_observations_get_a_cnn_on_request_and_a_hint_otherwise():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         shoal.PPO(env=ImageEnv, model="mlp", **FAST).close()  # chosen on purpose: no hint
-    with shoal.PPO(env=ImageEnv, model="cnn", model_config={"conv_filters": [[8, 4, 2]], "channels": "last"},
-                   **FAST) as algo:
+    with shoal.PPO(
+        env=ImageEnv, model="cnn", model_config={"conv_filters": [[8, 4, 2]], "channels": "last"}, **FAST
+    ) as algo:
         conv = algo.get_policy().model.actor[0].net[0]
         assert (conv.in_channels, conv.out_channels, conv.kernel_size) == (3, 8, (4, 4))
         assert algo.algorithm.buffer.rollout["obs"].dtype == torch.uint8  # images stay uint8 in the rollout

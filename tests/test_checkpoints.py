@@ -26,8 +26,16 @@ def _weights(algo) -> torch.Tensor:
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
-    kw = dict(FAST, seed=7, normalize_obs=True, normalize_reward=True, evaluation_interval=2,
-              evaluation_num_episodes=2, evaluation_deterministic=False, checkpoint_interval=0)
+    kw = dict(
+        FAST,
+        seed=7,
+        normalize_obs=True,
+        normalize_reward=True,
+        evaluation_interval=2,
+        evaluation_num_episodes=2,
+        evaluation_deterministic=False,
+        checkpoint_interval=0,
+    )
     straight = shoal.PPO(run_dir=str(tmp_path / "straight"), **kw)
     for _ in range(7):
         last_straight = straight.train()
@@ -123,14 +131,21 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_and_runs_nothing(tmp_path, 
 
 def _spawn(script: str, cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_sigkill_while_a_checkpoint_is_written_then_resume(tmp_path):
     """The process kills itself half-way through writing its third checkpoint."""
     run = tmp_path / "run"
-    proc = _spawn(f"""
+    proc = _spawn(
+        f"""
         import os, signal, torch
         import shoal.train.checkpoint as ckpt
         real_save, calls = torch.save, []
@@ -145,7 +160,9 @@ def test_sigkill_while_a_checkpoint_is_written_then_resume(tmp_path):
         import shoal
         shoal.PPO(seed=1, run_dir={str(run)!r}, checkpoint_interval=1, total_timesteps=8 * 128,
                   **{FAST!r}).learn()
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
     leftovers = [p.name for p in (run / "checkpoints").iterdir()]
@@ -173,8 +190,19 @@ def _logged(run: Path) -> list[int]:
 
 def test_sigterm_checkpoints_and_stops_then_sigkill_loses_at_most_one_interval(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "shoal", "train", "CartPole-v1", "seed=2", "total_timesteps=100000000",
-           "checkpoint_interval=5", "verbose=0", "--run-dir", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shoal",
+        "train",
+        "CartPole-v1",
+        "seed=2",
+        "total_timesteps=100000000",
+        "checkpoint_interval=5",
+        "verbose=0",
+        "--run-dir",
+        str(run),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -187,7 +215,7 @@ def test_sigterm_checkpoints_and_stops_then_sigkill_loses_at_most_one_interval(t
     assert _logged(run) == list(range(1, stopped_at + 1))
     assert ckpt.read_meta(ckpt.resolve_checkpoint(run))["training_iteration"] == stopped_at
 
-    cmd[cmd.index("--run-dir"):] = ["--resume", str(run)]
+    cmd[cmd.index("--run-dir") :] = ["--resume", str(run)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: len(_logged(run)) >= stopped_at + 13)
     proc.kill()

@@ -20,15 +20,28 @@ def test_unknown_key_suggests_closest():
 
 
 def test_conflicting_batch_sizes_name_numbers_and_suggest():
-    with pytest.raises(ConfigError, match=r"train_batch_size=1000 must equal num_envs=8 x rollout_fragment_length=64 = 512.*rollout_fragment_length=125"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train_batch_size=1000 must equal num_envs=8 x rollout_fragment_length=64 = 512"
+        r".*rollout_fragment_length=125",
+    ):
         PPOConfig.build(num_envs=8, rollout_fragment_length=64, train_batch_size=1000)
-    with pytest.raises(ConfigError, match=r"train_batch_size=100 is not divisible by num_envs=8.*Try train_batch_size=96 or 104"):
+    with pytest.raises(
+        ConfigError, match=r"train_batch_size=100 is not divisible by num_envs=8.*Try train_batch_size=96 or 104"
+    ):
         PPOConfig.build(train_batch_size=100)
-    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=100 must divide the 256 agent steps.*Try sgd_minibatch_size=128"):
+    with pytest.raises(
+        ConfigError, match=r"sgd_minibatch_size=100 must divide the 256 agent steps.*Try sgd_minibatch_size=128"
+    ):
         PPOConfig.build(sgd_minibatch_size=100).check_batch()
-    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=512 must divide the 256 agent steps.*Try sgd_minibatch_size=256"):
+    with pytest.raises(
+        ConfigError, match=r"sgd_minibatch_size=512 must divide the 256 agent steps.*Try sgd_minibatch_size=256"
+    ):
         shoal.PPO(sgd_minibatch_size=512, save_outputs=False)
-    with pytest.raises(ConfigError, match=r"sgd_minibatch_size=500 must divide the 768 agent steps.*x 3 agents\). Try sgd_minibatch_size=384"):
+    with pytest.raises(
+        ConfigError,
+        match=r"sgd_minibatch_size=500 must divide the 768 agent steps.*x 3 agents\). Try sgd_minibatch_size=384",
+    ):
         shoal.PPO(env="pettingzoo:mpe2.simple_spread_v3", sgd_minibatch_size=500, save_outputs=False)
 
 
@@ -40,10 +53,22 @@ def test_bad_value_names_key_and_value():
 
 
 def test_overrides_are_parsed_as_yaml_scalars():
-    assert parse_overrides(["seed=2", "model_config.hiddens=[32, 32]", "target_kl=null", "norm_adv=false",
-                            "env=CartPole-v1", "model_config.activation=relu"]) == {
-        "seed": 2, "model_config": {"hiddens": [32, 32], "activation": "relu"}, "target_kl": None, "norm_adv": False,
-        "env": "CartPole-v1"}
+    assert parse_overrides(
+        [
+            "seed=2",
+            "model_config.hiddens=[32, 32]",
+            "target_kl=null",
+            "norm_adv=false",
+            "env=CartPole-v1",
+            "model_config.activation=relu",
+        ]
+    ) == {
+        "seed": 2,
+        "model_config": {"hiddens": [32, 32], "activation": "relu"},
+        "target_kl": None,
+        "norm_adv": False,
+        "env": "CartPole-v1",
+    }
     with pytest.raises(ConfigError, match="expected key=value, got 'seed'"):
         parse_overrides(["seed"])
 

@@ -6,12 +6,29 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.models.encoders import (NATURE_FILTERS, SMALL_FILTERS, CNNEncoder, DictEncoder, FlattenEncoder,
-                                   default_conv_filters, image_channels_first, make_encoder)
+from shoal.models.encoders import (
+    NATURE_FILTERS,
+    SMALL_FILTERS,
+    CNNEncoder,
+    DictEncoder,
+    FlattenEncoder,
+    default_conv_filters,
+    image_channels_first,
+    make_encoder,
+)
 
 
-@pytest.mark.parametrize("shape,first", [((4, 84, 84), True), ((84, 84, 4), False), ((10, 10, 4), False),
-                                         ((64, 64, 3), False), ((3, 3, 3), False), ((1, 8, 8), True)])
+@pytest.mark.parametrize(
+    "shape,first",
+    [
+        ((4, 84, 84), True),
+        ((84, 84, 4), False),
+        ((10, 10, 4), False),
+        ((64, 64, 3), False),
+        ((3, 3, 3), False),
+        ((1, 8, 8), True),
+    ],
+)
 def test_channel_guess(shape, first):
     assert image_channels_first(shape) is first
 
@@ -97,26 +114,38 @@ def test_dict_image_and_vector():
 
 
 def test_nested_dict_tuple():
-    space = gym.spaces.Dict({
-        "z": gym.spaces.MultiBinary(2),
-        "obs": gym.spaces.Tuple((gym.spaces.Box(0, 255, (12, 12), np.uint8), gym.spaces.Discrete(3, start=1))),
-        "map": gym.spaces.Box(0, 1, (10, 10, 4), bool),
-        "pos": gym.spaces.Box(-5, 5, (2,), np.float64),
-    })
+    space = gym.spaces.Dict(
+        {
+            "z": gym.spaces.MultiBinary(2),
+            "obs": gym.spaces.Tuple((gym.spaces.Box(0, 255, (12, 12), np.uint8), gym.spaces.Discrete(3, start=1))),
+            "map": gym.spaces.Box(0, 1, (10, 10, 4), bool),
+            "pos": gym.spaces.Box(-5, 5, (2,), np.float64),
+        }
+    )
     torch.manual_seed(0)
     enc = DictEncoder(space)
     # gymnasium sorts a Dict's keys; the Tuple keeps its order
-    assert enc.leaves == [(("map",), "image", 0, 400), (("obs", 0), "image", 400, 144),
-                          (("obs", 1), "vector", 544, 3), (("pos",), "vector", 547, 2), (("z",), "vector", 549, 2)]
+    assert enc.leaves == [
+        (("map",), "image", 0, 400),
+        (("obs", 0), "image", 400, 144),
+        (("obs", 1), "vector", 544, 3),
+        (("pos",), "vector", 547, 2),
+        (("z",), "vector", 549, 2),
+    ]
     samples, flat = _flat_batch(space, 4)
     rows = []
     for s in samples:  # slow reference: each leaf by hand, from the unflattened sample
         one_hot = [1.0 if s["obs"][1] == k else 0.0 for k in (1, 2, 3)]
-        rows.append(torch.cat([
-            enc.cnns[0](torch.as_tensor(s["map"])[None]),
-            enc.cnns[1](torch.as_tensor(s["obs"][0])[None]),
-            torch.tensor([one_hot + list(s["pos"]) + list(s["z"])], dtype=torch.float32),
-        ], dim=1))
+        rows.append(
+            torch.cat(
+                [
+                    enc.cnns[0](torch.as_tensor(s["map"])[None]),
+                    enc.cnns[1](torch.as_tensor(s["obs"][0])[None]),
+                    torch.tensor([one_hot + list(s["pos"]) + list(s["z"])], dtype=torch.float32),
+                ],
+                dim=1,
+            )
+        )
     out = enc(flat)
     assert out.shape == (4, enc.out_dim) == (4, 16 * 8 * 8 + 16 * 10 * 10 + 7)
     torch.testing.assert_close(out, torch.cat(rows))
@@ -131,10 +160,16 @@ def test_dict_input_is_not_modified():
 
 
 # stored_shape: how shoal stores one observation (Discrete/MultiDiscrete as a one-hot vector)
-@pytest.mark.parametrize("space,stored_shape,out_dim", [
-    (gym.spaces.Box(-1, 1, (7,)), (7,), 7), (gym.spaces.Box(-1, 1, (3, 4)), (3, 4), 12),
-    (gym.spaces.Box(-1, 1, ()), (), 1), (gym.spaces.Discrete(4), (4,), 4),
-    (gym.spaces.MultiDiscrete([2, 3]), (5,), 5)])
+@pytest.mark.parametrize(
+    "space,stored_shape,out_dim",
+    [
+        (gym.spaces.Box(-1, 1, (7,)), (7,), 7),
+        (gym.spaces.Box(-1, 1, (3, 4)), (3, 4), 12),
+        (gym.spaces.Box(-1, 1, ()), (), 1),
+        (gym.spaces.Discrete(4), (4,), 4),
+        (gym.spaces.MultiDiscrete([2, 3]), (5,), 5),
+    ],
+)
 def test_flat_spaces(space, stored_shape, out_dim):
     enc = make_encoder(space)
     assert isinstance(enc, FlattenEncoder) and enc.out_dim == out_dim

@@ -46,11 +46,13 @@ def test_structured_spaces_are_flattened():
     class DictEnv(CounterEnv):
         def __init__(self):
             super().__init__()
-            self.observation_space = gym.spaces.Dict({
-                "pos": gym.spaces.Box(-1, 1, (2,), np.float32),
-                "kind": gym.spaces.Discrete(3),
-                "pair": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (1,), np.float32))),
-            })
+            self.observation_space = gym.spaces.Dict(
+                {
+                    "pos": gym.spaces.Box(-1, 1, (2,), np.float32),
+                    "kind": gym.spaces.Discrete(3),
+                    "pair": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (1,), np.float32))),
+                }
+            )
             self.action_space = gym.spaces.MultiDiscrete([2, 3])
 
         def reset(self, *, seed=None, options=None):
@@ -98,8 +100,9 @@ def test_next_step_backend_marks_reset_steps_invalid():
 
 
 def test_truncated_rows_bootstrap_from_value_of_final_obs():
-    algo = shoal.PPO(env=lambda: CounterEnv(limit=3), num_envs=2, rollout_fragment_length=4,
-                     sgd_minibatch_size=8, save_outputs=False)
+    algo = shoal.PPO(
+        env=lambda: CounterEnv(limit=3), num_envs=2, rollout_fragment_length=4, sgd_minibatch_size=8, save_outputs=False
+    )
     rollout = algo.algorithm.buffer.start_rollout()
     algo.collector.collect(rollout)
     trunc = rollout["truncated"][:, :-1]
@@ -125,7 +128,11 @@ def test_next_step_vector_envs_bootstrap_truncations_from_the_following_obs():
 
 
 def test_wrong_observation_shape_names_env_shape_and_dtype():
-    with pytest.raises(EnvError, match=r"returned an observation of shape \(3,\) and dtype float32; its observation_space .* promises shape \(1,\)"):
+    with pytest.raises(
+        EnvError,
+        match=r"returned an observation of shape \(3,\) and dtype float32; "
+        r"its observation_space .* promises shape \(1,\)",
+    ):
         shoal.PPO(env=lambda: CounterEnv(obs_shape=(3,)), save_outputs=False)
 
     class WrongVec(gym.vector.VectorEnv):
@@ -141,13 +148,20 @@ def test_wrong_observation_shape_names_env_shape_and_dtype():
         def reset(self, *, seed=None, options=None):
             return np.zeros((2, 3), np.float64), {}
 
-    with pytest.raises(EnvError, match=r"returned observations of shape \(2, 3\) and dtype float64; expected shape \(2, 1\)"):
+    with pytest.raises(
+        EnvError, match=r"returned observations of shape \(2, 3\) and dtype float64; expected shape \(2, 1\)"
+    ):
         make_backend(WrongVec(), 2).reset(0)
 
 
 def test_nan_reward_is_reported_with_env_and_step():
-    algo = shoal.PPO(env=lambda: CounterEnv(reward=float("nan")), num_envs=2, rollout_fragment_length=4,
-                     sgd_minibatch_size=8, save_outputs=False)
+    algo = shoal.PPO(
+        env=lambda: CounterEnv(reward=float("nan")),
+        num_envs=2,
+        rollout_fragment_length=4,
+        sgd_minibatch_size=8,
+        save_outputs=False,
+    )
     with pytest.raises(EnvError, match=r"env .*\(env 0\) returned a non-finite reward \(nan\) at step 0"):
         algo.train()
 
@@ -162,8 +176,14 @@ def test_continuous_actions_clipped_for_env_stored_unclipped():
             seen.append(np.array(action))
             return super().step(action)
 
-    algo = shoal.PPO(env=Recording, num_envs=4, rollout_fragment_length=64, sgd_minibatch_size=256,
-                     log_std_init=1.5, save_outputs=False)
+    algo = shoal.PPO(
+        env=Recording,
+        num_envs=4,
+        rollout_fragment_length=64,
+        sgd_minibatch_size=256,
+        log_std_init=1.5,
+        save_outputs=False,
+    )
     rollout = algo.algorithm.buffer.start_rollout()
     algo.collector.collect(rollout)
     stored = rollout["action"][:, :-1]

@@ -12,8 +12,16 @@ from tensordict import TensorDict
 import shoal
 from shoal.algos.losses import ppo_loss
 from shoal.algos.ppo import AutogradPPOStep, PPOLearner
-from shoal.algos.ppo_fused import (FusedPPOStep, _categorical_forward, _dist_backward, _dist_forward,
-                                   flatten_parameters, fused_unavailable, ppo_loss_and_grad, stacked_backward)
+from shoal.algos.ppo_fused import (
+    FusedPPOStep,
+    _categorical_forward,
+    _dist_backward,
+    _dist_forward,
+    flatten_parameters,
+    fused_unavailable,
+    ppo_loss_and_grad,
+    stacked_backward,
+)
 from shoal.buffers import RolloutBuffer
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
@@ -107,8 +115,10 @@ def test_loss_gradient_equals_autograd(vclip, masked):
 
 def _minibatch(space, n=32, critic_dim=0, masked=False, seed=3):
     g = torch.Generator().manual_seed(seed)
-    mb = {"obs": torch.randn(n, 5, generator=g),
-          "action": torch.stack([torch.as_tensor(space.sample()) for _ in range(n)])}
+    mb = {
+        "obs": torch.randn(n, 5, generator=g),
+        "action": torch.stack([torch.as_tensor(space.sample()) for _ in range(n)]),
+    }
     if critic_dim:
         mb["critic_obs"] = torch.randn(n, critic_dim, generator=g)
     mask = None
@@ -124,8 +134,12 @@ def _minibatch(space, n=32, critic_dim=0, masked=False, seed=3):
     return TensorDict(mb, batch_size=[n]), args
 
 
-CASES = [(space, case) for space in SPACES for case in ("plain", "masked", "critic", "normalized")
-         if not (case == "masked" and isinstance(space, gym.spaces.Box))]  # masks are for discrete actions
+CASES = [
+    (space, case)
+    for space in SPACES
+    for case in ("plain", "masked", "critic", "normalized")
+    if not (case == "masked" and isinstance(space, gym.spaces.Box))
+]  # masks are for discrete actions
 
 
 @pytest.mark.parametrize("space,case", CASES, ids=[f"{type(s).__name__}-{c}" for s, c in CASES])
@@ -157,7 +171,7 @@ def test_one_minibatch_step_equals_autograd(space, case):
 
 def _random_rollout(env: EnvInfo, horizon: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    fields = {k: ((), torch.float32) for k in ("sample_log_prob", "value", "final_value", "advantage", "return")}
+    fields = dict.fromkeys(("sample_log_prob", "value", "final_value", "advantage", "return"), ((), torch.float32))
     rollout = RolloutBuffer(env, horizon, fields).start_rollout()
     for key in ("obs", "reward", "value", "sample_log_prob"):
         rollout[key].copy_(torch.randn(rollout[key].shape, generator=g))
@@ -176,14 +190,30 @@ def test_one_whole_ppo_update_gives_the_same_parameters_both_ways(dtype):
     env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (5,))), action_spec(space), 8, 1)
     policy = mlp_policy(5, space, hiddens=(64, 64)).to(dtype)
     twin = copy.deepcopy(policy)
-    learners = [PPOLearner(p, PPOConfig(num_envs=8, rollout_fragment_length=16, sgd_minibatch_size=32, num_sgd_iter=4,
-                                        ent_coef=0.01, vf_clip_coef=0.2, fused_update=fused),
-                           torch.Generator().manual_seed(1)) for p, fused in ((policy, True), (twin, False))]
+    learners = [
+        PPOLearner(
+            p,
+            PPOConfig(
+                num_envs=8,
+                rollout_fragment_length=16,
+                sgd_minibatch_size=32,
+                num_sgd_iter=4,
+                ent_coef=0.01,
+                vf_clip_coef=0.2,
+                fused_update=fused,
+            ),
+            torch.Generator().manual_seed(1),
+        )
+        for p, fused in ((policy, True), (twin, False))
+    ]
     assert [lr.fused_off_reason for lr in learners] == [None, "fused_update is off"]
     stats = [lr.update(_random_rollout(env, 16, seed=4), 3e-3) for lr in learners]
     assert stats[0]["num_sgd_steps"] == stats[1]["num_sgd_steps"] == 16
-    moved = max((p - q).abs().max().item() for p, q in zip(policy.parameters(), mlp_policy(5, space).parameters())
-                if p.shape == q.shape)
+    moved = max(
+        (p - q).abs().max().item()
+        for p, q in zip(policy.parameters(), mlp_policy(5, space).parameters())
+        if p.shape == q.shape
+    )
     assert moved > 1e-3  # the update really changed the weights
     for p, q in zip(policy.parameters(), twin.parameters()):
         assert torch.allclose(p, q, rtol=0, atol=1e-6), (p - q).abs().max()
@@ -230,8 +260,9 @@ def test_the_fused_step_serves_only_the_plain_built_in_mlp():
     handle.remove()
     next(policy.parameters()).register_hook(lambda grad: grad * 2)
     assert "hooks" in fused_unavailable(policy, True)
-    kw = dict(env="CartPole-v1", num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=16, save_outputs=False,
-              verbose=0)
+    kw = dict(
+        env="CartPole-v1", num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=16, save_outputs=False, verbose=0
+    )
     with shoal.PPO(model=OwnModel, **kw) as algo:
         learner = algo.algorithm.learners["default_policy"]
         assert "not the built-in MLP" in learner.fused_off_reason and isinstance(learner.step, AutogradPPOStep)
@@ -247,7 +278,7 @@ def test_the_fused_step_serves_only_the_plain_built_in_mlp():
 def test_categorical_context_holds_the_masked_log_probabilities():
     dist = Categorical(3)
     logits, mask = torch.zeros(2, 3), torch.tensor([[True, False, True], [True, True, True]])
-    logp, ent, (logp_all, index, ent_again) = _categorical_forward(dist, logits, torch.tensor([0, 1]), True, mask)
+    _, ent, (logp_all, _, ent_again) = _categorical_forward(dist, logits, torch.tensor([0, 1]), True, mask)
     assert logp_all[0, 1] < -1e18 and torch.equal(ent, ent_again)
     assert isinstance(MultiCategorical((2, 2)).split(torch.zeros(1, 4), None)[0][0], Categorical)
 

@@ -48,7 +48,7 @@ def reference(logits: torch.Tensor, action: torch.Tensor, mask: torch.Tensor, nv
     for row in range(len(logits)):
         start = 0
         for k, n in enumerate(nvec):
-            z, m = logits[row, start:start + n], mask[row, start:start + n]
+            z, m = logits[row, start : start + n], mask[row, start : start + n]
             allowed = [i for i in range(n) if m[i]] or list(range(n))
             total = sum(z[i].exp() for i in allowed)
             probs = {i: z[i].exp() / total for i in allowed}
@@ -70,13 +70,18 @@ def test_sampling_never_picks_a_masked_action(nvec, deterministic):
     action = action.reshape(rows, -1)
     start = 0
     for k, n in enumerate(nvec):
-        assert mask[:, start:start + n].gather(-1, action[:, k:k + 1]).all()
+        assert mask[:, start : start + n].gather(-1, action[:, k : k + 1]).all()
         start += n
     head = slice(0, 256)  # the per-row reference is slow
     assert torch.allclose(logp[head].double(), reference(logits[head], action[head], mask[head], nvec)[0], atol=1e-5)
     if deterministic:  # the mode of the masked distribution
-        best = torch.cat([x.masked_fill(~m, -float("inf")).argmax(-1, keepdim=True)
-                          for x, m in zip(logits.split(list(nvec), -1), mask.split(list(nvec), -1))], -1)
+        best = torch.cat(
+            [
+                x.masked_fill(~m, -float("inf")).argmax(-1, keepdim=True)
+                for x, m in zip(logits.split(list(nvec), -1), mask.split(list(nvec), -1))
+            ],
+            -1,
+        )
         assert torch.equal(action, best)
 
 
@@ -155,15 +160,22 @@ def test_mask_on_a_box_policy_raises():
 def test_ppo_update_uses_the_rollout_action_mask(fused):
     """Every row allows one action: under the mask the policy is certain, so the entropy PPO
     reports is 0; without the key it is not."""
+
     def entropy_after_update(with_mask: bool) -> float:
         torch.manual_seed(5)
         space = gym.spaces.Discrete(4)
         policy = mlp_policy(2, space, hiddens=[8])
-        config = PPOConfig(env="CartPole-v1", num_envs=4, rollout_fragment_length=8, sgd_minibatch_size=8,
-                           num_sgd_iter=2, fused_update=fused)
+        config = PPOConfig(
+            env="CartPole-v1",
+            num_envs=4,
+            rollout_fragment_length=8,
+            sgd_minibatch_size=8,
+            num_sgd_iter=2,
+            fused_update=fused,
+        )
         learner = PPOLearner(policy, config, torch.Generator().manual_seed(0))
         env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (2,))), action_spec(space), 4, 1)
-        fields = {k: ((), torch.float32) for k in ("sample_log_prob", "value", "final_value", "advantage", "return")}
+        fields = dict.fromkeys(("sample_log_prob", "value", "final_value", "advantage", "return"), ((), torch.float32))
         rollout = RolloutBuffer(env, 8, fields).start_rollout()
         rollout["obs"].normal_()
         rollout["reward"].normal_()

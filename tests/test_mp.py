@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import psutil
 import pytest
 import torch
@@ -89,8 +87,9 @@ def explode_on_purpose():
 
 
 def test_an_env_exception_comes_back_with_its_traceback_and_env_id():
-    backend = MultiprocessBackend(lambda i: ExplodingEnv(limit=50) if i == 3 else CounterEnv(limit=50), 4, "bomb",
-                                  num_workers=2)
+    backend = MultiprocessBackend(
+        lambda i: ExplodingEnv(limit=50) if i == 3 else CounterEnv(limit=50), 4, "bomb", num_workers=2
+    )
     pids = backend.pids
     backend.reset(0)
     backend.recv()
@@ -129,9 +128,24 @@ def test_a_killed_worker_is_reported_at_once_and_nothing_is_left_behind():
 def test_ctrl_c_stops_a_multiprocess_run_cleanly(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "shoal", "train", "CartPole-v1", "num_workers=2", "verbose=0",
-                             "total_timesteps=100000000", "--run-dir", str(run)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "train",
+            "CartPole-v1",
+            "num_workers=2",
+            "verbose=0",
+            "total_timesteps=100000000",
+            "--run-dir",
+            str(run),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while not (run / "metrics.jsonl").exists() or not psutil.Process(proc.pid).children():
         assert time.time() < deadline
@@ -159,8 +173,16 @@ class JitteryCounterEnv(CounterEnv):
 
 @pytest.mark.filterwarnings("ignore:num_workers=4 is more")
 def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
-    algo = shoal.PPO(env=JitteryCounterEnv, num_envs=8, num_workers=4, async_factor=4, rollout_fragment_length=16,
-                     sgd_minibatch_size=32, save_outputs=False, verbose=0)
+    algo = shoal.PPO(
+        env=JitteryCounterEnv,
+        num_envs=8,
+        num_workers=4,
+        async_factor=4,
+        rollout_fragment_length=16,
+        sgd_minibatch_size=32,
+        save_outputs=False,
+        verbose=0,
+    )
     arrivals = []
     recv = algo.backend.recv
     algo.backend.recv = lambda: arrivals.append((batch := recv()).rows.start) or batch
@@ -170,7 +192,7 @@ def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
         first_last_obs = rollout["obs"][:, -1].clone()
         algo.collector.collect(rollout)
     assert len(arrivals) == 2 * 4 * 16
-    in_order = [sorted(arrivals[i:i + 4]) == arrivals[i:i + 4] for i in range(0, len(arrivals), 4)]
+    in_order = [sorted(arrivals[i : i + 4]) == arrivals[i : i + 4] for i in range(0, len(arrivals), 4)]
     assert not all(in_order)  # the groups really did interleave out of order
     obs, done = rollout["obs"][..., 0], rollout["done"]
     # Within a row, obs counts 0, 1, 2, ... and restarts at 0 exactly after a done step.
@@ -184,8 +206,9 @@ def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
 
 @pytest.mark.parametrize("async_factor", [1, 2])
 def test_ppo_learns_cartpole_with_worker_processes(async_factor):
-    with shoal.PPO(env="CartPole-v1", seed=1, num_workers=2, async_factor=async_factor, save_outputs=False,
-                   verbose=0) as algo:
+    with shoal.PPO(
+        env="CartPole-v1", seed=1, num_workers=2, async_factor=async_factor, save_outputs=False, verbose=0
+    ) as algo:
         algo.learn(40_000)
         # Async groups arrive in timing-dependent order, so the run is not reproducible: the bar is
         # set where every run lands (random play scores about 22; runs on a loaded machine went 220-500).
@@ -211,8 +234,26 @@ def test_bench_env_prints_throughput_for_each_backend(capsys):
     from shoal.cli import main
 
     assert main(["bench", "env", "CartPole-v1", "--num-envs", "4", "--seconds", "0.2"]) == 0
-    assert main(["bench", "env", "CartPole-v1", "--backend", "mp", "--num-envs", "4", "--num-workers", "2",
-                 "--async-factor", "2", "--seconds", "0.2"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "env",
+                "CartPole-v1",
+                "--backend",
+                "mp",
+                "--num-envs",
+                "4",
+                "--num-workers",
+                "2",
+                "--async-factor",
+                "2",
+                "--seconds",
+                "0.2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("shoal bench env") == 2 and "serial" in out and "mp" in out
     assert main(["bench", "env", "benchmarks.no_such:Env-v0", "--seconds", "0.1"]) == 2

@@ -57,9 +57,9 @@ def test_agents_done_early_become_padding_and_all_ends_the_episode_for_the_rest(
     backend = make_backend(DyingDictEnv(), 1)
     assert backend.agents == ["a0", "a1", "a2"] and backend.rows_per_env == 3
     assert run(backend, 3) == [
-        ([True, True, True], [True, False, False], [False] * 3, [1.0, 2.0, 3.0]),   # a0 is done
-        ([False, True, True], [False, True, True], [False] * 3, [0.0, 2.0, 3.0]),   # "__all__": a1, a2 too
-        ([True, True, True], [True, False, False], [False] * 3, [1.0, 2.0, 3.0]),   # a new episode
+        ([True, True, True], [True, False, False], [False] * 3, [1.0, 2.0, 3.0]),  # a0 is done
+        ([False, True, True], [False, True, True], [False] * 3, [0.0, 2.0, 3.0]),  # "__all__": a1, a2 too
+        ([True, True, True], [True, False, False], [False] * 3, [1.0, 2.0, 3.0]),  # a new episode
     ]
     assert backend.batch.obs.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 1.0]]  # a0's row is padding again
     assert backend.final_infos == {0: {"t": 1}}
@@ -92,8 +92,13 @@ class TurnsEnv(shoal.MultiAgentEnv):
         self.t += 1
         other = "o" if mover == "x" else "x"
         over = self.t >= 3
-        return ({other: np.full(2, self.t, np.float32)}, {mover: 1.0, other: 0.5}, {"__all__": over},
-                {"__all__": False}, {})
+        return (
+            {other: np.full(2, self.t, np.float32)},
+            {mover: 1.0, other: 0.5},
+            {"__all__": over},
+            {"__all__": False},
+            {},
+        )
 
 
 def test_turns_each_agent_acts_only_when_observed_and_the_end_reaches_the_waiting_one():
@@ -133,8 +138,9 @@ class Duck(gym.Env):
         return {"a": np.ones(2, np.float32)}, {"a": 1.0}, {"__all__": True}, {"__all__": False}, {}
 
 
-@pytest.mark.parametrize("env, agents", [(Duck(), ["a"]), (Duck, ["a"]), ("duck-dict-v0", ["a"]),
-                                         (TurnsEnv, ["x", "o"])])
+@pytest.mark.parametrize(
+    "env, agents", [(Duck(), ["a"]), (Duck, ["a"]), ("duck-dict-v0", ["a"]), (TurnsEnv, ["x", "o"])]
+)
 def test_dict_envs_are_recognised_as_instances_factories_and_registered_names(env, agents):
     shoal.register_env("duck-dict-v0", lambda config: Duck(config))
     backend = make_backend(env, 2)
@@ -143,23 +149,31 @@ def test_dict_envs_are_recognised_as_instances_factories_and_registered_names(en
 
 def bad_step(**replace):
     """A DyingDictEnv whose step returns ``replace``'s entries instead of its own."""
+
     class Bad(DyingDictEnv):
         def step(self, action_dict):
             out = dict(zip(("obs", "rewards", "terminateds", "truncateds", "infos"), super().step(action_dict)))
             out.update(replace)
             return tuple(out.values())
+
     return Bad
 
 
-@pytest.mark.parametrize("replace, message", [
-    ({"terminateds": {"a0": False}}, r"returned terminateds without the key '__all__' \(keys: \['a0'\]\)"),
-    ({"truncateds": {}}, r"returned truncateds without the key '__all__'"),
-    ({"terminateds": {"zz": True, "__all__": False}}, r"terminateds for agent\(s\) \['zz'\], which are not in its "
-                                                        r"possible_agents \['a0', 'a1', 'a2'\]"),
-    ({"obs": {"zz": np.zeros(2, np.float32)}}, r"returned agent 'zz', which is not in its possible_agents"),
-    ({"obs": {"a1": np.zeros(3, np.float32)}}, r"observation of shape \(3,\).*promises shape \(2,\)"),
-    ({"obs": [np.zeros(2)]}, r"returned observations of type list; the dict API returns a dict keyed by agent id"),
-])
+@pytest.mark.parametrize(
+    "replace, message",
+    [
+        ({"terminateds": {"a0": False}}, r"returned terminateds without the key '__all__' \(keys: \['a0'\]\)"),
+        ({"truncateds": {}}, r"returned truncateds without the key '__all__'"),
+        (
+            {"terminateds": {"zz": True, "__all__": False}},
+            r"terminateds for agent\(s\) \['zz'\], which are not in its "
+            r"possible_agents \['a0', 'a1', 'a2'\]",
+        ),
+        ({"obs": {"zz": np.zeros(2, np.float32)}}, r"returned agent 'zz', which is not in its possible_agents"),
+        ({"obs": {"a1": np.zeros(3, np.float32)}}, r"observation of shape \(3,\).*promises shape \(2,\)"),
+        ({"obs": [np.zeros(2)]}, r"returned observations of type list; the dict API returns a dict keyed by agent id"),
+    ],
+)
 def test_bad_outputs_name_what_is_wrong(replace, message):
     backend = make_backend(bad_step(**replace), 1)
     backend.reset(0)
@@ -205,8 +219,16 @@ class MatchEnv(shoal.MultiAgentEnv):
 
 
 def test_ppo_learns_a_cooperative_dict_env():
-    with shoal.PPO(env=MatchEnv, num_envs=8, rollout_fragment_length=20, sgd_minibatch_size=80, num_sgd_iter=4,
-                   save_outputs=False, verbose=0, seed=0) as algo:
+    with shoal.PPO(
+        env=MatchEnv,
+        num_envs=8,
+        rollout_fragment_length=20,
+        sgd_minibatch_size=80,
+        num_sgd_iter=4,
+        save_outputs=False,
+        verbose=0,
+        seed=0,
+    ) as algo:
         first = algo.train()
         algo.learn(6_000)
         result = algo.train()

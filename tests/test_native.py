@@ -4,9 +4,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from test_pettingzoo import tracked
 
 import shoal
-from test_pettingzoo import tracked
 from shoal.envs.examples import TargetGrid
 from shoal.vector import make_backend
 
@@ -107,8 +107,9 @@ def test_worker_processes_give_the_same_rows():
 
 
 def test_an_instance_keeps_its_training_rows_when_evaluated_and_each_agent_is_an_evaluation_episode():
-    with shoal.PPO(env=TargetGrid(num_agents=8), num_envs=1, sgd_minibatch_size=64, save_outputs=False,
-                   verbose=0) as algo:
+    with shoal.PPO(
+        env=TargetGrid(num_agents=8), num_envs=1, sgd_minibatch_size=64, save_outputs=False, verbose=0
+    ) as algo:
         env = algo.backend.envs[0]
         out = algo.evaluate(2)
         assert np.shares_memory(env.obs, algo.backend.batch.obs.numpy())
@@ -118,8 +119,9 @@ def test_an_instance_keeps_its_training_rows_when_evaluated_and_each_agent_is_an
 
 def test_ppo_learns_target_grid():
     # 4 envs x 128 agents; an iteration is 32 steps, one episode of every agent.
-    with shoal.PPO(env=TargetGrid, num_envs=4, sgd_minibatch_size=2048, num_sgd_iter=4, save_outputs=False,
-                   verbose=0, seed=0) as algo:
+    with shoal.PPO(
+        env=TargetGrid, num_envs=4, sgd_minibatch_size=2048, num_sgd_iter=4, save_outputs=False, verbose=0, seed=0
+    ) as algo:
         first = algo.train()
         for _ in range(9):
             result = algo.train()
@@ -142,13 +144,21 @@ def odd(**attrs) -> Clock:
     return env
 
 
-@pytest.mark.parametrize("attrs, message", [
-    (dict(num_agents=0), r"native env 'Clock' has num_agents=0; it must be a positive int"),
-    (dict(single_observation_space=gym.spaces.Discrete(4)), r"single_observation_space Discrete\(4\).*must be a Box"),
-    (dict(single_action_space=gym.spaces.Box(-1, 1, (2,)), action_masks=True),
-     r"action_masks=True with single_action_space Box.*need a Discrete action space"),
-    (dict(single_action_space=gym.spaces.Text(3)), r"action space Text.* is not supported"),
-])
+@pytest.mark.parametrize(
+    "attrs, message",
+    [
+        (dict(num_agents=0), r"native env 'Clock' has num_agents=0; it must be a positive int"),
+        (
+            dict(single_observation_space=gym.spaces.Discrete(4)),
+            r"single_observation_space Discrete\(4\).*must be a Box",
+        ),
+        (
+            dict(single_action_space=gym.spaces.Box(-1, 1, (2,)), action_masks=True),
+            r"action_masks=True with single_action_space Box.*need a Discrete action space",
+        ),
+        (dict(single_action_space=gym.spaces.Text(3)), r"action space Text.* is not supported"),
+    ],
+)
 def test_bad_declarations_are_named(attrs, message):
     with pytest.raises(shoal.EnvError, match=message):
         make_backend(lambda: odd(**attrs), 1)
@@ -157,8 +167,11 @@ def test_bad_declarations_are_named(attrs, message):
 def test_replacing_a_row_array_is_refused_and_named():
     backend = make_backend(Replaces, 1)
     backend.reset(0)
-    with pytest.raises(shoal.EnvError, match=r"self.reward is this env's rows of the flat batch \(\[3\] float32\) "
-                                             r"and cannot be replaced; write into it instead"):
+    with pytest.raises(
+        shoal.EnvError,
+        match=r"self.reward is this env's rows of the flat batch \(\[3\] float32\) "
+        r"and cannot be replaced; write into it instead",
+    ):
         backend.send(torch.zeros(3, dtype=torch.long))
     with pytest.raises(shoal.EnvError, match=r"no 'obs' rows yet: they come from bind\(rows\)"):
         Clock().reset(0)

@@ -24,17 +24,19 @@ class DyingAgentsEnv(ParallelEnv):
         self.possible_agents = ["a0", "a1", "a2"]
         self.cut = cut
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def observation_space(self, agent):
         return gym.spaces.Box(-np.inf, np.inf, (3 if agent == "a2" else 2,), np.float32)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def action_space(self, agent):
         return gym.spaces.Discrete(4 if agent == "a2" else 2)
 
     def _obs(self, agent):
         k = self.possible_agents.index(agent)
-        return np.full(self.observation_space(agent).shape, 0.0, np.float32) + np.array([k, self.t] + ([7.0] if k == 2 else []), np.float32)
+        return np.full(self.observation_space(agent).shape, 0.0, np.float32) + np.array(
+            [k, self.t] + ([7.0] if k == 2 else []), np.float32
+        )
 
     def reset(self, seed=None, options=None):
         self.agents = list(self.possible_agents)
@@ -47,17 +49,23 @@ class DyingAgentsEnv(ParallelEnv):
         rewards = {a: float(self.possible_agents.index(a) + 1) for a in self.agents}
         if self.cut is None:
             term = {a: self.t >= self.possible_agents.index(a) + 1 for a in self.agents}
-            trunc = {a: False for a in self.agents}
+            trunc = dict.fromkeys(self.agents, False)
         else:
-            term = {a: False for a in self.agents}
-            trunc = {a: self.t >= self.cut for a in self.agents}
+            term = dict.fromkeys(self.agents, False)
+            trunc = dict.fromkeys(self.agents, self.t >= self.cut)
         infos = {a: ({"steps": self.t} if term[a] or trunc[a] else {}) for a in self.agents}
         self.agents = [a for a in self.agents if not (term[a] or trunc[a])]
         return obs, rewards, term, trunc, infos
 
 
-@pytest.mark.parametrize("make", [DyingAgentsEnv, lambda: DyingAgentsEnv(cut=2),
-                                  lambda: __import__("mpe2.simple_spread_v3").simple_spread_v3.parallel_env()])
+@pytest.mark.parametrize(
+    "make",
+    [
+        DyingAgentsEnv,
+        lambda: DyingAgentsEnv(cut=2),
+        lambda: __import__("mpe2.simple_spread_v3").simple_spread_v3.parallel_env(),
+    ],
+)
 def test_the_envs_the_adapter_is_tested_with_pass_pettingzoos_own_api_test(make):
     parallel_api_test(make(), num_cycles=50)
 
@@ -78,10 +86,10 @@ def test_agents_leaving_mid_episode_become_padding_rows_and_the_env_resets_when_
         batch = backend.recv()
         seen.append((batch.valid[:3].tolist(), batch.terminated[:3].tolist(), batch.reward[:3].tolist()))
     assert seen == [
-        ([True, True, True], [True, False, False], [1.0, 2.0, 3.0]),    # a0 leaves after step 1
-        ([False, True, True], [False, True, False], [0.0, 2.0, 3.0]),   # its row is padding now
+        ([True, True, True], [True, False, False], [1.0, 2.0, 3.0]),  # a0 leaves after step 1
+        ([False, True, True], [False, True, False], [0.0, 2.0, 3.0]),  # its row is padding now
         ([False, False, True], [False, False, True], [0.0, 0.0, 3.0]),  # a2 leaves last: the env resets
-        ([True, True, True], [True, False, False], [1.0, 2.0, 3.0]),    # a new episode
+        ([True, True, True], [True, False, False], [1.0, 2.0, 3.0]),  # a new episode
     ]
     assert backend.final_infos == {0: {"steps": 1}, 3: {"steps": 1}}
 
@@ -162,11 +170,11 @@ class GuessEnv(ParallelEnv):
     def __init__(self):
         self.possible_agents = ["short", "long"]
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def observation_space(self, agent):
         return gym.spaces.Box(0.0, 1.0, (self.sizes[agent],), np.float32)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def action_space(self, agent):
         return gym.spaces.Discrete(self.sizes[agent])
 
@@ -184,7 +192,7 @@ class GuessEnv(ParallelEnv):
         self.t += 1
         rewards = {a: float(actions[a] == self.target[a]) for a in self.agents}
         term = {a: self.t >= (3 if a == "short" else 5) for a in self.agents}
-        trunc = {a: False for a in self.agents}
+        trunc = dict.fromkeys(self.agents, False)
         self.agents = [a for a in self.agents if not term[a]]
         obs = self._observe()
         obs.update({a: np.zeros(self.sizes[a], np.float32) for a in term if term[a]})
@@ -193,8 +201,16 @@ class GuessEnv(ParallelEnv):
 
 def test_ppo_learns_a_multi_agent_env_with_mixed_spaces_and_agents_leaving():
     parallel_api_test(GuessEnv(), num_cycles=20)
-    with shoal.PPO(env=lambda: GuessEnv(), num_envs=8, rollout_fragment_length=20, sgd_minibatch_size=80,
-                   num_sgd_iter=4, save_outputs=False, verbose=0, seed=0) as algo:
+    with shoal.PPO(
+        env=lambda: GuessEnv(),
+        num_envs=8,
+        rollout_fragment_length=20,
+        sgd_minibatch_size=80,
+        num_sgd_iter=4,
+        save_outputs=False,
+        verbose=0,
+        seed=0,
+    ) as algo:
         first = algo.train()
         algo.learn(8_000)
         result = algo.train()

@@ -11,8 +11,9 @@ import shoal
 from shoal.envs.atari import EpisodicLife
 from tests.conftest import CounterEnv
 
-SMALL = dict(num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=32, num_sgd_iter=1, save_outputs=False,
-             verbose=0)
+SMALL = dict(
+    num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=32, num_sgd_iter=1, save_outputs=False, verbose=0
+)
 
 
 def _wrappers(env) -> list[type]:
@@ -46,8 +47,15 @@ def test_atari_frames_stay_uint8_and_learning_rewards_are_clipped_by_default():
 
 @pytest.mark.parametrize("clip,learned", [(True, 1.0), (2.0, 2.0)])
 def test_clipped_rewards_reach_the_learner_while_returns_stay_raw(clip, learned):
-    with shoal.PPO(env=lambda: CounterEnv(limit=4, reward=5.0), clip_rewards=clip, num_envs=2,
-                   rollout_fragment_length=8, sgd_minibatch_size=16, save_outputs=False, verbose=0) as algo:
+    with shoal.PPO(
+        env=lambda: CounterEnv(limit=4, reward=5.0),
+        clip_rewards=clip,
+        num_envs=2,
+        rollout_fragment_length=8,
+        sgd_minibatch_size=16,
+        save_outputs=False,
+        verbose=0,
+    ) as algo:
         result = algo.train()
         assert algo.algorithm.buffer.rollout["reward"][:, :-1].unique().tolist() == [learned]
     assert result["episode_reward_mean"] == 20.0  # 4 steps of the raw 5
@@ -76,8 +84,9 @@ class LivesEnv(CounterEnv):
 
 
 def test_a_done_that_says_the_episode_continues_ends_learning_but_not_the_logged_episode():
-    with shoal.PPO(env=LivesEnv, num_envs=2, rollout_fragment_length=12, sgd_minibatch_size=24, save_outputs=False,
-                   verbose=0) as algo:
+    with shoal.PPO(
+        env=LivesEnv, num_envs=2, rollout_fragment_length=12, sgd_minibatch_size=24, save_outputs=False, verbose=0
+    ) as algo:
         result = algo.train()
         terminated = algo.algorithm.buffer.rollout["terminated"][0, :-1]
     assert terminated.nonzero().squeeze(1).tolist() == [2, 5, 8, 11]  # GAE stops at the lost life too
@@ -88,9 +97,21 @@ def test_a_done_that_says_the_episode_continues_ends_learning_but_not_the_logged
 def test_minatar_learns_on_a_small_budget_and_films_its_cells(tmp_path):
     """MinAtar Breakout with the small CNN: a random policy scores about 0.4 a game; 20k steps
     (about 8 s) bring the training return above 1.2."""
-    with shoal.PPO(env="MinAtar/Breakout-v1", model="cnn", num_envs=16, rollout_fragment_length=64,
-                   sgd_minibatch_size=256, num_sgd_iter=4, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95,
-                   ent_coef=0.01, seed=1, save_outputs=False, verbose=0) as algo:
+    with shoal.PPO(
+        env="MinAtar/Breakout-v1",
+        model="cnn",
+        num_envs=16,
+        rollout_fragment_length=64,
+        sgd_minibatch_size=256,
+        num_sgd_iter=4,
+        learning_rate=1e-3,
+        gamma=0.99,
+        gae_lambda=0.95,
+        ent_coef=0.01,
+        seed=1,
+        save_outputs=False,
+        verbose=0,
+    ) as algo:
         assert algo.algorithm.buffer.rollout["obs"].dtype == torch.bool
         conv = algo.get_policy().model.actor[0].net[0]
         assert (conv.in_channels, conv.out_channels, conv.kernel_size) == (4, 16, (3, 3))  # MinAtar's own network

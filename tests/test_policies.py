@@ -7,8 +7,16 @@ from test_pettingzoo import GuessEnv
 import shoal
 from shoal.collect.policies import EpisodeStart
 
-FAST = dict(env="CartPole-v1", num_envs=4, rollout_fragment_length=64, sgd_minibatch_size=64, num_sgd_iter=2,
-            save_outputs=False, verbose=0, seed=3)
+FAST = dict(
+    env="CartPole-v1",
+    num_envs=4,
+    rollout_fragment_length=64,
+    sgd_minibatch_size=64,
+    num_sgd_iter=2,
+    save_outputs=False,
+    verbose=0,
+    seed=3,
+)
 
 
 def alternate(agent_id: str, episode: EpisodeStart) -> str:
@@ -36,9 +44,11 @@ def test_each_row_acts_by_the_policy_mapped_at_its_episode_start_with_one_forwar
         _force_action(algo.get_policy("b"), 1)
         calls = {"a": 0, "b": 0}
         for pid, policy in algo.policies.items():
+
             def counted(*args, _act=policy.act, _pid=pid, **kwargs):
                 calls[_pid] += 1
                 return _act(*args, **kwargs)
+
             policy.act = counted
         rollout = _rollout(algo)
     policy_id, action, done = rollout["policy_id"][:, :-1], rollout["action"][:, :-1], rollout["done"][:, :-1]
@@ -51,9 +61,18 @@ def test_each_row_acts_by_the_policy_mapped_at_its_episode_start_with_one_forwar
 
 
 def test_a_frozen_policy_keeps_its_weights_bit_for_bit_while_the_other_learns():
-    with shoal.PPO(env=lambda: GuessEnv(), policies={"short": {}, "long": {"model_config": {"hiddens": [32]}}},
-                   policies_to_train=["short"], num_envs=4, rollout_fragment_length=20, sgd_minibatch_size=40,
-                   num_sgd_iter=2, save_outputs=False, verbose=0, seed=0) as algo:
+    with shoal.PPO(
+        env=lambda: GuessEnv(),
+        policies={"short": {}, "long": {"model_config": {"hiddens": [32]}}},
+        policies_to_train=["short"],
+        num_envs=4,
+        rollout_fragment_length=20,
+        sgd_minibatch_size=40,
+        num_sgd_iter=2,
+        save_outputs=False,
+        verbose=0,
+        seed=0,
+    ) as algo:
         before = {pid: {k: v.clone() for k, v in p.state_dict().items()} for pid, p in algo.policies.items()}
         for _ in range(3):
             result = algo.train()
@@ -68,9 +87,17 @@ def test_a_frozen_policy_keeps_its_weights_bit_for_bit_while_the_other_learns():
 
 
 def test_two_policies_each_learn_their_own_agent():
-    with shoal.PPO(env=lambda: GuessEnv(), policies={"short": {}, "long": {"learning_rate": 3e-3}}, num_envs=8,
-                   rollout_fragment_length=20, sgd_minibatch_size=80, num_sgd_iter=4, save_outputs=False, verbose=0,
-                   seed=0) as algo:
+    with shoal.PPO(
+        env=lambda: GuessEnv(),
+        policies={"short": {}, "long": {"learning_rate": 3e-3}},
+        num_envs=8,
+        rollout_fragment_length=20,
+        sgd_minibatch_size=80,
+        num_sgd_iter=4,
+        save_outputs=False,
+        verbose=0,
+        seed=0,
+    ) as algo:
         first = algo.train()
         algo.learn(8_000)
         result = algo.train()
@@ -90,8 +117,13 @@ def test_evaluation_can_map_agents_to_other_policies():
 
 
 def test_multi_policy_runs_resume_exactly_and_match_on_worker_processes(tmp_path):
-    kw = dict(FAST, policies={"a": {}, "b": {"model_config": {"hiddens": [16]}}}, policy_mapping_fn="test_policies:alternate",
-              save_outputs=True, checkpoint_interval=0)
+    kw = dict(
+        FAST,
+        policies={"a": {}, "b": {"model_config": {"hiddens": [16]}}},
+        policy_mapping_fn="test_policies:alternate",
+        save_outputs=True,
+        checkpoint_interval=0,
+    )
     with shoal.PPO(run_dir=str(tmp_path / "straight"), **kw) as straight:
         for _ in range(4):
             straight.train()
@@ -103,8 +135,9 @@ def test_multi_policy_runs_resume_exactly_and_match_on_worker_processes(tmp_path
         resumed.train()
         resumed.train()
     for pid in ("a", "b"):
-        assert all(torch.equal(x, y) for x, y in zip(resumed.policies[pid].parameters(),
-                                                     straight.policies[pid].parameters()))
+        assert all(
+            torch.equal(x, y) for x, y in zip(resumed.policies[pid].parameters(), straight.policies[pid].parameters())
+        )
     serial = _rollout(shoal.PPO(policies=["a", "b"], policy_mapping_fn=alternate, **FAST))
     with shoal.PPO(policies=["a", "b"], policy_mapping_fn=alternate, num_workers=2, **FAST) as algo:
         workers = _rollout(algo)
@@ -113,8 +146,11 @@ def test_multi_policy_runs_resume_exactly_and_match_on_worker_processes(tmp_path
 
 
 def test_a_mapping_function_that_cannot_be_stored_must_be_passed_again_on_resume(tmp_path):
-    with shoal.PPO(policies=["a", "b"], policy_mapping_fn=lambda agent, ep: "a",
-                   **dict(FAST, save_outputs=True, run_dir=str(tmp_path))) as algo:
+    with shoal.PPO(
+        policies=["a", "b"],
+        policy_mapping_fn=lambda agent, ep: "a",
+        **dict(FAST, save_outputs=True, run_dir=str(tmp_path)),
+    ) as algo:
         path = algo.save()
     with pytest.raises(shoal.CheckpointError, match="policy_mapping_fn.*pass it again"):
         shoal.PPO.from_checkpoint(path)
@@ -122,18 +158,24 @@ def test_a_mapping_function_that_cannot_be_stored_must_be_passed_again_on_resume
         assert algo.iteration == 0
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(policies={"a": {"hidens": [8]}}), "policy 'a' overrides 'hidens'.*Per-policy keys: model, model_config"),
-    (dict(policies={"a": {"model_config": {"hidens": [8]}}}), "unknown model_config key 'hidens'.*Did you mean 'hiddens'"),
-    (dict(policies={"a": {"learning_rate": -1}}), "policy 'a': bad value for 'learning_rate'"),
-    (dict(policies=["a", "b"], policies_to_train=["c"]), "'c' is not one of the policies"),
-    (dict(policies={}), "policies is empty"),
-    (dict(policies_to_train=["a"]), "set policies too"),
-    (dict(policies=["a", "b"]), "not named like the agents"),
-    (dict(policies=["a", "b"], policy_mapping_fn={"player": "a"}), "not the agents \\['agent_0'\\]"),
-    (dict(policies=["a", "b"], policy_mapping_fn=lambda agent, ep: "main"), "mapped agent 'agent_0' to 'main'"),
-    (dict(policies=["a", "b"], policy_mapping_fn="no_such_module:f"), "cannot be imported"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(policies={"a": {"hidens": [8]}}), "policy 'a' overrides 'hidens'.*Per-policy keys: model, model_config"),
+        (
+            dict(policies={"a": {"model_config": {"hidens": [8]}}}),
+            "unknown model_config key 'hidens'.*Did you mean 'hiddens'",
+        ),
+        (dict(policies={"a": {"learning_rate": -1}}), "policy 'a': bad value for 'learning_rate'"),
+        (dict(policies=["a", "b"], policies_to_train=["c"]), "'c' is not one of the policies"),
+        (dict(policies={}), "policies is empty"),
+        (dict(policies_to_train=["a"]), "set policies too"),
+        (dict(policies=["a", "b"]), "not named like the agents"),
+        (dict(policies=["a", "b"], policy_mapping_fn={"player": "a"}), "not the agents \\['agent_0'\\]"),
+        (dict(policies=["a", "b"], policy_mapping_fn=lambda agent, ep: "main"), "mapped agent 'agent_0' to 'main'"),
+        (dict(policies=["a", "b"], policy_mapping_fn="no_such_module:f"), "cannot be imported"),
+    ],
+)
 def test_bad_policy_settings_name_the_problem(settings, message):
     with pytest.raises(shoal.ConfigError, match=message):
         shoal.PPO(**{**FAST, **settings})
@@ -146,8 +188,20 @@ def test_the_shipped_two_policy_yaml_config_trains_from_the_command_line(tmp_pat
     from shoal.cli import main
 
     config = Path(__file__).parent.parent / "configs" / "mpe_adversary.yaml"
-    code = main(["train", "--config", str(config), "total_timesteps=800", "num_envs=8", "sgd_minibatch_size=400",
-                 "--run-dir", str(tmp_path), "--eval-episodes", "2"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(config),
+            "total_timesteps=800",
+            "num_envs=8",
+            "sgd_minibatch_size=400",
+            "--run-dir",
+            str(tmp_path),
+            "--eval-episodes",
+            "2",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary["evaluation"]["policy_reward_mean"]) == {"adversary", "good"}
@@ -158,8 +212,15 @@ def test_the_shipped_two_policy_yaml_config_trains_from_the_command_line(tmp_pat
 def test_a_centralized_critic_sees_the_whole_team_and_bootstraps_truncations_from_the_team_final_obs():
     from test_pettingzoo import DyingAgentsEnv
 
-    with shoal.PPO(env=lambda: DyingAgentsEnv(cut=2), central_critic="team_obs", num_envs=2,
-                   rollout_fragment_length=4, sgd_minibatch_size=24, save_outputs=False, verbose=0) as algo:
+    with shoal.PPO(
+        env=lambda: DyingAgentsEnv(cut=2),
+        central_critic="team_obs",
+        num_envs=2,
+        rollout_fragment_length=4,
+        sgd_minibatch_size=24,
+        save_outputs=False,
+        verbose=0,
+    ) as algo:
         rollout = _rollout(algo)
         policy = algo.get_policy()
     obs, critic_obs = rollout["obs"], rollout["critic_obs"]
@@ -167,20 +228,29 @@ def test_a_centralized_critic_sees_the_whole_team_and_bootstraps_truncations_fro
     for row in range(6):  # a slow reference: the env's rows end to end, then the row's slot one-hot
         env, slot = divmod(row, 3)
         for t in range(5):
-            want = torch.cat([obs[env * 3:env * 3 + 3, t].reshape(-1), torch.eye(3)[slot]])
+            want = torch.cat([obs[env * 3 : env * 3 + 3, t].reshape(-1), torch.eye(3)[slot]])
             assert torch.equal(critic_obs[row, t], want), (row, t)
     # every agent is truncated at step 2 (index 1): each bootstraps from the team's final obs
     final_team = torch.tensor([0, 2, 0, 1, 2, 0, 2, 2, 7.0])
     final_obs = final_team.reshape(3, 3)
     for row in range(6):
         slot = row % 3
-        want = policy.value(final_obs[slot:slot + 1], torch.cat([final_team, torch.eye(3)[slot]]).unsqueeze(0))
+        want = policy.value(final_obs[slot : slot + 1], torch.cat([final_team, torch.eye(3)[slot]]).unsqueeze(0))
         assert rollout["truncated"][row, 1] and torch.allclose(rollout["final_value"][row, 1], want[0])
 
 
 def test_ppo_with_a_centralized_critic_learns_and_single_agent_envs_are_refused():
-    with shoal.PPO(env=lambda: GuessEnv(), central_critic="team_obs", num_envs=8, rollout_fragment_length=20,
-                   sgd_minibatch_size=80, num_sgd_iter=4, save_outputs=False, verbose=0, seed=0) as algo:
+    with shoal.PPO(
+        env=lambda: GuessEnv(),
+        central_critic="team_obs",
+        num_envs=8,
+        rollout_fragment_length=20,
+        sgd_minibatch_size=80,
+        num_sgd_iter=4,
+        save_outputs=False,
+        verbose=0,
+        seed=0,
+    ) as algo:
         first = algo.train()
         algo.learn(8_000)
         result = algo.train()
@@ -193,8 +263,16 @@ def test_anonymous_native_agents_are_mapped_by_their_slot():
     from shoal.envs.examples import TargetGrid
 
     half = lambda agent, episode: "even" if int(agent.removeprefix("agent_")) % 2 == 0 else "odd"  # noqa: E731
-    with shoal.PPO(env=lambda: TargetGrid(num_agents=8, max_steps=4), policies=["even", "odd"], policy_mapping_fn=half,
-                   num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=32, save_outputs=False, verbose=0) as algo:
+    with shoal.PPO(
+        env=lambda: TargetGrid(num_agents=8, max_steps=4),
+        policies=["even", "odd"],
+        policy_mapping_fn=half,
+        num_envs=2,
+        rollout_fragment_length=8,
+        sgd_minibatch_size=32,
+        save_outputs=False,
+        verbose=0,
+    ) as algo:
         result = algo.train()
         policy_id = algo.algorithm.buffer.rollout["policy_id"][:, :-1]
     assert torch.equal(policy_id, (torch.arange(16) % 2).unsqueeze(1).expand(16, 8))
@@ -211,8 +289,15 @@ class StateEnv(__import__("test_pettingzoo").DyingAgentsEnv):
 
 
 def test_a_state_critic_sees_the_envs_global_state_and_bootstraps_from_the_state_before_the_reset():
-    kw = dict(env=lambda: StateEnv(cut=2), central_critic="state", num_envs=2, rollout_fragment_length=4,
-              sgd_minibatch_size=24, save_outputs=False, verbose=0)
+    kw = dict(
+        env=lambda: StateEnv(cut=2),
+        central_critic="state",
+        num_envs=2,
+        rollout_fragment_length=4,
+        sgd_minibatch_size=24,
+        save_outputs=False,
+        verbose=0,
+    )
     with shoal.PPO(**kw) as algo:
         rollout = _rollout(algo)
         policy = algo.get_policy()
@@ -220,12 +305,12 @@ def test_a_state_critic_sees_the_envs_global_state_and_bootstraps_from_the_state
     assert critic_obs.shape == (6, 5, 2 + 3)
     for row in range(6):  # episodes of 2 steps: the state counts 0, 1, 0, 1, 0 with all 3 agents in
         for t in range(5):
-            assert critic_obs[row, t].tolist() == [t % 2, 3.0] + torch.eye(3)[row % 3].tolist(), (row, t)
+            assert critic_obs[row, t].tolist() == [t % 2, 3.0, *torch.eye(3)[row % 3].tolist()], (row, t)
     # truncated at step 2 (index 1): the state just before the reset, [2 steps, 0 agents left]
     final_obs = torch.tensor([[0, 2, 0], [1, 2, 0], [2, 2, 7.0]])
     for row in range(6):
         slot = row % 3
-        want = policy.value(final_obs[slot:slot + 1], torch.tensor([[2.0, 0.0, *torch.eye(3)[slot].tolist()]]))
+        want = policy.value(final_obs[slot : slot + 1], torch.tensor([[2.0, 0.0, *torch.eye(3)[slot].tolist()]]))
         assert torch.allclose(rollout["final_value"][row, 1], want[0])
     with shoal.PPO(**kw, num_workers=2) as algo:
         assert torch.equal(_rollout(algo)["critic_obs"], critic_obs)

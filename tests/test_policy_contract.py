@@ -43,8 +43,14 @@ def _collector(backend):
     policies = PolicyMap({"default_policy": CountingPolicy()}, None, agents, backend.num_envs)
     tracker = EpisodeTracker(backend.num_rows, 100)
     mask = backend.batch.action_mask
-    env = EnvInfo("counter", backend.obs_spec, backend.act_spec, backend.num_envs, backend.rows_per_env,
-                  0 if mask is None else mask.shape[1])
+    env = EnvInfo(
+        "counter",
+        backend.obs_spec,
+        backend.act_spec,
+        backend.num_envs,
+        backend.rows_per_env,
+        0 if mask is None else mask.shape[1],
+    )
     storage = RolloutBuffer(env, 5, {"steps_seen": ((), torch.float32)})
     collector = Collector(backend, policies, tracker, ("steps_seen",))
     collector.reset(0)
@@ -113,8 +119,11 @@ def test_evaluation_hands_first_flags_to_the_policy():
 def test_extras_the_policy_does_not_fill_are_an_error_naming_them():
     backend = make_backend(lambda: CounterEnv(limit=3), 2)
     policies = PolicyMap({"default_policy": CountingPolicy()}, None, ["agent_0"], 2)
-    with pytest.raises(shoal.ConfigError, match=r"policy 'default_policy' \(CountingPolicy\) does not give the "
-                                                r"per-step fields \['value'\].*fills \['steps_seen'\]"):
+    with pytest.raises(
+        shoal.ConfigError,
+        match=r"policy 'default_policy' \(CountingPolicy\) does not give the "
+        r"per-step fields \['value'\].*fills \['steps_seen'\]",
+    ):
         Collector(backend, policies, EpisodeTracker(2, 10), ("steps_seen", "value"))
 
 
@@ -124,8 +133,9 @@ def test_an_algorithm_may_store_a_subset_of_the_actor_critics_extras(num_policie
     policy = ppo.get_policy()
     backend = make_backend("CartPole-v1", 4)
     ids = [f"p{i}" for i in range(num_policies)]
-    policies = PolicyMap(dict.fromkeys(ids, policy), lambda agent, episode: ids[episode.env_id % len(ids)],
-                         ["agent_0"], 4)
+    policies = PolicyMap(
+        dict.fromkeys(ids, policy), lambda agent, episode: ids[episode.env_id % len(ids)], ["agent_0"], 4
+    )
     env = EnvInfo("CartPole-v1", backend.obs_spec, backend.act_spec, 4, 1)
     rollout = RolloutBuffer(env, 5, {"value": ((), torch.float32)}).rollout
     collector = Collector(backend, policies, EpisodeTracker(4, 10), ("value",))  # not sample_log_prob
@@ -134,6 +144,6 @@ def test_an_algorithm_may_store_a_subset_of_the_actor_critics_extras(num_policie
     with torch.no_grad():
         values = policy.value(rollout["obs"].reshape(-1, 4)).reshape(4, 6)
     assert torch.allclose(rollout["value"], values, atol=1e-5)  # large batches compute tanh another way
-    assert "sample_log_prob" not in rollout.keys()
+    assert "sample_log_prob" not in rollout.keys()  # noqa: SIM118 (a TensorDict)
     backend.close()
     ppo.close()

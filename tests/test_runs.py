@@ -59,9 +59,19 @@ class Recorder(shoal.Callback):
 
 def test_callbacks_custom_metrics_and_periodic_evaluation(tmp_path):
     recorder = Recorder()
-    algo = shoal.PPO(env=ScoredEnv, num_envs=2, rollout_fragment_length=6, sgd_minibatch_size=12, seed=0, verbose=0,
-                     callbacks=[recorder], evaluation_interval=2, evaluation_num_episodes=3, checkpoint_interval=3,
-                     run_dir=str(tmp_path))
+    algo = shoal.PPO(
+        env=ScoredEnv,
+        num_envs=2,
+        rollout_fragment_length=6,
+        sgd_minibatch_size=12,
+        seed=0,
+        verbose=0,
+        callbacks=[recorder],
+        evaluation_interval=2,
+        evaluation_num_episodes=3,
+        checkpoint_interval=3,
+        run_dir=str(tmp_path),
+    )
     result = algo.learn(1000)
     algo.close()
     assert algo.iteration == 4 and algo.stop_reason == "callback"
@@ -113,7 +123,9 @@ def test_eval_cli_writes_mp4s_with_one_frame_per_step(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "2", "--video"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["episodes"] == 2 and {"episode_reward_mean", "episode_reward_std", "episode_len_mean"} <= summary.keys()
+    assert (
+        summary["episodes"] == 2 and {"episode_reward_mean", "episode_reward_std", "episode_len_mean"} <= summary.keys()
+    )
     lengths = []
     for path in summary["videos"]:
         with imageio.get_reader(path) as reader:

@@ -153,16 +153,22 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     with pytest.raises(EnvError, match="one observation shape and one action space.*adversary_0.*agent_0"):
         make_backend("vmas:simple_adversary", 2)
     with pytest.raises(ConfigError, match="num_workers"):
-        shoal.PPO(env="vmas:balance", num_workers=1, num_envs=2, sgd_minibatch_size=64, save_outputs=False,
-                  verbose=0)
-    with shoal.PPO(env="vmas:balance", num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0) as algo:
-        with pytest.raises(ConfigError, match="VMAS scenario"):
-            algo.evaluate(1, video_dir=tmp_path)
+        shoal.PPO(env="vmas:balance", num_workers=1, num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0)
+    algo = shoal.PPO(env="vmas:balance", num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0)
+    with algo, pytest.raises(ConfigError, match="VMAS scenario"):
+        algo.evaluate(1, video_dir=tmp_path)
 
 
 def test_checkpoint_is_inexact_and_resume_starts_new_episodes(tmp_path):
-    cfg = dict(env="vmas:balance", env_config={"n_agents": AGENTS, "max_steps": 20}, num_envs=N,
-               rollout_fragment_length=16, sgd_minibatch_size=64, num_sgd_iter=1, verbose=0)
+    cfg = dict(
+        env="vmas:balance",
+        env_config={"n_agents": AGENTS, "max_steps": 20},
+        num_envs=N,
+        rollout_fragment_length=16,
+        sgd_minibatch_size=64,
+        num_sgd_iter=1,
+        verbose=0,
+    )
     with shoal.PPO(run_dir=str(tmp_path), **cfg) as algo:
         algo.learn(N * 16)
         assert algo.backend.state_dict()["exact"] is False
@@ -180,10 +186,23 @@ BALANCE_THRESHOLD = 20.0
 
 def test_ppo_learns_balance():
     """Four agents learn to carry the package up, sharing one policy (about 10 s)."""
-    algo = shoal.PPO(env="vmas:balance", env_config={"n_agents": AGENTS, "max_steps": 100}, num_envs=128,
-                     rollout_fragment_length=64, sgd_minibatch_size=8192, num_sgd_iter=5, gamma=0.95,
-                     gae_lambda=0.95, learning_rate=3e-3, lr_schedule="constant", normalize_obs=True,
-                     normalize_reward=True, seed=0, save_outputs=False, verbose=0)
+    algo = shoal.PPO(
+        env="vmas:balance",
+        env_config={"n_agents": AGENTS, "max_steps": 100},
+        num_envs=128,
+        rollout_fragment_length=64,
+        sgd_minibatch_size=8192,
+        num_sgd_iter=5,
+        gamma=0.95,
+        gae_lambda=0.95,
+        learning_rate=3e-3,
+        lr_schedule="constant",
+        normalize_obs=True,
+        normalize_reward=True,
+        seed=0,
+        save_outputs=False,
+        verbose=0,
+    )
     untrained = algo.evaluate(20)["episode_reward_mean"]
     algo.learn(57_344)
     trained = algo.evaluate(20)["episode_reward_mean"]

@@ -17,6 +17,24 @@ from shoal.vector import make_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["PPO", "ActorCriticPolicy", "AgentEnv", "Algorithm", "Callback", "CheckpointError", "ConfigError", "EnvError",
-           "EnvInfo", "Episode", "MultiAgentEnv", "PPOConfig", "Policy", "ShoalError", "Trainer", "TrainerConfig", "make_backend",
-           "register_algorithm", "register_env"]
+__all__ = [
+    "PPO",
+    "ActorCriticPolicy",
+    "AgentEnv",
+    "Algorithm",
+    "Callback",
+    "CheckpointError",
+    "ConfigError",
+    "EnvError",
+    "EnvInfo",
+    "Episode",
+    "MultiAgentEnv",
+    "PPOConfig",
+    "Policy",
+    "ShoalError",
+    "Trainer",
+    "TrainerConfig",
+    "make_backend",
+    "register_algorithm",
+    "register_env",
+]

@@ -15,14 +15,16 @@ import torch
 from shoal.vector import make_backend
 
 
-def env_sps(env: str, num_envs: int, num_workers: int = 0, async_factor: int = 1, seconds: float = 5.0,
-            seed: int = 0) -> dict[str, Any]:
+def env_sps(
+    env: str, num_envs: int, num_workers: int = 0, async_factor: int = 1, seconds: float = 5.0, seed: int = 0
+) -> dict[str, Any]:
     """Agent steps per second of a backend stepping ``env`` with random actions."""
     backend = make_backend(env, num_envs, None, None, num_workers, async_factor)
     try:
         space = backend.act_spec.space
-        bank = torch.as_tensor(np.stack([np.stack([space.sample() for _ in range(backend.num_rows)])
-                                         for _ in range(16)]))
+        bank = torch.as_tensor(
+            np.stack([np.stack([space.sample() for _ in range(backend.num_rows)]) for _ in range(16)])
+        )
         backend.reset(seed)
         for _ in range(async_factor):  # start every group stepping
             batch = backend.recv()
@@ -37,8 +39,15 @@ def env_sps(env: str, num_envs: int, num_workers: int = 0, async_factor: int = 1
         elapsed = time.perf_counter() - start
     finally:
         backend.close()
-    return {"env": env, "backend": "mp" if num_workers else "serial", "num_envs": num_envs,
-            "num_workers": num_workers, "async_factor": async_factor, "sps": steps / elapsed, "seconds": elapsed}
+    return {
+        "env": env,
+        "backend": "mp" if num_workers else "serial",
+        "num_envs": num_envs,
+        "num_workers": num_workers,
+        "async_factor": async_factor,
+        "sps": steps / elapsed,
+        "seconds": elapsed,
+    }
 
 
 def train_sps(settings: dict[str, Any], timesteps: int) -> dict[str, Any]:
@@ -50,9 +59,15 @@ def train_sps(settings: dict[str, Any], timesteps: int) -> dict[str, Any]:
         result = algo.learn(timesteps)
         elapsed = time.perf_counter() - start
         c = algo.config
-    return {"env": algo.env_name, "num_envs": c.num_envs, "num_workers": c.num_workers,
-            "timesteps": algo.timesteps_total, "sps": algo.timesteps_total / elapsed, "seconds": elapsed,
-            "episode_reward_mean": result.get("episode_reward_mean")}
+    return {
+        "env": algo.env_name,
+        "num_envs": c.num_envs,
+        "num_workers": c.num_workers,
+        "timesteps": algo.timesteps_total,
+        "sps": algo.timesteps_total / elapsed,
+        "seconds": elapsed,
+        "episode_reward_mean": result.get("episode_reward_mean"),
+    }
 
 
 def seed_sweep_args(description: str, **options: tuple[type, Any]) -> tuple[Any, dict[str, Any]]:

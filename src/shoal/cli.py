@@ -23,12 +23,20 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("env", nargs="?", help="Gymnasium env id or a name given to shoal.register_env")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. seed=2 num_envs=16")
     train.add_argument("--config", help="YAML file of config keys (its 'env' key may replace ENV)")
-    train.add_argument("--algo", help="algorithm: a name (ppo), or 'package.module:Class' of your own (the same "
-                                      "as the key algo=; default ppo)")
+    train.add_argument(
+        "--algo",
+        help="algorithm: a name (ppo), or 'package.module:Class' of your own (the same as the key algo=; default ppo)",
+    )
     train.add_argument("--run-dir", help="where outputs go (default runs/<name>)")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint")
-    train.add_argument("--eval-episodes", type=int, default=None,
-                       help="deterministic evaluation episodes after training (default: evaluation_num_episodes)")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint"
+    )
+    train.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=None,
+        help="deterministic evaluation episodes after training (default: evaluation_num_episodes)",
+    )
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint (or a run's newest) and print a JSON summary")
     ev.add_argument("path", metavar="RUN_DIR|CHECKPOINT")
@@ -181,7 +189,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args, extra = parser.parse_known_args(argv)
     pairs = [x for x in extra if "=" in x and not x.startswith("-")]
     if len(pairs) < len(extra) or (pairs and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(x for x in extra if x not in pairs or not hasattr(args, 'overrides'))}")
+        parser.error(
+            f"unrecognized arguments: {' '.join(x for x in extra if x not in pairs or not hasattr(args, 'overrides'))}"
+        )
     if pairs:
         args.overrides = [*args.overrides, *pairs]
     return args

@@ -82,16 +82,20 @@ class TrainerConfig(BaseModel):
     # keys a policy in `policies` may override: its network, and how it learns
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
     # keys that moved: old name -> what to write instead
-    MOVED: ClassVar[dict[str, str]] = {"hiddens": "model_config={'hiddens': [64, 64]}",
-                                       "activation": "model_config={'activation': 'relu'}"}
+    MOVED: ClassVar[dict[str, str]] = {
+        "hiddens": "model_config={'hiddens': [64, 64]}",
+        "activation": "model_config={'activation': 'relu'}",
+    }
 
     @model_validator(mode="after")
     def _check_model(self) -> TrainerConfig:
         resolve_model(self.model)
         check_model_config(self.model, self.model_options)
         if isinstance(self.clip_rewards, float) and not isinstance(self.clip_rewards, bool) and self.clip_rewards <= 0:
-            raise ConfigError(f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
-                              f"True (their sign) or false.")
+            raise ConfigError(
+                f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
+                f"True (their sign) or false."
+            )
         return self
 
     @model_validator(mode="after")
@@ -113,7 +117,8 @@ class TrainerConfig(BaseModel):
         elif batch != n * frag:
             raise ConfigError(
                 f"train_batch_size={batch} must equal num_envs={n} x rollout_fragment_length={frag} = {n * frag}. "
-                f"Set only two of the three, e.g. drop train_batch_size or use rollout_fragment_length={max(1, batch // n)}."
+                f"Set only two of the three, e.g. drop train_batch_size or use "
+                f"rollout_fragment_length={max(1, batch // n)}."
             )
         self.rollout_fragment_length, self.train_batch_size = frag, batch
         return self
@@ -122,48 +127,61 @@ class TrainerConfig(BaseModel):
     def _check_workers(self) -> TrainerConfig:
         n, w = self.num_envs, self.num_workers
         if w and self.vectorization_mode:
-            raise ConfigError(f"num_workers={w} and vectorization_mode='{self.vectorization_mode}' both choose how envs "
-                              f"are stepped; set one of them.")
+            raise ConfigError(
+                f"num_workers={w} and vectorization_mode='{self.vectorization_mode}' both choose how envs "
+                f"are stepped; set one of them."
+            )
         if w and n % w:
             fits = [d for d in range(1, n + 1) if n % d == 0]
             near = min(fits, key=lambda d: abs(d - w))
-            raise ConfigError(f"num_envs={n} must be a multiple of num_workers={w} (each worker steps the same "
-                              f"number of envs). Try num_workers={near} or num_envs={(n // w + 1) * w}.")
+            raise ConfigError(
+                f"num_envs={n} must be a multiple of num_workers={w} (each worker steps the same "
+                f"number of envs). Try num_workers={near} or num_envs={(n // w + 1) * w}."
+            )
         f = self.async_factor
         if f > 1 and not w:
-            raise ConfigError(f"async_factor={f} needs env worker processes to overlap with; set num_workers to a "
-                              f"multiple of {f} (e.g. num_workers={f}) or async_factor=1.")
+            raise ConfigError(
+                f"async_factor={f} needs env worker processes to overlap with; set num_workers to a "
+                f"multiple of {f} (e.g. num_workers={f}) or async_factor=1."
+            )
         if f > 1 and w % f:
             fits = [d for d in range(1, w + 1) if w % d == 0]
             near = min(fits, key=lambda d: abs(d - f))
-            raise ConfigError(f"num_workers={w} must be a multiple of async_factor={f} (each of the {f} groups gets "
-                              f"the same number of workers). Try async_factor={near} or num_workers={(w // f + 1) * f}.")
+            raise ConfigError(
+                f"num_workers={w} must be a multiple of async_factor={f} (each of the {f} groups gets "
+                f"the same number of workers). Try async_factor={near} or num_workers={(w // f + 1) * f}."
+            )
         cores = os.cpu_count() or 1
         if w > cores:
-            warnings.warn(f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.",
-                          stacklevel=2)
+            warnings.warn(
+                f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.", stacklevel=2
+            )
         return self
 
     @model_validator(mode="after")
     def _check_policies(self) -> TrainerConfig:
         if self.policies is None:
             if self.policies_to_train is not None or isinstance(self.policy_mapping_fn, dict):
-                raise ConfigError("policies_to_train and a policy_mapping_fn dict name policies; set policies too, "
-                                  "e.g. policies={'main': {}, 'opponent': {}}.")
+                raise ConfigError(
+                    "policies_to_train and a policy_mapping_fn dict name policies; set policies too, "
+                    "e.g. policies={'main': {}, 'opponent': {}}."
+                )
             return self
         if isinstance(self.policies, list):
             self.policies = dict.fromkeys(self.policies)
         if not self.policies:
             raise ConfigError("policies is empty; name at least one policy or leave it unset.")
         self.policies = {pid: dict(spec or {}) for pid, spec in self.policies.items()}
-        for pid, spec in self.policies.items():
+        for pid in self.policies:
             self.policy_config(pid)  # every override checked now, not when the trainer is half built
         named = list(self.policies_to_train or [])
         if isinstance(self.policy_mapping_fn, dict):
             named += self.policy_mapping_fn.values()
         for pid in named:
             if pid not in self.policies:
-                raise ConfigError(f"'{pid}' is not one of the policies {list(self.policies)}.{did_you_mean(pid, self.policies)}")
+                raise ConfigError(
+                    f"'{pid}' is not one of the policies {list(self.policies)}.{did_you_mean(pid, self.policies)}"
+                )
         return self
 
     def policy_config(self, policy_id: str):
@@ -171,8 +189,10 @@ class TrainerConfig(BaseModel):
         overrides = (self.policies or {}).get(policy_id) or {}
         for key in overrides:
             if key not in self.POLICY_KEYS:
-                raise ConfigError(f"policy '{policy_id}' overrides '{key}', which is not a per-policy key."
-                                  f"{did_you_mean(key, self.POLICY_KEYS)} Per-policy keys: {', '.join(self.POLICY_KEYS)}.")
+                raise ConfigError(
+                    f"policy '{policy_id}' overrides '{key}', which is not a per-policy key."
+                    f"{did_you_mean(key, self.POLICY_KEYS)} Per-policy keys: {', '.join(self.POLICY_KEYS)}."
+                )
         if not overrides:
             return self
         fields = self.settings() | {"policies": None, "policies_to_train": None, "policy_mapping_fn": None}
@@ -206,8 +226,9 @@ class TrainerConfig(BaseModel):
         if unknown:
             k = unknown[0]
             if k in cls.MOVED:
-                raise ConfigError(f"'{k}' is a model_config key now: {cls.MOVED[k]} (on the command line "
-                                  f"model_config.{k}=...).")
+                raise ConfigError(
+                    f"'{k}' is a model_config key now: {cls.MOVED[k]} (on the command line model_config.{k}=...)."
+                )
             raise ConfigError(
                 f"unknown config key '{k}' for {cls.__name__}.{did_you_mean(k, known)} "
                 f"Valid keys: {', '.join(sorted(known))}."
@@ -219,7 +240,7 @@ class TrainerConfig(BaseModel):
             if first["type"] == "value_error" and not first["loc"]:  # our own cross-key checks
                 raise ConfigError(str(first["ctx"]["error"])) from None
             key = ".".join(str(p) for p in first["loc"]) or "config"
-            value = overrides.get(str(first["loc"][0]), None) if first["loc"] else None
+            value = overrides.get(str(first["loc"][0])) if first["loc"] else None
             raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -261,9 +282,20 @@ class PPOConfig(TrainerConfig):
     norm_adv: bool = True
     target_kl: float | None = Field(None, gt=0.0)
 
-    POLICY_KEYS: ClassVar[tuple[str, ...]] = TrainerConfig.POLICY_KEYS + (
-        "gae_lambda", "adam_eps", "clip_coef", "vf_clip_coef", "vf_coef", "ent_coef", "max_grad_norm", "norm_adv",
-        "target_kl", "num_sgd_iter", "sgd_minibatch_size")
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (
+        *TrainerConfig.POLICY_KEYS,
+        "gae_lambda",
+        "adam_eps",
+        "clip_coef",
+        "vf_clip_coef",
+        "vf_coef",
+        "ent_coef",
+        "max_grad_norm",
+        "norm_adv",
+        "target_kl",
+        "num_sgd_iter",
+        "sgd_minibatch_size",
+    )
 
     @model_validator(mode="after")
     def _check_estimator(self) -> PPOConfig:
@@ -272,8 +304,10 @@ class PPOConfig(TrainerConfig):
         spec = self.advantage_estimator
         if spec not in ESTIMATORS:
             if not is_spec(spec):
-                raise ConfigError(f"advantage_estimator='{spec}' is not one of {list(ESTIMATORS)} nor a "
-                                  f"'package.module:function'.{did_you_mean(spec, ESTIMATORS)}")
+                raise ConfigError(
+                    f"advantage_estimator='{spec}' is not one of {list(ESTIMATORS)} nor a "
+                    f"'package.module:function'.{did_you_mean(spec, ESTIMATORS)}"
+                )
             import_spec(spec, "advantage_estimator")
         return self
 

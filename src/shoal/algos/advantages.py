@@ -8,9 +8,16 @@ from tensordict import TensorDict
 from shoal.imports import import_spec
 
 
-def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tensor, truncated_t: torch.Tensor,
-        final_value_t: torch.Tensor, gamma: float, gae_lambda: float,
-        valid_t: torch.Tensor | None = None) -> torch.Tensor:
+def gae(
+    reward_t: torch.Tensor,
+    value_t: torch.Tensor,
+    terminated_t: torch.Tensor,
+    truncated_t: torch.Tensor,
+    final_value_t: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+    valid_t: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438), batched over rows.
 
     Args:
@@ -35,8 +42,12 @@ def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tenso
     n, t = reward_t.shape
     if value_t.shape != (n, t + 1):
         raise ValueError(f"value_t has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
-    for name, x in (("terminated_t", terminated_t), ("truncated_t", truncated_t), ("final_value_t", final_value_t),
-                    ("valid_t", valid_t)):
+    for name, x in (
+        ("terminated_t", terminated_t),
+        ("truncated_t", truncated_t),
+        ("final_value_t", final_value_t),
+        ("valid_t", valid_t),
+    ):
         if x is not None and x.shape != (n, t):
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {(n, t)} like reward_t")
     if valid_t is None:
@@ -45,8 +56,9 @@ def gae(reward_t: torch.Tensor, value_t: torch.Tensor, terminated_t: torch.Tenso
         delta = reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
         carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).float()
         return _backward_scan(delta, carry)
-    delta, carry = _folded_terms(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda,
-                                 valid_t)
+    delta, carry = _folded_terms(
+        reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t
+    )
     return _backward_scan(delta, carry).masked_fill_(~valid_t, 0.0)
 
 
@@ -91,9 +103,16 @@ def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.T
     """``gae`` over a ``[N, T+1]`` rollout's fields; non-decision steps are folded only when the
     rollout has any (padding rows and next-step resets exist only with some backends)."""
     valid = rollout["valid"][:, :-1]
-    return gae(rollout["reward"][:, :-1], rollout["value"], rollout["terminated"][:, :-1],
-               rollout["truncated"][:, :-1], rollout["final_value"][:, :-1], gamma, gae_lambda,
-               valid_t=None if bool(valid.all()) else valid)
+    return gae(
+        rollout["reward"][:, :-1],
+        rollout["value"],
+        rollout["terminated"][:, :-1],
+        rollout["truncated"][:, :-1],
+        rollout["final_value"][:, :-1],
+        gamma,
+        gae_lambda,
+        valid_t=None if bool(valid.all()) else valid,
+    )
 
 
 # name -> (rollout, gamma, gae_lambda) -> advantages [N, T]; a 'package.module:function' of the same

@@ -58,8 +58,9 @@ class Algorithm:
         self.config, self.env = config, env
         self.progress = 0.0  # timesteps_total / the run's step budget; the trainer sets it before each step
         self.policy_configs = {pid: config.policy_config(pid) for pid in config.policy_ids}
-        self.policies: dict[str, Policy] = {pid: self.make_policy(pid, pc).to(config.device)
-                                            for pid, pc in self.policy_configs.items()}
+        self.policies: dict[str, Policy] = {
+            pid: self.make_policy(pid, pc).to(config.device) for pid, pc in self.policy_configs.items()
+        }
         trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
         self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
 

@@ -31,9 +31,20 @@ def normalize_advantage(adv: torch.Tensor, mask: torch.Tensor | None, eps: float
     return (adv - mean) / (var.sqrt() + eps)
 
 
-def ppo_loss(logp: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor | None, old_logp: torch.Tensor,
-             adv: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None,
-             clip_coef: float, vf_clip_coef: float | None, vf_coef: float, ent_coef: float):
+def ppo_loss(
+    logp: torch.Tensor,
+    value: torch.Tensor,
+    entropy: torch.Tensor | None,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor | None,
+    clip_coef: float,
+    vf_clip_coef: float | None,
+    vf_coef: float,
+    ent_coef: float,
+):
     """PPO's total loss; also returns the ratio, the policy loss and the value loss (detached).
 
     ``entropy`` may be None when ``ent_coef`` is 0."""

@@ -43,9 +43,13 @@ class PPOAlgorithm(Algorithm):
         super().__init__(config, env)
         fields = self.extra_fields() | dict.fromkeys(("final_value", "advantage", "return"), SCALAR)
         self.buffer = RolloutBuffer(env, config.rollout_fragment_length, fields, config.device)
-        self.learners = {pid: PPOLearner(self.policies[pid], self.policy_configs[pid],
-                                         torch.Generator().manual_seed(config.seed + i))
-                         for i, pid in enumerate(config.policy_ids) if pid in self.trained_policy_ids}
+        self.learners = {
+            pid: PPOLearner(
+                self.policies[pid], self.policy_configs[pid], torch.Generator().manual_seed(config.seed + i)
+            )
+            for i, pid in enumerate(config.policy_ids)
+            if pid in self.trained_policy_ids
+        }
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         rollout = self.buffer.start_rollout()
@@ -104,8 +108,10 @@ class PPOLearner:
         self.step = make_step(policy, config.learning_rate, config.adam_eps, config.max_grad_norm)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.step.state_dict(),
-                "generator": None if self.generator is None else self.generator.get_state()}
+        return {
+            "optimizer": self.step.state_dict(),
+            "generator": None if self.generator is None else self.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step.load_state_dict(state["optimizer"])
@@ -120,8 +126,10 @@ class PPOLearner:
         episodes, where GAE does not bootstrap."""
         c = self.config
         if self.fused_off_reason is None and (late := fused_unavailable(self.policy, True)):
-            raise ConfigError(f"the policy changed after PPO chose its hand-fused learn step ({late}), which "
-                              f"would bypass it; build the trainer with fused_update=false to learn on autograd.")
+            raise ConfigError(
+                f"the policy changed after PPO chose its hand-fused learn step ({late}), which "
+                f"would bypass it; build the trainer with fused_update=false to learn on autograd."
+            )
         self.step.lr = learning_rate
 
         # 1. Advantages and returns on the whole rollout.
@@ -129,7 +137,7 @@ class PPOLearner:
             advantage = self.advantage(rollout, c.gamma, c.gae_lambda)
             rollout["advantage"][:, :-1] = advantage
             rollout["return"][:, :-1] = advantage + rollout["value"][:, :-1]
-        keys = (*LEARN_KEYS, *(key for key in ("action_mask", "critic_obs") if key in rollout.keys()))
+        keys = (*LEARN_KEYS, *(key for key in ("action_mask", "critic_obs") if key in rollout.keys()))  # noqa: SIM118 (a TensorDict)
         sampler = FlatSampler(transition_view(rollout.select(*keys)), c.sgd_minibatch_size, self.generator, select)
         data = sampler.data
         mask_all = None if bool(data["valid"].all()) else data["valid"]  # padding exists only with some backends
@@ -151,8 +159,17 @@ class PPOLearner:
                 adv = mb["advantage"]
                 if c.norm_adv and not normalize_once:
                     adv = normalize_advantage(adv, mask)
-                loss_args = (mb["sample_log_prob"], adv, mb["value"], mb["return"], mask, c.clip_coef,
-                             c.vf_clip_coef, c.vf_coef, c.ent_coef)
+                loss_args = (
+                    mb["sample_log_prob"],
+                    adv,
+                    mb["value"],
+                    mb["return"],
+                    mask,
+                    c.clip_coef,
+                    c.vf_clip_coef,
+                    c.vf_coef,
+                    c.ent_coef,
+                )
                 outputs, entropy = self.step(mb, loss_args, track, need_entropy=track or c.ent_coef > 0)
                 epoch_steps += 1
                 if track:
@@ -192,9 +209,13 @@ class AutogradPPOStep:
 
     def __call__(self, mb: TensorDict, loss_args: tuple, track: bool, need_entropy: bool):
         """``(loss, ratio, pg_loss, v_loss)`` and the entropy."""
-        logp, entropy, value = self.policy.evaluate(mb["obs"], mb["action"], entropy=need_entropy,
-                                                    action_mask=mb.get("action_mask", None),
-                                                    critic_obs=mb.get("critic_obs", None))
+        logp, entropy, value = self.policy.evaluate(
+            mb["obs"],
+            mb["action"],
+            entropy=need_entropy,
+            action_mask=mb.get("action_mask", None),
+            critic_obs=mb.get("critic_obs", None),
+        )
         outputs = ppo_loss(logp, value, entropy, *loss_args)
         self.optimizer.zero_grad()
         outputs[0].backward()

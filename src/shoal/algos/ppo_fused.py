@@ -37,8 +37,10 @@ def fused_unavailable(policy: nn.Module, fused_update: bool) -> str | None:
         return "the policy is not the built-in MLP actor-critic"
     # torch has no public way to list hooks; these are the dicts register_*_hook fills
     for module in policy.modules():
-        if any(getattr(module, name) for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                  "_backward_pre_hooks")):
+        if any(
+            getattr(module, name)
+            for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+        ):
             return f"{type(module).__name__} has hooks"
     for param in policy.parameters():
         if param._backward_hooks or getattr(param, "_post_accumulate_grad_hooks", None):
@@ -59,9 +61,9 @@ def flatten_parameters(module: nn.Module) -> nn.Parameter:
     with torch.no_grad():
         for p in params:
             n = p.numel()
-            flat[offset:offset + n].copy_(p.reshape(-1))
-            p.data = flat.data[offset:offset + n].view_as(p)
-            p.grad = flat.grad[offset:offset + n].view_as(p)
+            flat[offset : offset + n].copy_(p.reshape(-1))
+            p.data = flat.data[offset : offset + n].view_as(p)
+            p.grad = flat.grad[offset : offset + n].view_as(p)
             offset += n
     return flat
 
@@ -87,11 +89,13 @@ class FusedPPOStep:
         x = net.inputs(obs, critic_obs)
         (dist_inputs, value), hidden = stacked_forward(x, net.activation, self.n_hidden, params)
         logp, ent, ctx = _dist_forward(policy, dist_inputs, mb["action"], need_entropy, mb.get("action_mask", None))
-        outputs, (grad_logp, grad_value, grad_ent) = ppo_loss_and_grad(logp, value.squeeze(-1), ent, *loss_args,
-                                                                       with_values=track)
+        outputs, (grad_logp, grad_value, grad_ent) = ppo_loss_and_grad(
+            logp, value.squeeze(-1), ent, *loss_args, with_values=track
+        )
         grad_dist = _dist_backward(policy, ctx, grad_logp, grad_ent)
-        stacked_backward(x, net.activation, params, hidden, (grad_dist, grad_value.unsqueeze(-1)),
-                         [p.grad for p in params])
+        stacked_backward(
+            x, net.activation, params, hidden, (grad_dist, grad_value.unsqueeze(-1)), [p.grad for p in params]
+        )
         self._adam()
         return outputs, ent
 
@@ -105,9 +109,21 @@ class FusedPPOStep:
         # The kernel torch.optim.Adam(fused=True) runs, called directly: Adam.step() costs 84 us
         # per call here and the public functional torch.optim.adam.adam 33 us, against 16 us
         # (one flat parameter; ~7% of a CartPole iteration at the zoo settings).
-        torch._fused_adam_([self.flat], [grad], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
-                           lr=self.lr, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=self.eps, amsgrad=False,
-                           maximize=False)
+        torch._fused_adam_(
+            [self.flat],
+            [grad],
+            [self.exp_avg],
+            [self.exp_avg_sq],
+            [],
+            [self.step_count],
+            lr=self.lr,
+            beta1=0.9,
+            beta2=0.999,
+            weight_decay=0.0,
+            eps=self.eps,
+            amsgrad=False,
+            maximize=False,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "step": self.step_count}
@@ -119,8 +135,9 @@ class FusedPPOStep:
 
 
 # ----- the action distributions: log-probability, entropy, and their gradients ----------------
-def _dist_forward(policy: ActorCriticPolicy, dist_inputs: torch.Tensor, action: torch.Tensor, entropy: bool,
-                  mask: torch.Tensor | None):
+def _dist_forward(
+    policy: ActorCriticPolicy, dist_inputs: torch.Tensor, action: torch.Tensor, entropy: bool, mask: torch.Tensor | None
+):
     """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
     dist = policy.dist
     if isinstance(dist, DiagGaussian):
@@ -132,8 +149,10 @@ def _dist_forward(policy: ActorCriticPolicy, dist_inputs: torch.Tensor, action: 
         return dist.log_density(z, policy.log_std), ent, (z, inv_std)
     if isinstance(dist, Categorical):
         return _categorical_forward(dist, dist_inputs, action, entropy, mask)
-    parts = [_categorical_forward(p, x, a, entropy, m)
-             for (p, x, m), a in zip(dist.split(dist_inputs, mask), action.unbind(-1))]
+    parts = [
+        _categorical_forward(p, x, a, entropy, m)
+        for (p, x, m), a in zip(dist.split(dist_inputs, mask), action.unbind(-1))
+    ]
     ent = sum(e for _, e, _ in parts) if entropy else None
     return sum(lp for lp, _, _ in parts), ent, [c for _, _, c in parts]
 
@@ -180,8 +199,21 @@ def _row_weights(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor 
     return m / m.sum().clamp_min(1.0)
 
 
-def ppo_loss_and_grad(logp, value, entropy, old_logp, adv, old_value, returns, mask, clip_coef, vf_clip_coef,
-                      vf_coef, ent_coef, with_values: bool = True):
+def ppo_loss_and_grad(
+    logp,
+    value,
+    entropy,
+    old_logp,
+    adv,
+    old_value,
+    returns,
+    mask,
+    clip_coef,
+    vf_clip_coef,
+    vf_coef,
+    ent_coef,
+    with_values: bool = True,
+):
     """``(loss, ratio, pg_loss, v_loss)`` (None unless ``with_values``: the loss values are only
     diagnostics, half the ops) and the loss's gradient wrt ``(logp, value, entropy)`` (the
     entropy's is None when ``ent_coef`` is 0 or ``entropy`` is None)."""
@@ -233,7 +265,7 @@ def stacked_backward(x: torch.Tensor, activation: str, params, hidden: list, gra
     order as ``params``, overwritten, not accumulated)."""
     act_backward = ACTIVATION_BACKWARD[activation]
     n = len(hidden)
-    weights, head_weights = params[0:2 * n:2], params[2 * n::2]
+    weights, head_weights = params[0 : 2 * n : 2], params[2 * n :: 2]
     last = hidden[-1]
     grad = torch.empty_like(last)
     for k, (g, hw) in enumerate(zip(grad_outs, head_weights)):

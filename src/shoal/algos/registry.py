@@ -24,14 +24,18 @@ def algorithm_class(spec: Any) -> type[Algorithm]:
     if isinstance(spec, type) and issubclass(spec, Algorithm):
         return spec
     if not isinstance(spec, str):
-        raise ConfigError(f"algo must be an algorithm name ({', '.join(ALGORITHMS)}), a shoal.Algorithm subclass "
-                          f"or 'package.module:Class', got {spec!r}.")
+        raise ConfigError(
+            f"algo must be an algorithm name ({', '.join(ALGORITHMS)}), a shoal.Algorithm subclass "
+            f"or 'package.module:Class', got {spec!r}."
+        )
     if spec.lower() in ALGORITHMS:
         return ALGORITHMS[spec.lower()]
     if not is_spec(spec):
-        raise ConfigError(f"unknown algo '{spec}'.{did_you_mean(spec.lower(), ALGORITHMS)} Known: "
-                          f"{', '.join(ALGORITHMS)}; an algorithm of your own is given as a shoal.Algorithm "
-                          f"subclass or 'package.module:Class'.")
+        raise ConfigError(
+            f"unknown algo '{spec}'.{did_you_mean(spec.lower(), ALGORITHMS)} Known: "
+            f"{', '.join(ALGORITHMS)}; an algorithm of your own is given as a shoal.Algorithm "
+            f"subclass or 'package.module:Class'."
+        )
     return algorithm_class(import_spec(spec, "algo"))
 
 

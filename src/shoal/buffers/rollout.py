@@ -50,8 +50,11 @@ class RolloutBuffer:
         self.num_rows, self.horizon = env.num_rows, horizon
         n, t1 = env.num_rows, horizon + 1
         specs = env_fields(env) | fields
-        self.rollout = TensorDict({key: torch.zeros(n, t1, *shape, dtype=dtype, device=device)
-                                   for key, (shape, dtype) in specs.items()}, batch_size=[n, t1], device=device)
+        self.rollout = TensorDict(
+            {key: torch.zeros(n, t1, *shape, dtype=dtype, device=device) for key, (shape, dtype) in specs.items()},
+            batch_size=[n, t1],
+            device=device,
+        )
         self.rollout["valid"].fill_(True)
         if env.mask_size:
             self.rollout["action_mask"].fill_(True)

@@ -29,8 +29,13 @@ class FlatSampler:
     as it is, unshuffled: the loss is a mean, so order does not matter and a gather would be waste.
     """
 
-    def __init__(self, data: TensorDict, minibatch_size: int, generator: torch.Generator | None = None,
-                 select: torch.Tensor | None = None):
+    def __init__(
+        self,
+        data: TensorDict,
+        minibatch_size: int,
+        generator: torch.Generator | None = None,
+        select: torch.Tensor | None = None,
+    ):
         flat = data.reshape(-1)
         self.data = flat if select is None else flat[select.reshape(-1)]
         self.generator = generator

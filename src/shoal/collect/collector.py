@@ -53,17 +53,26 @@ class Truncations:
 
 
 class Collector:
-    def __init__(self, backend: VecBackend, policies: PolicyMap, tracker: EpisodeTracker, extras: tuple[str, ...],
-                 reward_scaler: RewardScaler | None = None, critic: CriticInput | None = None,
-                 clip_rewards: bool | float | None = None):
+    def __init__(
+        self,
+        backend: VecBackend,
+        policies: PolicyMap,
+        tracker: EpisodeTracker,
+        extras: tuple[str, ...],
+        reward_scaler: RewardScaler | None = None,
+        critic: CriticInput | None = None,
+        clip_rewards: bool | float | None = None,
+    ):
         """``extras``: the fields the policies' ``act`` fills, stored at every step. ``clip_rewards``
         changes the learning signal only (True: the reward's sign; a number c: clipped to [-c, c]);
         the episode returns the tracker reports stay raw."""
         for pid, module in zip(policies.ids, policies.modules):
             missing = [key for key in extras if key not in module.extras]
             if missing:
-                raise ConfigError(f"policy '{pid}' ({type(module).__name__}) does not give the per-step fields {missing} "
-                                  f"the algorithm stores; its act() fills {list(module.extras)}.")
+                raise ConfigError(
+                    f"policy '{pid}' ({type(module).__name__}) does not give the per-step fields {missing} "
+                    f"the algorithm stores; its act() fills {list(module.extras)}."
+                )
         self.backend, self.policies, self.tracker, self.critic = backend, policies, tracker, critic
         self.extras, self.reward_scaler, self.clip_rewards = extras, reward_scaler, clip_rewards
         self.env_steps = 0  # env steps collected so far
@@ -93,7 +102,7 @@ class Collector:
                 self.critic.init(rollout["critic_obs"])
         views = self._views.get(id(batch))
         if views is None:
-            keys = _FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())
+            keys = _FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
             views = {key: rollout[key][batch.rows].unbind(1) for key in keys}
             views["raw_reward"] = self._raw_reward[batch.rows].unbind(1)
             views["extras"] = rollout.select(*self.extras)[batch.rows].unbind(1)
@@ -135,8 +144,16 @@ class Collector:
             critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
             if not policies.single:
                 views["policy_id"][t].copy_(policies.row_policy[batch.rows])
-            action, _ = policies.act(obs, views["first"], mask, batch.rows, parking, out=views["extras"][t],
-                                     critic_obs=critic_obs, advance=not parking)
+            action, _ = policies.act(
+                obs,
+                views["first"],
+                mask,
+                batch.rows,
+                parking,
+                out=views["extras"][t],
+                critic_obs=critic_obs,
+                advance=not parking,
+            )
             if parking:
                 self._parked.append(batch)
                 continue
@@ -144,9 +161,13 @@ class Collector:
             backend.send(action, batch)
             self._position[batch.rows] = t + 1
         self.truncations = self._gather_truncations(rollout, horizon)
-        self.tracker.add(self._raw_reward[:, :horizon].numpy().T, rollout["done"].numpy()[:, :horizon].T,
-                         rollout["valid"].numpy()[:, :horizon].T, step_infos,
-                         rollout["policy_id"].numpy()[:, :horizon].T)
+        self.tracker.add(
+            self._raw_reward[:, :horizon].numpy().T,
+            rollout["done"].numpy()[:, :horizon].T,
+            rollout["valid"].numpy()[:, :horizon].T,
+            step_infos,
+            rollout["policy_id"].numpy()[:, :horizon].T,
+        )
         self._check_rewards(rollout, horizon)
         steps = backend.num_envs * horizon
         self.env_steps += steps
@@ -184,14 +205,19 @@ class Collector:
         critic = rollout.get("critic_obs", None)
         if self.backend.autoreset == "next_step":  # the true final obs is the next step's obs, already stored
             row, step = rollout["truncated"][:, :horizon].nonzero().unbind(1)
-            return Truncations(row, step, rollout["obs"][row, step + 1],
-                               None if critic is None else critic[row, step + 1])
+            return Truncations(
+                row, step, rollout["obs"][row, step + 1], None if critic is None else critic[row, step + 1]
+            )
         if not self._truncated:
             none = torch.zeros(0, dtype=torch.long)
             return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0])
         rows, steps, obs, critics = zip(*self._truncated)
-        return Truncations(torch.cat(rows), torch.cat([torch.full_like(r, t) for r, t in zip(rows, steps)]),
-                           torch.cat(obs), None if critic is None else torch.cat(critics))
+        return Truncations(
+            torch.cat(rows),
+            torch.cat([torch.full_like(r, t) for r, t in zip(rows, steps)]),
+            torch.cat(obs),
+            None if critic is None else torch.cat(critics),
+        )
 
     def _start_episodes(self, batch: StepBatch, views: dict) -> None:
         """Envs whose episode ended this step (an agent finished and none is left acting) start a
@@ -213,9 +239,13 @@ class Collector:
 
     # ----- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"first": self.first.clone(), "policy_map": self.policies.state_dict(),
-                "tracker": self.tracker.state_dict(), "env_steps": self.env_steps,
-                "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict()}
+        return {
+            "first": self.first.clone(),
+            "policy_map": self.policies.state_dict(),
+            "tracker": self.tracker.state_dict(),
+            "env_steps": self.env_steps,
+            "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first.copy_(state["first"])

@@ -29,7 +29,7 @@ class CriticInput:
         row's agent slot (default: env-major rows, ``0..k-1`` repeating)."""
         rows = critic_obs.shape[0]
         slots = torch.arange(rows) % self.k if slots is None else slots
-        critic_obs[..., self.view_dim:] = torch.eye(self.k)[slots].view(rows, *(1,) * (critic_obs.dim() - 2), self.k)
+        critic_obs[..., self.view_dim :] = torch.eye(self.k)[slots].view(rows, *(1,) * (critic_obs.dim() - 2), self.k)
 
     def _fresh(self, slots: torch.Tensor) -> torch.Tensor:
         """A new ``[rows, dim]`` input for rows of agent ``slots``, its tail filled (off the hot
@@ -55,7 +55,7 @@ class TeamObs(CriticInput):
     def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         envs = obs.shape[0] // self.k
         team = obs.reshape(envs, 1, self.view_dim).expand(envs, self.k, self.view_dim)
-        out.view(envs, self.k, self.dim)[..., :self.view_dim].copy_(team)
+        out.view(envs, self.k, self.dim)[..., : self.view_dim].copy_(team)
         return out
 
     def final(self, batch: StepBatch, rows: torch.Tensor) -> torch.Tensor:
@@ -66,10 +66,10 @@ class TeamObs(CriticInput):
 
 class EnvState(CriticInput):
     def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        out[:, :self.view_dim].copy_(batch.state)
+        out[:, : self.view_dim].copy_(batch.state)
         return out
 
     def final(self, batch: StepBatch, rows: torch.Tensor) -> torch.Tensor:
         out = self._fresh(batch.agent_id[rows])
-        out[:, :self.view_dim] = batch.final_state[rows]
+        out[:, : self.view_dim] = batch.final_state[rows]
         return out

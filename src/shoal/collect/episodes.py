@@ -66,8 +66,9 @@ def env_episode_ends(done: np.ndarray, valid: np.ndarray, rows_per_env: int) -> 
     return done.any(-1) & left.all(-1)
 
 
-def mark_episode_starts(done: torch.Tensor, valid: torch.Tensor, autoreset: str, rows_per_env: int,
-                        out: torch.Tensor) -> None:
+def mark_episode_starts(
+    done: torch.Tensor, valid: torch.Tensor, autoreset: str, rows_per_env: int, out: torch.Tensor
+) -> None:
     """Write into ``out`` which rows' current observation starts an episode, from the flags of the
     step that returned it. Same-step autoreset: every row of an env whose episode just ended (an
     agent that left early starts again only when its env resets); next-step: the reset step,
@@ -91,9 +92,15 @@ class EpisodeTracker:
     Python touches only rows whose episode ended.
     """
 
-    def __init__(self, num_rows: int, window: int, env_id: np.ndarray | None = None,
-                 on_episode_end: Callable[[Episode], None] | None = None, agent_names: list[str] | None = None,
-                 policy_ids: list[str] | None = None):
+    def __init__(
+        self,
+        num_rows: int,
+        window: int,
+        env_id: np.ndarray | None = None,
+        on_episode_end: Callable[[Episode], None] | None = None,
+        agent_names: list[str] | None = None,
+        policy_ids: list[str] | None = None,
+    ):
         self.agent_names = agent_names
         if agent_names:
             k = len(agent_names)
@@ -114,12 +121,19 @@ class EpisodeTracker:
         self.episodes_total = 0
         self.episodes_this_iter = 0
 
-    def add(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray,
-            step_infos: dict[int, dict[int, dict]] | None = None, policy: np.ndarray | None = None) -> None:
+    def add(
+        self,
+        reward: np.ndarray,
+        done: np.ndarray,
+        valid: np.ndarray,
+        step_infos: dict[int, dict[int, dict]] | None = None,
+        policy: np.ndarray | None = None,
+    ) -> None:
         """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated) close their
         episode, also where the row did not act that step (a turn-based game ending on another
-        agent's move); lengths count the steps a row acted, returns every reward it got. ``step_infos[t][row]`` is the info of an episode that ended at step t;
-        ``policy[t, row]`` the index of the policy that acted. Episodes enter the window in the
+        agent's move); lengths count the steps a row acted, returns every reward it got.
+        ``step_infos[t][row]`` is the info of an episode that ended at step t; ``policy[t, row]``
+        the index of the policy that acted. Episodes enter the window in the
         order they ended.
 
         A whole rollout at once: a few numpy ops over the block, and Python only for the episodes
@@ -154,8 +168,9 @@ class EpisodeTracker:
     @staticmethod
     def _episode_ends(done: np.ndarray, step_infos: dict[int, dict[int, dict]]) -> np.ndarray:
         """``done`` without the steps whose info says the episode continues."""
-        going_on = [(t, row) for t, infos in step_infos.items() for row, info in infos.items()
-                    if info.get(EPISODE_CONTINUES)]
+        going_on = [
+            (t, row) for t, infos in step_infos.items() for row, info in infos.items() if info.get(EPISODE_CONTINUES)
+        ]
         if going_on:
             done = done.copy()
             done[tuple(zip(*going_on))] = False
@@ -213,19 +228,30 @@ class EpisodeTracker:
         if self.agent_names:
             out["agent_reward_mean"] = {a: _mean(r) for a, r in self.agent_returns.items()}
         if self.custom:
-            out["custom_metrics"] = {f"{name}_{stat}": fn(values) for name, values in sorted(self.custom.items())
-                                     for stat, fn in (("mean", lambda v: sum(v) / len(v)), ("min", min), ("max", max))}
+            out["custom_metrics"] = {
+                f"{name}_{stat}": fn(values)
+                for name, values in sorted(self.custom.items())
+                for stat, fn in (("mean", lambda v: sum(v) / len(v)), ("min", min), ("max", max))
+            }
         self.episodes_this_iter = 0
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"ret": self.ret.tolist(), "len": self.len.tolist(), "returns": list(self.returns),
-                 "lengths": list(self.lengths), "custom": {k: list(v) for k, v in self.custom.items()},
-                 "episodes_total": self.episodes_total,
-                 "policy_returns": {p: list(r) for p, r in self.policy_returns.items()}}
+        state = {
+            "ret": self.ret.tolist(),
+            "len": self.len.tolist(),
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "custom": {k: list(v) for k, v in self.custom.items()},
+            "episodes_total": self.episodes_total,
+            "policy_returns": {p: list(r) for p, r in self.policy_returns.items()},
+        }
         if self.agent_names:
-            state |= {"team_ret": self.team_ret.tolist(), "team_len": self.team_len.tolist(),
-                      "agent_returns": {a: list(r) for a, r in self.agent_returns.items()}}
+            state |= {
+                "team_ret": self.team_ret.tolist(),
+                "team_len": self.team_len.tolist(),
+                "agent_returns": {a: list(r) for a, r in self.agent_returns.items()},
+            }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

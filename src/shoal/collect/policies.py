@@ -38,8 +38,10 @@ def mapping_function(spec: Any, policy_ids: list[str], agents: list[str]) -> Cal
             return lambda agent, episode: agent
         if len(policy_ids) == 1:
             return lambda agent, episode: policy_ids[0]
-        raise ConfigError(f"policies {policy_ids} are not named like the agents {agents}; set policy_mapping_fn "
-                          f"(a function of (agent_id, episode), 'module:function', or a dict {{agent: policy}}).")
+        raise ConfigError(
+            f"policies {policy_ids} are not named like the agents {agents}; set policy_mapping_fn "
+            f"(a function of (agent_id, episode), 'module:function', or a dict {{agent: policy}})."
+        )
     if isinstance(spec, dict):
         missing = [a for a in agents if a not in spec]
         if missing:
@@ -56,8 +58,13 @@ class PolicyMap:
     """The policies, the row -> policy assignment and the per-row policy state of one backend
     (env-major rows, ``k`` per env)."""
 
-    def __init__(self, policies: dict[str, Policy], mapping: Callable[[str, EpisodeStart], str] | None,
-                 agents: list[str], num_envs: int):
+    def __init__(
+        self,
+        policies: dict[str, Policy],
+        mapping: Callable[[str, EpisodeStart], str] | None,
+        agents: list[str],
+        num_envs: int,
+    ):
         self.ids, self.modules = list(policies), list(policies.values())
         self.single = len(self.modules) == 1
         self.mapping, self.agents = mapping, agents
@@ -88,8 +95,10 @@ class PolicyMap:
         try:
             return self.ids.index(policy_id)
         except ValueError:
-            raise ConfigError(f"policy_mapping_fn mapped agent '{agent}' to {policy_id!r}, which is not one of the "
-                              f"policies {self.ids}.{did_you_mean(str(policy_id), self.ids)}") from None
+            raise ConfigError(
+                f"policy_mapping_fn mapped agent '{agent}' to {policy_id!r}, which is not one of the "
+                f"policies {self.ids}.{did_you_mean(str(policy_id), self.ids)}"
+            ) from None
 
     def split(self, owner: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """Each policy among ``owner`` (policy indices of some rows) with the positions it owns."""
@@ -107,16 +116,25 @@ class PolicyMap:
             view = self._state_views[(p, rows.start)] = self.states[p][rows]
         return view
 
-    def act(self, obs: torch.Tensor, first: torch.Tensor, action_mask: torch.Tensor | None, rows: slice,
-            deterministic: bool = False, out: TensorDict | None = None, critic_obs: torch.Tensor | None = None,
-            advance: bool = True) -> tuple[torch.Tensor, TensorDict]:
+    def act(
+        self,
+        obs: torch.Tensor,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None,
+        rows: slice,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+        advance: bool = True,
+    ) -> tuple[torch.Tensor, TensorDict]:
         """Actions and extras for the batch's ``rows``, each row by its policy (extras written into
         ``out`` when given). ``advance=False`` leaves the policy state as it was (acting on an
         observation that will be acted on again)."""
         if self.single:  # returns the policy's own (contiguous) action tensor, which backends take fastest
             state = self._state(0, rows)
-            action, extras, next_state = self.modules[0].act(obs, state, first, action_mask, deterministic=deterministic,
-                                                             out=out, critic_obs=critic_obs)
+            action, extras, next_state = self.modules[0].act(
+                obs, state, first, action_mask, deterministic=deterministic, out=out, critic_obs=critic_obs
+            )
             if self.stateful and advance:
                 state.update_(next_state)
             return action, extras
@@ -125,13 +143,19 @@ class PolicyMap:
             state = self._state(p, rows)
             part = state[idx]
             a, extras, next_state = self.modules[p].act(
-                obs[idx], part, first[idx], None if action_mask is None else action_mask[idx],
-                deterministic=deterministic, critic_obs=None if critic_obs is None else critic_obs[idx])
+                obs[idx],
+                part,
+                first[idx],
+                None if action_mask is None else action_mask[idx],
+                deterministic=deterministic,
+                critic_obs=None if critic_obs is None else critic_obs[idx],
+            )
             if action is None:
                 action = a.new_empty((len(obs), *a.shape[1:]))
                 if out is None:
-                    out = TensorDict({k: v.new_empty((len(obs), *v.shape[1:])) for k, v in extras.items()},
-                                     batch_size=[len(obs)])
+                    out = TensorDict(
+                        {k: v.new_empty((len(obs), *v.shape[1:])) for k, v in extras.items()}, batch_size=[len(obs)]
+                    )
             action[idx] = a
             for key, stored in out.items():  # what the algorithm stores, a subset of the extras
                 stored[idx] = extras.get(key)
@@ -140,8 +164,11 @@ class PolicyMap:
         return action, out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"row_policy": self.row_policy.tolist(), "episodes_started": self.episodes_started,
-                "states": [state.to_dict() for state in self.states]}
+        return {
+            "row_policy": self.row_policy.tolist(),
+            "episodes_started": self.episodes_started,
+            "states": [state.to_dict() for state in self.states],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.row_policy[:] = torch.tensor(state["row_policy"])

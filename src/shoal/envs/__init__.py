@@ -4,6 +4,13 @@ from shoal.envs.registry import check_env_id, env_creator, env_name, register_en
 from shoal.envs.spaces import ActionSpec, ObsSpec, action_spec, obs_spec
 
 __all__ = [
-    "ActionSpec", "ObsSpec", "action_spec", "check_env_id", "env_creator", "env_name", "obs_spec",
-    "register_env", "registered_envs",
+    "ActionSpec",
+    "ObsSpec",
+    "action_spec",
+    "check_env_id",
+    "env_creator",
+    "env_name",
+    "obs_spec",
+    "register_env",
+    "registered_envs",
 ]

@@ -62,8 +62,10 @@ class AECEnvAdapter(ParallelEnvAdapter):
             agent = env.agent_selection
             env.step(None)
             if agent in env.agents:
-                raise EnvError(f"env '{self.name}': stepping the dead agent '{agent}' with None did not remove it; "
-                               f"an AEC env must drop dead agents in step(None) (see AECEnv._was_dead_step).")
+                raise EnvError(
+                    f"env '{self.name}': stepping the dead agent '{agent}' with None did not remove it; "
+                    f"an AEC env must drop dead agents in step(None) (see AECEnv._was_dead_step)."
+                )
             self._absorb(playing)
         if env.agents:
             self._write_current()

@@ -140,17 +140,25 @@ def _split_config(env_id: str, env_config: dict) -> tuple[dict, dict]:
     for key in ("noop_max", "frame_skip", "screen_size", "frame_stack"):
         value, least = options[key], 0 if key == "noop_max" else 1
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise ConfigError(f"env '{env_id}': env_config {key}={value!r} is not allowed; use an int >= {least} "
-                              f"(default {DEFAULTS[key]}).")
+            raise ConfigError(
+                f"env '{env_id}': env_config {key}={value!r} is not allowed; use an int >= {least} "
+                f"(default {DEFAULTS[key]})."
+            )
     if not isinstance(options["episodic_life"], bool):
-        raise ConfigError(f"env '{env_id}': env_config episodic_life={options['episodic_life']!r} is not allowed; "
-                          f"use true or false (default true).")
+        raise ConfigError(
+            f"env '{env_id}': env_config episodic_life={options['episodic_life']!r} is not allowed; "
+            f"use true or false (default true)."
+        )
     if "frameskip" in rest:
-        raise ConfigError(f"env '{env_id}': env_config frameskip={rest['frameskip']!r} is ALE's own frame skip, "
-                          f"which shoal turns off to max-pool the last two frames; set frame_skip instead (default 4).")
+        raise ConfigError(
+            f"env '{env_id}': env_config frameskip={rest['frameskip']!r} is ALE's own frame skip, "
+            f"which shoal turns off to max-pool the last two frames; set frame_skip instead (default 4)."
+        )
     if rest.get("obs_type", "grayscale") != "grayscale":
-        raise ConfigError(f"env '{env_id}': env_config obs_type={rest['obs_type']!r} is not allowed; shoal's Atari "
-                          f"preprocessing needs 'grayscale' (render_mode='rgb_array' still films colour videos).")
+        raise ConfigError(
+            f"env '{env_id}': env_config obs_type={rest['obs_type']!r} is not allowed; shoal's Atari "
+            f"preprocessing needs 'grayscale' (render_mode='rgb_array' still films colour videos)."
+        )
     return options, rest
 
 
@@ -177,8 +185,21 @@ def make_atari_env(env_id: str, env_config: dict, evaluation: bool) -> gym.Env:
 
 
 # one colour per MinAtar channel, in channel order (the games have at most 10)
-PALETTE = np.array([[230, 60, 60], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48],
-                    [145, 30, 180], [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 212]], np.uint8)
+PALETTE = np.array(
+    [
+        [230, 60, 60],
+        [60, 180, 75],
+        [255, 225, 25],
+        [0, 130, 200],
+        [245, 130, 48],
+        [145, 30, 180],
+        [70, 240, 240],
+        [240, 50, 230],
+        [210, 245, 60],
+        [250, 190, 212],
+    ],
+    np.uint8,
+)
 CELL = 16  # pixels per MinAtar cell in rendered frames, so a 10x10 board films at 160x160
 
 

@@ -104,10 +104,12 @@ class SideSwitch(gym.Env):
 
     def __init__(self, size: int = 12, length: int = 8):
         self.size, self.length = size, length
-        self.observation_space = gym.spaces.Dict({
-            "image": gym.spaces.Box(0, 255, (size, size, 1), np.uint8),
-            "switch": gym.spaces.Box(0.0, 1.0, (2,), np.float32),
-        })
+        self.observation_space = gym.spaces.Dict(
+            {
+                "image": gym.spaces.Box(0, 255, (size, size, 1), np.uint8),
+                "switch": gym.spaces.Box(0.0, 1.0, (2,), np.float32),
+            }
+        )
         self.action_space = gym.spaces.Discrete(4)
         self.t = self.answer = 0
 

@@ -31,9 +31,11 @@ def space_of(env: Any, kind: str, agent: Any) -> gym.Space:
     spaces = getattr(env, f"{kind}_spaces", None)
     if not isinstance(spaces, Mapping) or agent not in spaces:
         have = sorted(map(str, spaces)) if isinstance(spaces, Mapping) else spaces
-        raise EnvError(f"env '{type(env).__name__}' has no {kind} space for agent '{agent}': set self.{kind}_spaces "
-                       f"to a dict with a space for every agent in possible_agents, or override "
-                       f"get_{kind}_space (its {kind}_spaces: {have}).")
+        raise EnvError(
+            f"env '{type(env).__name__}' has no {kind} space for agent '{agent}': set self.{kind}_spaces "
+            f"to a dict with a space for every agent in possible_agents, or override "
+            f"get_{kind}_space (its {kind}_spaces: {have})."
+        )
     return spaces[agent]
 
 
@@ -62,7 +64,8 @@ class MultiAgentEnv(gym.Env):
 def is_dict_env(env: Any) -> bool:
     """A dict-API env: a shoal ``MultiAgentEnv``, or a gym.Env shaped like one (RLlib's own class)."""
     return isinstance(env, MultiAgentEnv) or (
-        isinstance(env, gym.Env) and hasattr(env, "possible_agents") and hasattr(env, "observation_spaces"))
+        isinstance(env, gym.Env) and hasattr(env, "possible_agents") and hasattr(env, "observation_spaces")
+    )
 
 
 def dict_env_adapter(env: Any, name: str) -> ParallelEnvAdapter:
@@ -77,8 +80,10 @@ class ParallelView:
         self.env, self.name = env, name
         agents = getattr(env, "possible_agents", None)
         if not agents:
-            raise EnvError(f"env '{name}' has possible_agents={agents!r}; a multi-agent env lists every agent id "
-                           f"it may use in self.possible_agents.")
+            raise EnvError(
+                f"env '{name}' has possible_agents={agents!r}; a multi-agent env lists every agent id "
+                f"it may use in self.possible_agents."
+            )
         self.possible_agents = list(agents)
         self._known = frozenset(self.possible_agents) | {ALL}
         self.agents: list = []  # in the episode: observed since the reset and not done since
@@ -106,13 +111,17 @@ class ParallelView:
         for flags, what in ((terminateds, "terminateds"), (truncateds, "truncateds")):
             self._check_dict("step", what, flags)
             if ALL not in flags:
-                raise EnvError(f"env '{self.name}' step() returned {what} without the key '{ALL}' (keys: "
-                               f"{sorted(map(str, flags))}); the dict API needs it: True ends the episode for every "
-                               f"agent.")
+                raise EnvError(
+                    f"env '{self.name}' step() returned {what} without the key '{ALL}' (keys: "
+                    f"{sorted(map(str, flags))}); the dict API needs it: True ends the episode for every "
+                    f"agent."
+                )
             unknown = flags.keys() - self._known
             if unknown:
-                raise EnvError(f"env '{self.name}' step() returned {what} for agent(s) {sorted(map(str, unknown))}, "
-                               f"which are not in its possible_agents {self.possible_agents}.")
+                raise EnvError(
+                    f"env '{self.name}' step() returned {what} for agent(s) {sorted(map(str, unknown))}, "
+                    f"which are not in its possible_agents {self.possible_agents}."
+                )
         if terminateds[ALL] or truncateds[ALL]:
             # Everyone in the episode is done now, those sitting out this step included: their
             # rows' last decisions must not bootstrap into the next episode.
@@ -129,8 +138,10 @@ class ParallelView:
 
     def _check_dict(self, method: str, what: str, value: Any) -> None:
         if not isinstance(value, Mapping):
-            raise EnvError(f"env '{self.name}' {method}() returned {what} of type {type(value).__name__}; the "
-                           f"dict API returns a dict keyed by agent id.")
+            raise EnvError(
+                f"env '{self.name}' {method}() returned {what} of type {type(value).__name__}; the "
+                f"dict API returns a dict keyed by agent id."
+            )
 
     def close(self) -> None:
         self.env.close()

@@ -59,8 +59,10 @@ class _Unbound(dict):
     """The rows of an env not bound yet: reading any of them says what is missing."""
 
     def __missing__(self, field: str):
-        raise EnvError(f"this native env has no '{field}' rows yet: they come from bind(rows), which shoal's backend "
-                       f"calls before reset(); build the env's backend with make_backend or PPO(env=...).")
+        raise EnvError(
+            f"this native env has no '{field}' rows yet: they come from bind(rows), which shoal's backend "
+            f"calls before reset(); build the env's backend with make_backend or PPO(env=...)."
+        )
 
 
 def _rows_of(field: str) -> property:
@@ -72,8 +74,10 @@ def _rows_of(field: str) -> property:
         if value is rows and rows is not None:  # what an in-place `self.reward *= 2` assigns back
             return
         where = "" if rows is None else f" ({list(rows.shape)} {rows.dtype})"
-        raise EnvError(f"env '{type(self).__name__}': self.{field} is this env's rows of the flat batch{where} and "
-                       f"cannot be replaced; write into it instead (self.{field}[:] = ...).")
+        raise EnvError(
+            f"env '{type(self).__name__}': self.{field} is this env's rows of the flat batch{where} and "
+            f"cannot be replaced; write into it instead (self.{field}[:] = ...)."
+        )
 
     return property(get, replace, doc=f"This env's rows of the batch's '{field}', to write in place.")
 
@@ -121,16 +125,22 @@ class AgentEnv:
         name = type(self).__name__
         for attr in ("num_agents", "single_observation_space", "single_action_space"):
             if not hasattr(self, attr):
-                raise EnvError(f"native env '{name}' does not set {attr}; set num_agents, single_observation_space "
-                               f"and single_action_space in __init__.")
+                raise EnvError(
+                    f"native env '{name}' does not set {attr}; set num_agents, single_observation_space "
+                    f"and single_action_space in __init__."
+                )
         n, obs, act = self.num_agents, self.single_observation_space, self.single_action_space
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise EnvError(f"native env '{name}' has num_agents={n!r}; it must be a positive int.")
         if not isinstance(obs, gym.spaces.Box):
-            raise EnvError(f"native env '{name}' has single_observation_space {obs}; native envs write their "
-                           f"observations as arrays, so it must be a Box (of any shape and dtype).")
+            raise EnvError(
+                f"native env '{name}' has single_observation_space {obs}; native envs write their "
+                f"observations as arrays, so it must be a Box (of any shape and dtype)."
+            )
         act_spec = action_spec(act)
         if self.action_masks and act_spec.kind != "discrete":
-            raise EnvError(f"native env '{name}' sets action_masks=True with single_action_space {act}; action "
-                           f"masks need a Discrete action space.")
+            raise EnvError(
+                f"native env '{name}' sets action_masks=True with single_action_space {act}; action "
+                f"masks need a Discrete action space."
+            )
         return NativeLayout(obs, obs_spec(obs), act, act_spec, bool(self.action_masks))

@@ -47,8 +47,10 @@ class AgentLayout:
             self.obs_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
         else:
             shapes = ", ".join(f"{a}: {o.shape}" for a, o in zip(agents, self.obs))
-            raise EnvError(f"env '{name}': agents' observations differ in shape ({shapes}); shoal pads flat "
-                           f"observations of different sizes but cannot pad multi-dimensional ones.")
+            raise EnvError(
+                f"env '{name}': agents' observations differ in shape ({shapes}); shoal pads flat "
+                f"observations of different sizes but cannot pad multi-dimensional ones."
+            )
         self.obs_spec = obs_spec(self.obs_space)
         self.action_space, self.action_n = self._action_layout(agents, act_spaces)
         self.act_spec = action_spec(self.action_space)
@@ -61,14 +63,16 @@ class AgentLayout:
         if all(s == spaces[0] for s in spaces):
             return spaces[0], [0] * len(spaces)
         listed = ", ".join(f"{a}: {s}" for a, s in zip(agents, spaces))
-        raise EnvError(f"env '{self.name}': agents' action spaces differ ({listed}); shoal lays out Discrete spaces "
-                       f"of different sizes in one row layout, other spaces must be equal for every agent.")
+        raise EnvError(
+            f"env '{self.name}': agents' action spaces differ ({listed}); shoal lays out Discrete spaces "
+            f"of different sizes in one row layout, other spaces must be equal for every agent."
+        )
 
     def write_obs(self, slot: int, out: np.ndarray, obs: Any, mask_out: np.ndarray | None) -> None:
         """Write agent ``slot``'s observation into its row ``out``, and the action mask the env sent
         with it into ``mask_out`` (None: not wanted)."""
         if self.env_masks:
-            if not isinstance(obs, dict) or not MASK_KEYS <= set(obs):
+            if not isinstance(obs, dict) or not set(obs) >= MASK_KEYS:
                 got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
                 raise EnvError(f"env '{self.name}' promised observations with keys {sorted(MASK_KEYS)}, got {got}.")
             if mask_out is not None:
@@ -86,8 +90,10 @@ class AgentLayout:
 def _state_size(env: Any, name: str) -> int:
     space = getattr(env, "state_space", None)
     if space is None or not callable(getattr(env, "state", None)):
-        raise EnvError(f"central_critic='state' needs the env's global state, but '{name}' has no state_space and "
-                       f"state(); use central_critic='team_obs' (every agent's observation) instead.")
+        raise EnvError(
+            f"central_critic='state' needs the env's global state, but '{name}' has no state_space and "
+            f"state(); use central_critic='team_obs' (every agent's observation) instead."
+        )
     return int(np.prod(space.shape))
 
 
@@ -102,8 +108,12 @@ class ParallelEnvAdapter:
         if not self.agents:
             raise EnvError(f"env '{name}' has no possible_agents.")
         self.slot = {agent: i for i, agent in enumerate(self.agents)}
-        self.layout = AgentLayout(name, self.agents, [env.observation_space(a) for a in self.agents],
-                                  [env.action_space(a) for a in self.agents])
+        self.layout = AgentLayout(
+            name,
+            self.agents,
+            [env.observation_space(a) for a in self.agents],
+            [env.action_space(a) for a in self.agents],
+        )
         self.discrete = self.layout.act_spec.kind == "discrete"
         self.final_infos: dict[int, dict] = {}
 
@@ -142,8 +152,9 @@ class ParallelEnvAdapter:
         try:
             return self.slot[agent]
         except KeyError:
-            raise EnvError(f"env '{self.name}' returned agent '{agent}', which is not in its possible_agents "
-                           f"{self.agents}.") from None
+            raise EnvError(
+                f"env '{self.name}' returned agent '{agent}', which is not in its possible_agents {self.agents}."
+            ) from None
 
     def reset(self, seed: int | None) -> None:
         observations, _ = self.env.reset(seed=seed)
@@ -163,7 +174,8 @@ class ParallelEnvAdapter:
         acting = np.flatnonzero(self.alive)
         in_episode = [self._slot_of(a) for a in self.env.agents]
         observations, rewards, terminations, truncations, infos = self.env.step(
-            {self.agents[i]: convert(actions[i]) for i in acting})
+            {self.agents[i]: convert(actions[i]) for i in acting}
+        )
         out["valid"][:] = self.alive
         out["reward"][:] = 0.0
         out["terminated"][:] = False

@@ -32,8 +32,12 @@ PETTINGZOO = "pettingzoo:"
 
 def is_parallel_env(env: Any) -> bool:
     """A PettingZoo ParallelEnv (checked by its API, so pettingzoo need not be imported)."""
-    return (hasattr(env, "possible_agents") and hasattr(env, "observation_space") and not isinstance(env, gym.Env)
-            and not is_aec_env(env))
+    return (
+        hasattr(env, "possible_agents")
+        and hasattr(env, "observation_space")
+        and not isinstance(env, gym.Env)
+        and not is_aec_env(env)
+    )
 
 
 def is_aec_env(env: Any) -> bool:
@@ -44,16 +48,20 @@ def is_aec_env(env: Any) -> bool:
 def _pettingzoo_maker(env_id: str) -> Callable:
     """The module's ``parallel_env`` when it has one (every agent acts each step), else its ``env``:
     turn-based games only offer the AEC API."""
-    path = env_id[len(PETTINGZOO):]
+    path = env_id[len(PETTINGZOO) :]
     try:
         module = importlib.import_module(path)
     except ImportError as e:
-        raise EnvError(f"env '{env_id}': cannot import PettingZoo env module '{path}' ({e}); e.g. "
-                       f"'pettingzoo:mpe2.simple_spread_v3' needs `pip install mpe2`.") from None
+        raise EnvError(
+            f"env '{env_id}': cannot import PettingZoo env module '{path}' ({e}); e.g. "
+            f"'pettingzoo:mpe2.simple_spread_v3' needs `pip install mpe2`."
+        ) from None
     make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
     if not callable(make):
-        raise EnvError(f"env '{env_id}': module '{path}' has neither a parallel_env() nor an env() function; shoal "
-                       f"takes PettingZoo envs through their Parallel API, or their AEC API for turn-based ones.")
+        raise EnvError(
+            f"env '{env_id}': module '{path}' has neither a parallel_env() nor an env() function; shoal "
+            f"takes PettingZoo envs through their Parallel API, or their AEC API for turn-based ones."
+        )
     return make
 
 
@@ -83,8 +91,9 @@ def _register_namespace(env_id: str) -> None:
             try:
                 register()
             except ImportError as e:
-                raise EnvError(f"env '{env_id}' needs the '{extra}' extra ({e}): "
-                               f"pip install 'shoal[{extra}]'.") from None
+                raise EnvError(
+                    f"env '{env_id}' needs the '{extra}' extra ({e}): pip install 'shoal[{extra}]'."
+                ) from None
 
 
 def check_env_id(env_id: str) -> None:
@@ -171,6 +180,8 @@ def _call_creator(creator: Callable, env_config: dict, name: str) -> gym.Env:
         except TypeError:
             raise first from None
     if not isinstance(made, (gym.Env, AgentEnv)) and not is_parallel_env(made) and not is_aec_env(made):
-        raise EnvError(f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env (or a "
-                       f"multi-agent one with the dict API), a PettingZoo ParallelEnv or AECEnv, or a shoal.AgentEnv.")
+        raise EnvError(
+            f"env creator for '{name}' returned {type(made).__name__}, expected a gymnasium.Env (or a "
+            f"multi-agent one with the dict API), a PettingZoo ParallelEnv or AECEnv, or a shoal.AgentEnv."
+        )
     return made

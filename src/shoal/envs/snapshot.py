@@ -20,8 +20,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-_STATIC = (gym.Space, gym.envs.registration.EnvSpec, types.FunctionType, types.MethodType,
-           types.BuiltinFunctionType, types.ModuleType, type)
+_STATIC = (
+    gym.Space,
+    gym.envs.registration.EnvSpec,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    type,
+)
 _CONSTRUCTOR_ARGS = "_saved_kwargs"  # a wrapper's constructor arguments (may name the env itself)
 
 
@@ -63,12 +70,20 @@ def decode(value: Any, current: Any = None) -> Any:
     if not isinstance(value, dict):
         return value
     if "__ndarray__" in value:
-        return np.frombuffer(value["bytes"].numpy().tobytes(), np.dtype(value["__ndarray__"])).reshape(value["shape"]).copy()
+        return (
+            np.frombuffer(value["bytes"].numpy().tobytes(), np.dtype(value["__ndarray__"]))
+            .reshape(value["shape"])
+            .copy()
+        )
     if "__npscalar__" in value:
         return np.dtype(value["__npscalar__"]).type(value["value"])
     if "__generator__" in value:
         state = value["__generator__"]
-        gen = current if isinstance(current, np.random.Generator) else np.random.Generator(getattr(np.random, state["bit_generator"])())
+        gen = (
+            current
+            if isinstance(current, np.random.Generator)
+            else np.random.Generator(getattr(np.random, state["bit_generator"])())
+        )
         gen.bit_generator.state = state
         return gen
     if "__randomstate__" in value:
@@ -92,12 +107,16 @@ def env_state(env: Any) -> dict[str, Any]:
     for layer in _layers(env):
         attrs = []
         for key, value in vars(layer).items():
-            if key == _CONSTRUCTOR_ARGS or isinstance(value, (gym.Env, gym.vector.VectorEnv) + _STATIC):
+            if key == _CONSTRUCTOR_ARGS or isinstance(value, (gym.Env, gym.vector.VectorEnv, *_STATIC)):
                 continue  # the wrapped env is its own layer; spaces, specs and functions never change
             try:
                 attrs.append((key, encode(value)))
             except _Inexact:
-                return {"exact": False, "layers": [], "reason": f"{type(layer).__name__}.{key} is a {type(value).__name__}"}
+                return {
+                    "exact": False,
+                    "layers": [],
+                    "reason": f"{type(layer).__name__}.{key} is a {type(value).__name__}",
+                }
         layers.append({"type": type(layer).__name__, "attrs": attrs})
     return {"exact": True, "layers": layers, "reason": ""}
 
@@ -107,8 +126,9 @@ def load_env_state(env: Any, state: dict[str, Any]) -> None:
     layers = _layers(env)
     saved = state["layers"]
     if [type(x).__name__ for x in layers] != [s["type"] for s in saved]:
-        raise ValueError(f"env wrappers {[type(x).__name__ for x in layers]} differ from the saved "
-                         f"{[s['type'] for s in saved]}")
+        raise ValueError(
+            f"env wrappers {[type(x).__name__ for x in layers]} differ from the saved {[s['type'] for s in saved]}"
+        )
     for layer, entry in zip(layers, saved):
         for key, value in entry["attrs"]:
             setattr(layer, key, decode(value, getattr(layer, key, None)))

@@ -42,7 +42,6 @@ class ObsSpec:
                 )
         out[...] = obs
 
-
     def flat_sample(self) -> np.ndarray:
         """One random observation in its stored form (flattened when structured)."""
         obs = self.space.sample()
@@ -53,11 +52,15 @@ def obs_spec(space: gym.Space) -> ObsSpec:
     if isinstance(space, gym.spaces.Box):
         dtype = np.dtype(np.float32) if np.issubdtype(space.dtype, np.floating) else np.dtype(space.dtype)
         return ObsSpec(space, tuple(space.shape), dtype, structured=False)
-    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
-                          gym.spaces.MultiBinary)):
+    if isinstance(
+        space,
+        (gym.spaces.Dict, gym.spaces.Tuple, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary),
+    ):
         size = int(gym.spaces.flatdim(space))
         return ObsSpec(space, (size,), np.dtype(np.float32), structured=True)
-    raise EnvError(f"observation space {space} is not supported: use Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple.")
+    raise EnvError(
+        f"observation space {space} is not supported: use Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple."
+    )
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,9 @@ def action_spec(space: gym.Space) -> ActionSpec:
     if isinstance(space, gym.spaces.MultiDiscrete):
         if space.nvec.ndim != 1:
             raise EnvError(f"MultiDiscrete action space {space} must be 1-D.")
-        return ActionSpec(space, "multi_discrete", (len(space.nvec),), np.dtype(np.int64), tuple(int(n) for n in space.nvec))
+        return ActionSpec(
+            space, "multi_discrete", (len(space.nvec),), np.dtype(np.int64), tuple(int(n) for n in space.nvec)
+        )
     if isinstance(space, gym.spaces.Box):
         if len(space.shape) != 1:
             raise EnvError(f"Box action space {space} must be 1-D.")

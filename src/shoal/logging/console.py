@@ -35,8 +35,9 @@ class ProgressDisplay:
 
     def update(self, steps_done: int, result: dict[str, Any]) -> None:
         ret = result.get("episode_reward_mean", math.nan)
-        self.progress.update(self.task, completed=steps_done, sps=result.get("sps", 0.0),
-                             ret="-" if ret != ret else f"{ret:.1f}")
+        self.progress.update(
+            self.task, completed=steps_done, sps=result.get("sps", 0.0), ret="-" if ret != ret else f"{ret:.1f}"
+        )
 
     def __exit__(self, *exc) -> None:
         self.progress.stop()

@@ -61,5 +61,7 @@ class MetricAnalysis:
                 s["last"], s["min"], s["max"] = value, min(s["min"], value), max(s["max"], value)
 
     def summary(self) -> dict[str, dict[str, float]]:
-        return {key: {**s, "best": s["max"]} if key.startswith(_HIGHER_IS_BETTER) else dict(s)
-                for key, s in sorted(self.stats.items())}
+        return {
+            key: {**s, "best": s["max"]} if key.startswith(_HIGHER_IS_BETTER) else dict(s)
+            for key, s in sorted(self.stats.items())
+        }

@@ -17,8 +17,18 @@ from shoal.logging.metrics import log_key
 X_KEYS = {"timesteps": "timesteps_total", "time": "time_total_s", "iterations": "training_iteration"}
 # Keys that name or place a run rather than change what it learns: runs differing only in these
 # are seeds of one configuration.
-_NOT_CONFIG = {"seed", "name", "run_dir", "verbose", "save_outputs", "callbacks", "wandb_project", "wandb_mode",
-               "checkpoint_interval", "keep_checkpoints"}
+_NOT_CONFIG = {
+    "seed",
+    "name",
+    "run_dir",
+    "verbose",
+    "save_outputs",
+    "callbacks",
+    "wandb_project",
+    "wandb_mode",
+    "checkpoint_interval",
+    "keep_checkpoints",
+}
 
 
 @dataclass
@@ -54,8 +64,10 @@ def resolve_metric(runs: list[Run], metric: str) -> str:
     for candidate in (metric, log_key(metric)):
         if candidate in known:
             return candidate
-    raise ConfigError(f"no metric '{metric}' in these runs.{did_you_mean(metric, sorted(known))} "
-                      f"Logged keys: {', '.join(sorted(known))}.")
+    raise ConfigError(
+        f"no metric '{metric}' in these runs.{did_you_mean(metric, sorted(known))} "
+        f"Logged keys: {', '.join(sorted(known))}."
+    )
 
 
 def _group_label(group: list[Run], groups: list[list[Run]]) -> str:
@@ -115,10 +127,11 @@ def plot_runs(paths: list[str], metric: str, x: str, out: str | Path) -> Path:
     key, x_key = resolve_metric(runs, metric), X_KEYS[x]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for curve in learning_curves(runs, key, x_key):
-        line, = ax.plot(curve.x, curve.mean, label=f"{curve.label} ({curve.runs} run{'s' * (curve.runs > 1)})")
+        (line,) = ax.plot(curve.x, curve.mean, label=f"{curve.label} ({curve.runs} run{'s' * (curve.runs > 1)})")
         if curve.runs > 1:
-            ax.fill_between(curve.x, curve.mean - curve.std, curve.mean + curve.std, color=line.get_color(),
-                            alpha=0.25, linewidth=0)
+            ax.fill_between(
+                curve.x, curve.mean - curve.std, curve.mean + curve.std, color=line.get_color(), alpha=0.25, linewidth=0
+            )
     ax.set_xlabel(x_key)
     ax.set_ylabel(key)
     ax.set_title(f"{key}: mean ± std over runs")
@@ -145,14 +158,16 @@ def compare_runs(paths: list[str], metric: str) -> tuple[str, list[dict[str, Any
         evals = run.series(eval_key) if any(eval_key in r for r in run.rows) else np.array([])
         evals = evals[np.isfinite(evals)]
         last = run.rows[-1]
-        table.append({
-            "run": str(run.path),
-            "env": run.config.get("env"),
-            "seed": run.config.get("seed"),
-            "timesteps_total": last.get("timesteps_total"),
-            "time_total_s": round(last.get("time_total_s") or 0.0, 1),
-            "final": float(finite[-1]) if finite.size else None,
-            "best": float(finite.max()) if finite.size else None,
-            "final evaluation": float(evals[-1]) if evals.size else None,
-        })
+        table.append(
+            {
+                "run": str(run.path),
+                "env": run.config.get("env"),
+                "seed": run.config.get("seed"),
+                "timesteps_total": last.get("timesteps_total"),
+                "time_total_s": round(last.get("time_total_s") or 0.0, 1),
+                "final": float(finite[-1]) if finite.size else None,
+                "best": float(finite.max()) if finite.size else None,
+                "final evaluation": float(evals[-1]) if evals.size else None,
+            }
+        )
     return key, table

@@ -28,8 +28,11 @@ def _scalars(record: dict[str, Any]):
 class JsonlWriter:
     def __init__(self, path: Path, resume_iteration: int | None = None):
         if resume_iteration is not None and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("training_iteration", 0) <= resume_iteration]
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("training_iteration", 0) <= resume_iteration
+            ]
             path.write_text("".join(line + "\n" for line in kept))
         self.file = path.open("a", encoding="utf-8")
 
@@ -110,8 +113,16 @@ class WandbWriter:
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
-        self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),
-                              config=config, mode=mode, reinit="create_new")
+        self.run = wandb.init(
+            project=project,
+            name=run_dir.name,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            config=config,
+            mode=mode,
+            reinit="create_new",
+        )
 
     def write(self, record: dict[str, Any]) -> None:
         self.run.log(dict(_scalars(record)), step=record["timesteps_total"])
@@ -127,8 +138,14 @@ class RunLogger:
     from: rows logged after it are dropped before appending.
     """
 
-    def __init__(self, run_dir: str | Path, config: dict[str, Any], resume: tuple[int, int] | None = None,
-                 wandb_project: str | None = None, wandb_mode: str = "offline"):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: dict[str, Any],
+        resume: tuple[int, int] | None = None,
+        wandb_project: str | None = None,
+        wandb_mode: str = "offline",
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=True))

@@ -56,9 +56,11 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
         return
     for key in model_config:
         if key not in ModelConfig.model_fields:
-            raise ConfigError(f"unknown model_config key '{key}' for model='{model}'."
-                              f"{did_you_mean(key, ModelConfig.model_fields)} "
-                              f"Valid keys: {', '.join(ModelConfig.model_fields)}.")
+            raise ConfigError(
+                f"unknown model_config key '{key}' for model='{model}'."
+                f"{did_you_mean(key, ModelConfig.model_fields)} "
+                f"Valid keys: {', '.join(ModelConfig.model_fields)}."
+            )
     try:
         built = ModelConfig(**model_config)
     except ValidationError as e:
@@ -68,8 +70,10 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
     layers = [*(built.hiddens or []), *(v for f in built.conv_filters or [] for v in f)]
     if any(size < 1 for size in layers):
         key = "hiddens" if any(h < 1 for h in built.hiddens or []) else "conv_filters"
-        raise ConfigError(f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
-                          f"stride must be a positive integer, e.g. hiddens=[64, 64] or conv_filters=[[16, 3, 1]].")
+        raise ConfigError(
+            f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
+            f"stride must be a positive integer, e.g. hiddens=[64, 64] or conv_filters=[[16, 3, 1]]."
+        )
 
 
 def resolve_model(model: Any) -> str | type[nn.Module]:
@@ -78,8 +82,10 @@ def resolve_model(model: Any) -> str | type[nn.Module]:
         return model
     if isinstance(model, str):
         if not is_spec(model):
-            raise ConfigError(f"model='{model}' is not one of {list(BUILT_IN)}.{did_you_mean(model, BUILT_IN)} "
-                              f"A module of your own is given as a class or 'package.module:Class'.")
+            raise ConfigError(
+                f"model='{model}' is not one of {list(BUILT_IN)}.{did_you_mean(model, BUILT_IN)} "
+                f"A module of your own is given as a class or 'package.module:Class'."
+            )
         model = import_spec(model, "model")
     if not (isinstance(model, type) and issubclass(model, nn.Module)):
         raise ConfigError(f"model must be 'mlp', 'cnn' or a torch.nn.Module subclass, got {model!r}.")
@@ -100,15 +106,19 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
     space = env.obs_spec.space
     if not isinstance(kind, str):
         if env.critic_dim:
-            raise ConfigError("central_critic needs the built-in model='mlp' (its critic tower takes the critic's "
-                              f"input); got model={kind.__name__}.")
+            raise ConfigError(
+                "central_critic needs the built-in model='mlp' (its critic tower takes the critic's "
+                f"input); got model={kind.__name__}."
+            )
         return check_user_model(kind, model_config, env, num_outputs)
     cfg = ModelConfig(**model_config)
     image = kind == "cnn"
     if image and not holds_image(space):
-        raise ConfigError(f"model='cnn' needs image observations (a 3-D Box or a 2-D one of at least 8x8, or a "
-                          f"Dict/Tuple holding one); "
-                          f"'{env.name}' observes {space}. Use model='mlp'.")
+        raise ConfigError(
+            f"model='cnn' needs image observations (a 3-D Box or a 2-D one of at least 8x8, or a "
+            f"Dict/Tuple holding one); "
+            f"'{env.name}' observes {space}. Use model='mlp'."
+        )
     hiddens = cfg.hiddens or ([512] if image else [64, 64])
     activation = cfg.activation or ("relu" if image else "tanh")
     shared = cfg.shared_trunk if cfg.shared_trunk is not None else image
@@ -119,8 +129,13 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
     # model='mlp' reads any observation flat (images too); 'cnn' encodes it by its structure
     encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
     try:
-        return EncoderModel(lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels), num_outputs,
-                            hiddens, activation, shared)
+        return EncoderModel(
+            lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels),
+            num_outputs,
+            hiddens,
+            activation,
+            shared,
+        )
     except ValueError as e:  # the encoder's checks of conv_filters and channels against the image
         raise ConfigError(f"model={kind!r} with model_config={model_config} does not fit '{env.name}': {e}") from None
 
@@ -132,8 +147,10 @@ def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: En
     try:
         module = cls(env.obs_spec.space, env.act_spec.space, num_outputs, **model_config)
     except TypeError as e:
-        raise ConfigError(f"model {name} cannot be built as {name}(obs_space, action_space, num_outputs, "
-                          f"**model_config) with model_config={model_config}: {e}.") from None
+        raise ConfigError(
+            f"model {name} cannot be built as {name}(obs_space, action_space, num_outputs, "
+            f"**model_config) with model_config={model_config}: {e}."
+        ) from None
     if not any(p.requires_grad for p in module.parameters()):
         raise ConfigError(f"model {name} has no trainable parameters.")
     spec = env.obs_spec
@@ -145,13 +162,17 @@ def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: En
         raise ConfigError(f"model {name}.forward returned {_describe(out)}; expected a pair {want}.")
     dist_inputs, value = out
     if tuple(dist_inputs.shape) != (2, num_outputs) or not dist_inputs.is_floating_point():
-        raise ConfigError(f"model {name}.forward returned dist_inputs of shape {list(dist_inputs.shape)} and dtype "
-                          f"{dist_inputs.dtype}; expected [2, {num_outputs}] float for {env.act_spec.space} "
-                          f"(the pair should be {want}).")
+        raise ConfigError(
+            f"model {name}.forward returned dist_inputs of shape {list(dist_inputs.shape)} and dtype "
+            f"{dist_inputs.dtype}; expected [2, {num_outputs}] float for {env.act_spec.space} "
+            f"(the pair should be {want})."
+        )
     if tuple(value.shape) != (2,) or not value.is_floating_point():
         hint = " (squeeze the last dim)" if tuple(value.shape) == (2, 1) else ""
-        raise ConfigError(f"model {name}.forward returned value of shape {list(value.shape)} and dtype {value.dtype}; "
-                          f"expected [2] float{hint} (the pair should be {want}).")
+        raise ConfigError(
+            f"model {name}.forward returned value of shape {list(value.shape)} and dtype {value.dtype}; "
+            f"expected [2] float{hint} (the pair should be {want})."
+        )
     return module
 
 
@@ -169,15 +190,20 @@ def build_policy(config: Any, env: EnvInfo) -> ActorCriticPolicy:
     spec = env.obs_spec
     pixels = is_image(spec.space) and spec.space.dtype in (np.uint8, np.bool_)  # not e.g. an int8 game board
     if "model" not in config.model_fields_set and pixels:
-        warnings.warn(f"observations are images {list(spec.space.shape)} {spec.space.dtype}; model='cnn' is usually "
-                      f"far better than the default model='mlp' over {int(np.prod(spec.shape))} flattened inputs (set "
-                      f"model='mlp' to keep it without this warning).", stacklevel=2)
+        warnings.warn(
+            f"observations are images {list(spec.space.shape)} {spec.space.dtype}; model='cnn' is usually "
+            f"far better than the default model='mlp' over {int(np.prod(spec.shape))} flattened inputs (set "
+            f"model='mlp' to keep it without this warning).",
+            stacklevel=2,
+        )
     model = build_model(config.model, config.model_options, env, num_outputs)
     normalizer = critic_normalizer = None
     if config.normalize_obs:
         if env.obs_spec.dtype != np.float32:
-            raise ConfigError(f"normalize_obs=True normalizes float observations; '{env.name}' observes "
-                              f"{env.obs_spec.dtype} {list(env.obs_spec.shape)} (images are scaled inside the CNN).")
+            raise ConfigError(
+                f"normalize_obs=True normalizes float observations; '{env.name}' observes "
+                f"{env.obs_spec.dtype} {list(env.obs_spec.shape)} (images are scaled inside the CNN)."
+            )
         normalizer = ObsNormalizer(env.obs_spec.shape, config.clip_obs)
         critic_normalizer = ObsNormalizer((env.critic_dim,), config.clip_obs) if env.critic_dim else None
     return ActorCriticPolicy(model, env.act_spec, normalizer, critic_normalizer, config.log_std_init)

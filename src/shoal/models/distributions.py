@@ -30,8 +30,7 @@ def _check_mask(mask: torch.Tensor, logits: torch.Tensor, expected: str) -> None
     if mask.dtype != torch.bool:
         raise ValueError(f"action_mask must be a bool tensor (True = allowed), got dtype {mask.dtype}")
     if mask.shape != logits.shape:
-        raise ValueError(f"action_mask has shape {tuple(mask.shape)}, expected {tuple(logits.shape)} "
-                         f"({expected})")
+        raise ValueError(f"action_mask has shape {tuple(mask.shape)}, expected {tuple(logits.shape)} ({expected})")
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None, expected: str) -> torch.Tensor:
@@ -54,8 +53,9 @@ class Categorical:
         """Log-probabilities of every action ``[B, n]`` under the mask."""
         return masked_logits(logits, mask, f"[batch, {self.param_dim}]").log_softmax(-1)
 
-    def sample(self, logits: torch.Tensor, deterministic: bool = False,
-               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, logits: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logp = self.log_probs(logits, mask)
         if deterministic:
             action = logp.argmax(-1, keepdim=True)
@@ -66,8 +66,9 @@ class Categorical:
             action = (logp - torch.empty_like(logp).exponential_().log_()).argmax(-1, keepdim=True)
         return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
-    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True,
-                         mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def log_prob_entropy(
+        self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probability of ``action`` and the entropy (None unless asked for)."""
         logp = self.log_probs(logits, mask)
         ent = -(logp.exp() * logp).sum(-1) if entropy else None  # masked: p = 0 exactly, p * logp = 0
@@ -82,15 +83,18 @@ class MultiCategorical:
         self.param_dim = sum(nvec)
         self.parts = [Categorical(n) for n in nvec]
 
-    def sample(self, logits: torch.Tensor, deterministic: bool = False,
-               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, logits: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = [p.sample(x, deterministic, m) for p, x, m in self.split(logits, mask)]
         return torch.stack([a for a, _ in pairs], -1), sum(lp for _, lp in pairs)
 
-    def log_prob_entropy(self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True,
-                         mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        parts = [p.log_prob_entropy(x, a, entropy, m)
-                 for (p, x, m), a in zip(self.split(logits, mask), action.unbind(-1))]
+    def log_prob_entropy(
+        self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        parts = [
+            p.log_prob_entropy(x, a, entropy, m) for (p, x, m), a in zip(self.split(logits, mask), action.unbind(-1))
+        ]
         return sum(lp for lp, _ in parts), sum(e for _, e in parts) if entropy else None
 
     def split(self, logits: torch.Tensor, mask: torch.Tensor | None):
@@ -122,8 +126,9 @@ class DiagGaussian:
     def entropy(self, log_std: torch.Tensor, batch: int) -> torch.Tensor:
         return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1).expand(batch)
 
-    def log_prob_entropy(self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor,
-                         entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def log_prob_entropy(
+        self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor, entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         z = (action - mean) * (-log_std).exp()
         return self.log_density(z, log_std), self.entropy(log_std, mean.shape[0]) if entropy else None
 

@@ -73,8 +73,13 @@ class CNNEncoder(nn.Module):
     arrives in, because a uint8 leaf of a Dict arrives as float 0..255 (``DictEncoder``).
     """
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | torch.dtype,
-                 conv_filters: list[tuple[int, int, int]] | None = None, channels: str | None = None):
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: np.dtype | torch.dtype,
+        conv_filters: list[tuple[int, int, int]] | None = None,
+        channels: str | None = None,
+    ):
         super().__init__()
         self.shape = tuple(int(n) for n in shape)
         if len(self.shape) == 2:
@@ -87,17 +92,21 @@ class CNNEncoder(nn.Module):
             raise ValueError(f"CNNEncoder needs an image shape [C, H, W], [H, W, C] or [H, W]; got {self.shape}.")
         filters = default_conv_filters(height, width) if conv_filters is None else list(conv_filters)
         if not filters or any(len(f) != 3 or min(f) < 1 for f in filters):
-            raise ValueError(f"conv_filters={conv_filters!r} must be a non-empty list of positive "
-                             f"(out_channels, kernel, stride) triples.")
+            raise ValueError(
+                f"conv_filters={conv_filters!r} must be a non-empty list of positive "
+                f"(out_channels, kernel, stride) triples."
+            )
         self.scale = 1.0 / 255.0 if _is_uint8(dtype) else None
         layers: list[nn.Module] = []
         for out_channels, kernel, stride in filters:
             if min(height, width) < kernel:
                 order = "[H, W, C]" if self.channels_last else "[C, H, W]"
-                raise ValueError(f"conv_filters {filters} shrink image shape {self.shape}, read as {order}, "
-                                 f"below 1x1 (a {kernel}x{kernel} kernel meets a {height}x{width} map); use a "
-                                 f"smaller stack (e.g. {SMALL_FILTERS}) or, if the channel order is wrong, "
-                                 f"set channels: first|last.")
+                raise ValueError(
+                    f"conv_filters {filters} shrink image shape {self.shape}, read as {order}, "
+                    f"below 1x1 (a {kernel}x{kernel} kernel meets a {height}x{width} map); use a "
+                    f"smaller stack (e.g. {SMALL_FILTERS}) or, if the channel order is wrong, "
+                    f"set channels: first|last."
+                )
             conv = nn.Conv2d(in_channels, out_channels, kernel, stride)
             # sqrt(2) is ReLU's gain: it keeps the activations' scale through the stack.
             nn.init.orthogonal_(conv.weight, math.sqrt(2))
@@ -135,10 +144,10 @@ def _walk(space: gym.Space, path: tuple = ()):
     """(key path, leaf space) in gymnasium's flatten order: Dict and Tuple in their own order, nested."""
     if isinstance(space, gym.spaces.Dict):
         for key, sub in space.spaces.items():
-            yield from _walk(sub, path + (key,))
+            yield from _walk(sub, (*path, key))
     elif isinstance(space, gym.spaces.Tuple):
         for i, sub in enumerate(space.spaces):
-            yield from _walk(sub, path + (i,))
+            yield from _walk(sub, (*path, i))
     else:
         yield path, space
 
@@ -152,8 +161,12 @@ class DictEncoder(nn.Module):
     encoders, in leaf order.
     """
 
-    def __init__(self, space: gym.spaces.Dict | gym.spaces.Tuple,
-                 conv_filters: list[tuple[int, int, int]] | None = None, channels: str | None = None):
+    def __init__(
+        self,
+        space: gym.spaces.Dict | gym.spaces.Tuple,
+        conv_filters: list[tuple[int, int, int]] | None = None,
+        channels: str | None = None,
+    ):
         super().__init__()
         if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             raise ValueError(f"DictEncoder needs a Dict or Tuple space, got {space}.")
@@ -162,8 +175,10 @@ class DictEncoder(nn.Module):
         offset = 0
         for path, leaf in _walk(space):
             if not leaf.is_np_flattenable:
-                raise ValueError(f"leaf {path} of observation space {space} is {leaf}, which gymnasium "
-                                 f"cannot flatten; use Box, Discrete, MultiDiscrete or MultiBinary leaves.")
+                raise ValueError(
+                    f"leaf {path} of observation space {space} is {leaf}, which gymnasium "
+                    f"cannot flatten; use Box, Discrete, MultiDiscrete or MultiBinary leaves."
+                )
             size, kind = int(gym.spaces.flatdim(leaf)), "image" if is_image(leaf) else "vector"
             if kind == "image":
                 self.cnns.append(CNNEncoder(leaf.shape, leaf.dtype, conv_filters, channels))
@@ -176,15 +191,17 @@ class DictEncoder(nn.Module):
     def _check_layout(self, space: gym.Space) -> None:
         """The offsets must match gymnasium's own flatten, or every leaf would read its neighbour's data."""
         if self.flatdim != gym.spaces.flatdim(space):
-            raise ValueError(f"leaf sizes of {space} add up to {self.flatdim}, but gymnasium's flatdim "
-                             f"is {gym.spaces.flatdim(space)}.")
+            raise ValueError(
+                f"leaf sizes of {space} add up to {self.flatdim}, but gymnasium's flatdim "
+                f"is {gym.spaces.flatdim(space)}."
+            )
         sample = space.sample()
         flat = gym.spaces.flatten(space, sample)
         for (path, _, offset, size), (_, leaf) in zip(self.leaves, _walk(space)):
             value = sample
             for key in path:
                 value = value[key]
-            if not np.array_equal(flat[offset:offset + size], gym.spaces.flatten(leaf, value)):
+            if not np.array_equal(flat[offset : offset + size], gym.spaces.flatten(leaf, value)):
                 raise ValueError(f"leaf {path} of {space} is not at offset {offset} of gymnasium's flatten.")
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -192,7 +209,7 @@ class DictEncoder(nn.Module):
             raise ValueError(f"DictEncoder expects flat observations [B, {self.flatdim}], got {tuple(obs.shape)}.")
         features, cnns = [], iter(self.cnns)
         for _, kind, offset, size in self.leaves:
-            part = obs[:, offset:offset + size]
+            part = obs[:, offset : offset + size]
             if kind == "vector":
                 features.append(part.float())
             else:
@@ -201,8 +218,9 @@ class DictEncoder(nn.Module):
         return torch.cat(features, dim=1)
 
 
-def make_encoder(space: gym.Space, conv_filters: list[tuple[int, int, int]] | None = None,
-                 channels: str | None = None) -> nn.Module:
+def make_encoder(
+    space: gym.Space, conv_filters: list[tuple[int, int, int]] | None = None, channels: str | None = None
+) -> nn.Module:
     """The encoder for observations of ``space`` as shoal stores them; every one has ``out_dim``."""
     if is_image(space):
         return CNNEncoder(space.shape, space.dtype, conv_filters, channels)
@@ -210,10 +228,13 @@ def make_encoder(space: gym.Space, conv_filters: list[tuple[int, int, int]] | No
         return DictEncoder(space, conv_filters, channels)
     if isinstance(space, gym.spaces.Box):
         if len(space.shape) > 2:
-            raise ValueError(f"observation space {space} has {len(space.shape)} dims; shoal encodes Box "
-                             f"observations of 0-2 dims (flat) or images of 3 dims.")
+            raise ValueError(
+                f"observation space {space} has {len(space.shape)} dims; shoal encodes Box "
+                f"observations of 0-2 dims (flat) or images of 3 dims."
+            )
         return FlattenEncoder(int(np.prod(space.shape)))
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         return FlattenEncoder(int(gym.spaces.flatdim(space)))
-    raise ValueError(f"observation space {space} has no encoder: use Box, Discrete, MultiDiscrete, "
-                     f"MultiBinary, Dict or Tuple.")
+    raise ValueError(
+        f"observation space {space} has no encoder: use Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple."
+    )

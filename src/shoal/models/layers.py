@@ -12,6 +12,7 @@ ordinary graph.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -37,8 +38,8 @@ def stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> 
     act, scale = ACTIVATIONS[activation]
     if activation == "tanh" and x.shape[-2] <= SMALL_BATCH:
         act, scale = torch.tanh_, 1.0
-    weights, biases = params[0:2 * n_hidden:2], params[1:2 * n_hidden:2]
-    heads = params[2 * n_hidden:]
+    weights, biases = params[0 : 2 * n_hidden : 2], params[1 : 2 * n_hidden : 2]
+    heads = params[2 * n_hidden :]
     h = per_tower(x, weights[0].shape[0])
     hidden = []
     for w, b in zip(weights, biases):
@@ -61,8 +62,9 @@ class StackedMLP(nn.Module):
     ``head_gains`` (0.01 for a policy, 1.0 for a value), biases zero.
     """
 
-    def __init__(self, in_dim: int, hiddens: list[int], out_dims: list[int], head_gains: list[float],
-                 activation: str = "tanh"):
+    def __init__(
+        self, in_dim: int, hiddens: list[int], out_dims: list[int], head_gains: list[float], activation: str = "tanh"
+    ):
         super().__init__()
         if not hiddens:
             raise ValueError("StackedMLP needs at least one hidden layer")
@@ -73,7 +75,7 @@ class StackedMLP(nn.Module):
         self.activation = activation
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        for fan_in, fan_out in itertools.pairwise(sizes):
             # orthogonal_ on each tower's [out, in] matrix, stored transposed for baddbmm
             w = torch.stack([orthogonal(fan_out, fan_in, math.sqrt(2)).T for _ in range(towers)])
             self.weights.append(nn.Parameter(w))

@@ -28,8 +28,9 @@ class MLPModel(StackedMLP):
     ``critic_obs`` such a critic sees zeros, which is fine where only actions are wanted.
     """
 
-    def __init__(self, obs_dim: int, num_outputs: int, hiddens: list[int], activation: str = "tanh",
-                 critic_dim: int = 0):
+    def __init__(
+        self, obs_dim: int, num_outputs: int, hiddens: list[int], activation: str = "tanh", critic_dim: int = 0
+    ):
         super().__init__(max(obs_dim, critic_dim), hiddens, [num_outputs, 1], [POLICY_GAIN, VALUE_GAIN], activation)
         self.obs_dim, self.critic_dim = obs_dim, critic_dim
 
@@ -42,9 +43,9 @@ class MLPModel(StackedMLP):
         if not self.critic_dim:
             return x
         both = x.new_zeros(2, x.shape[0], max(self.obs_dim, self.critic_dim))
-        both[0, :, :self.obs_dim] = x
+        both[0, :, : self.obs_dim] = x
         if critic_obs is not None:
-            both[1, :, :self.critic_dim] = critic_obs
+            both[1, :, : self.critic_dim] = critic_obs
         return both
 
     def forward(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +58,9 @@ class EncoderModel(nn.Module):
     choice for pixels, where the encoder is most of the compute); otherwise actor and critic each
     get their own copy."""
 
-    def __init__(self, make_encoder: Callable[[], nn.Module], num_outputs: int, hiddens: list[int],
-                 activation: str, shared: bool):
+    def __init__(
+        self, make_encoder: Callable[[], nn.Module], num_outputs: int, hiddens: list[int], activation: str, shared: bool
+    ):
         super().__init__()
         self.shared = shared
 

@@ -40,8 +40,17 @@ class Policy(nn.Module):
         """The state of ``rows`` agent rows at an episode start (empty: feedforward)."""
         return TensorDict({}, batch_size=[rows])
 
-    def act(self, obs: torch.Tensor, state: TensorDict, first: torch.Tensor, action_mask: torch.Tensor | None = None,
-            *, deterministic: bool = False, out: TensorDict | None = None, critic_obs: torch.Tensor | None = None):
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: TensorDict,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ):
         raise NotImplementedError
 
 
@@ -55,8 +64,14 @@ class ActorCriticPolicy(Policy):
 
     extras = ("sample_log_prob", "value")
 
-    def __init__(self, model: nn.Module, action: ActionSpec, obs_normalizer: ObsNormalizer | None = None,
-                 critic_normalizer: ObsNormalizer | None = None, log_std_init: float = 0.0):
+    def __init__(
+        self,
+        model: nn.Module,
+        action: ActionSpec,
+        obs_normalizer: ObsNormalizer | None = None,
+        critic_normalizer: ObsNormalizer | None = None,
+        log_std_init: float = 0.0,
+    ):
         super().__init__()
         self.model = model
         self.dist = make_distribution(action)
@@ -89,8 +104,17 @@ class ActorCriticPolicy(Policy):
     def value(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward(obs, critic_obs)[1]
 
-    def act(self, obs: torch.Tensor, state: TensorDict, first: torch.Tensor, action_mask: torch.Tensor | None = None,
-            *, deterministic: bool = False, out: TensorDict | None = None, critic_obs: torch.Tensor | None = None):
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: TensorDict,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ):
         params, value = self.forward(obs, critic_obs)
         if self.continuous:
             if action_mask is not None:
@@ -105,8 +129,14 @@ class ActorCriticPolicy(Policy):
             stored.copy_(extras[key])
         return action, out, state
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, entropy: bool = True,
-                 action_mask: torch.Tensor | None = None, critic_obs: torch.Tensor | None = None):
+    def evaluate(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        entropy: bool = True,
+        action_mask: torch.Tensor | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ):
         """Log-probability of ``action`` under the current policy, its entropy (None when not
         asked for) and values."""
         params, value = self.forward(obs, critic_obs)

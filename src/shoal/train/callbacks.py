@@ -54,8 +54,11 @@ class CallbackList:
         self.stop_requested = False
 
     def has(self, hook: str) -> bool:
-        return any(getattr(type(cb), hook, None) is not getattr(Callback, hook) for cb in self.callbacks
-                   if callable(getattr(cb, hook, None)))
+        return any(
+            getattr(type(cb), hook, None) is not getattr(Callback, hook)
+            for cb in self.callbacks
+            if callable(getattr(cb, hook, None))
+        )
 
     def __call__(self, hook: str, trainer: Trainer, arg: Any) -> None:
         for cb in self.callbacks:

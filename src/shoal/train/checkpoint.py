@@ -83,8 +83,10 @@ def read_meta(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint '{path}' has an unreadable {META_FILE} ({e}).") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint '{path}' has format {meta.get('format') if isinstance(meta, dict) else '?'}; "
-                              f"this shoal reads format {FORMAT_VERSION}.")
+        raise CheckpointError(
+            f"checkpoint '{path}' has format {meta.get('format') if isinstance(meta, dict) else '?'}; "
+            f"this shoal reads format {FORMAT_VERSION}."
+        )
     return meta
 
 
@@ -96,8 +98,10 @@ def verify(path: Path) -> dict[str, Any]:
     if not state_file.is_file():
         raise CheckpointError(f"checkpoint '{path}' has no {STATE_FILE}.")
     if _sha256(state_file) != meta.get("sha256"):
-        raise CheckpointError(f"checkpoint '{path}': {STATE_FILE} does not match the checksum in {META_FILE}; "
-                              f"the file is truncated or was modified. Use an earlier checkpoint.")
+        raise CheckpointError(
+            f"checkpoint '{path}': {STATE_FILE} does not match the checksum in {META_FILE}; "
+            f"the file is truncated or was modified. Use an earlier checkpoint."
+        )
     return meta
 
 
@@ -110,8 +114,10 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         state = torch.load(state_file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"refusing to load checkpoint '{path}': {STATE_FILE} holds objects other than tensors "
-                              f"and plain data, which could run code when unpickled ({first_line}).") from None
+        raise CheckpointError(
+            f"refusing to load checkpoint '{path}': {STATE_FILE} holds objects other than tensors "
+            f"and plain data, which could run code when unpickled ({first_line})."
+        ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"checkpoint '{path}': {STATE_FILE} cannot be read ({e}).") from None
     return state, meta

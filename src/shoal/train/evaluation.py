@@ -65,8 +65,9 @@ class _Filmer(gym.Wrapper):
             self.writer = None
 
 
-def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_envs: int, video_dir: Path,
-                   prefix: str, name: str) -> tuple[SerialBackend, list[_Filmer]]:
+def filmed_backend(
+    make_env: Callable[[dict], gym.Env], env_config: dict, num_envs: int, video_dir: Path, prefix: str, name: str
+) -> tuple[SerialBackend, list[_Filmer]]:
     """A serial backend of ``num_envs`` copies made with ``render_mode='rgb_array'``, each filmed."""
     try:
         import imageio.v2  # noqa: F401  (fail here, before any env is built)
@@ -78,8 +79,10 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
     def make(index: int) -> gym.Env:
         env = make_env({**env_config, "render_mode": "rgb_array"})
         if getattr(env, "render_mode", None) != "rgb_array":
-            raise EnvError(f"env '{name}' was made with render_mode={getattr(env, 'render_mode', None)!r}; video needs "
-                           f"'rgb_array' (a registered creator should pass env_config['render_mode'] on to its env).")
+            raise EnvError(
+                f"env '{name}' was made with render_mode={getattr(env, 'render_mode', None)!r}; video needs "
+                f"'rgb_array' (a registered creator should pass env_config['render_mode'] on to its env)."
+            )
         filmer = _Filmer(env, video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30)))
         filmers.append(filmer)
         return filmer
@@ -87,8 +90,12 @@ def filmed_backend(make_env: Callable[[dict], gym.Env], env_config: dict, num_en
     return SerialBackend(make, num_envs, name), filmers
 
 
-def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
-                 seed: int, row_policy: tuple[list[str], np.ndarray] | None = None) -> dict[str, Any]:
+def run_episodes(
+    backend: VecBackend,
+    act: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
+    seed: int,
+    row_policy: tuple[list[str], np.ndarray] | None = None,
+) -> dict[str, Any]:
     """Play one episode on each of the backend's envs; summarise returns and lengths.
 
     ``act(obs, action_mask, first)`` gives the rows' actions; ``first`` marks the rows whose
@@ -111,13 +118,17 @@ def run_episodes(backend: VecBackend, act: Callable[[torch.Tensor, torch.Tensor 
         returns[live] += batch.reward.numpy()[live]
         lengths[live & batch.valid.numpy()] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
-        mark_episode_starts(batch.terminated | batch.truncated, batch.valid, backend.autoreset,
-                            backend.rows_per_env, first)
+        mark_episode_starts(
+            batch.terminated | batch.truncated, batch.valid, backend.autoreset, backend.rows_per_env, first
+        )
     per_policy = {}
     if row_policy is not None:
         ids, index = row_policy
-        per_policy = {"policy_reward_mean": {pid: float(returns[index == i].mean())
-                                             for i, pid in enumerate(ids) if (index == i).any()}}
+        per_policy = {
+            "policy_reward_mean": {
+                pid: float(returns[index == i].mean()) for i, pid in enumerate(ids) if (index == i).any()
+            }
+        }
     if backend.agents:
         returns = returns.reshape(backend.num_envs, -1).sum(1)
         lengths = lengths.reshape(backend.num_envs, -1).max(1)
@@ -145,6 +156,8 @@ def prepare_obs(spec: ObsSpec, obs: Any, device: str) -> tuple[torch.Tensor, boo
         if single:
             arr = arr[None]
         if arr.shape[1:] != spec.shape:
-            raise EnvError(f"compute_actions got observations of shape {arr.shape}; expected "
-                           f"[batch, {', '.join(map(str, spec.shape))}] or one observation of shape {spec.shape}.")
+            raise EnvError(
+                f"compute_actions got observations of shape {arr.shape}; expected "
+                f"[batch, {', '.join(map(str, spec.shape))}] or one observation of shape {spec.shape}."
+            )
     return torch.as_tensor(arr, device=device), single

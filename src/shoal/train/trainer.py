@@ -85,13 +85,25 @@ class Trainer:
             raise
         self.policy_map = self._make_policy_map(self.backend)
         on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
-        self.tracker = EpisodeTracker(self.backend.num_rows, c.metrics_num_episodes_for_smoothing,
-                                      self.backend.batch.env_id.numpy(), on_episode_end,
-                                      self.backend.agents, c.policy_ids)
+        self.tracker = EpisodeTracker(
+            self.backend.num_rows,
+            c.metrics_num_episodes_for_smoothing,
+            self.backend.batch.env_id.numpy(),
+            on_episode_end,
+            self.backend.agents,
+            c.policy_ids,
+        )
         reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
         clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
-        self.collector = Collector(self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(),
-                                   reward_scaler, critic, clip_rewards)
+        self.collector = Collector(
+            self.backend,
+            self.policy_map,
+            self.tracker,
+            self.algorithm.stored_extras(),
+            reward_scaler,
+            critic,
+            clip_rewards,
+        )
 
         self.iteration = 0
         self.timesteps_total = 0
@@ -111,8 +123,9 @@ class Trainer:
             return algorithm_class(settings.get("algo", TrainerConfig.model_fields["algo"].default))
         preset = algorithm_class(cls.algo)
         if "algo" in settings and algorithm_class(settings["algo"]) is not preset:
-            raise ConfigError(f"shoal.{cls.__name__} trains {preset.name}; for algo={settings['algo']!r} use "
-                              f"shoal.Trainer(algo=...).")
+            raise ConfigError(
+                f"shoal.{cls.__name__} trains {preset.name}; for algo={settings['algo']!r} use shoal.Trainer(algo=...)."
+            )
         return preset
 
     @property
@@ -126,16 +139,26 @@ class Trainer:
     def _env_info(self, critic: CriticInput | None) -> EnvInfo:
         b = self.backend
         mask = b.batch.action_mask
-        return EnvInfo(self.env_name, b.obs_spec, b.act_spec, b.num_envs, b.rows_per_env,
-                       0 if mask is None else mask.shape[1], critic.dim if critic else 0)
+        return EnvInfo(
+            self.env_name,
+            b.obs_spec,
+            b.act_spec,
+            b.num_envs,
+            b.rows_per_env,
+            0 if mask is None else mask.shape[1],
+            critic.dim if critic else 0,
+        )
 
     def _central_critic(self) -> CriticInput | None:
         kind, backend = self.config.central_critic, self.backend
         if kind is None:
             return None
         if backend.rows_per_env < 2 or (kind == "state" and backend.batch.state is None):
-            why = ("has one agent per env" if backend.rows_per_env < 2 else
-                   "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'")
+            why = (
+                "has one agent per env"
+                if backend.rows_per_env < 2
+                else "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'"
+            )
             raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{self.env_name}' {why}.")
         if kind == "state":
             return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
@@ -151,9 +174,16 @@ class Trainer:
 
     def _make_backend(self, num_envs: int, num_workers: int = 0, evaluation: bool = False) -> VecBackend:
         c = self.config
-        return make_backend(c.env, num_envs, c.env_config, c.vectorization_mode, num_workers,
-                            c.async_factor if num_workers else 1, env_state=c.central_critic == "state",
-                            evaluation=evaluation)
+        return make_backend(
+            c.env,
+            num_envs,
+            c.env_config,
+            c.vectorization_mode,
+            num_workers,
+            c.async_factor if num_workers else 1,
+            env_state=c.central_critic == "state",
+            evaluation=evaluation,
+        )
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -247,7 +277,10 @@ class Trainer:
         self._schedule_end = start + total
         show = c.verbose > 0 if progress is None else progress
         result: dict[str, Any] = {}
-        with self._stop_on_signals(), ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display:
+        with (
+            self._stop_on_signals(),
+            ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display,
+        ):
             while self.timesteps_total - start < total and not self.should_stop:
                 result = self.train()
                 display.update(self.timesteps_total - start, result)
@@ -296,14 +329,21 @@ class Trainer:
         """Everything a resumed run needs to continue bit for bit, as tensors and plain data."""
         return {
             "config": self.config.to_yaml_dict(),
-            "counters": {"iteration": self.iteration, "timesteps_total": self.timesteps_total,
-                         "time_total_s": self.time_total_s, "schedule_end": self._schedule_end},
+            "counters": {
+                "iteration": self.iteration,
+                "timesteps_total": self.timesteps_total,
+                "time_total_s": self.time_total_s,
+                "schedule_end": self._schedule_end,
+            },
             "algorithm": self.algorithm.state_dict(),
             "collector": self.collector.state_dict(),
             "analysis": self.analysis.stats,
             "backend": self.backend.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": encode(np.random.get_state()),
-                    "torch": torch.get_rng_state()},
+            "rng": {
+                "python": random.getstate(),
+                "numpy": encode(np.random.get_state()),
+                "torch": torch.get_rng_state(),
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -317,8 +357,11 @@ class Trainer:
         self.time_total_s, self._schedule_end = counters["time_total_s"], counters["schedule_end"]
         self.analysis = MetricAnalysis(state["analysis"])
         if not self.backend.load_state_dict(state["backend"]):
-            warnings.warn(f"env '{self.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
-                          f"the resumed run starts new episodes instead of continuing them.", stacklevel=2)
+            warnings.warn(
+                f"env '{self.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
+                f"the resumed run starts new episodes instead of continuing them.",
+                stacklevel=2,
+            )
             self.collector.reset(self.config.seed + self.iteration)
             self.tracker.reset_episodes()
         rng = state["rng"]
@@ -343,10 +386,15 @@ class Trainer:
     def _meta(self) -> dict[str, Any]:
         from shoal import __version__
 
-        return {"algo": algorithm_spec(type(self.algorithm)), "env": self.env_name,
-                "env_is_object": self.config.env_is_object, "training_iteration": self.iteration,
-                "timesteps_total": self.timesteps_total, "shoal_version": __version__,
-                "saved_at": datetime.now().isoformat(timespec="seconds")}
+        return {
+            "algo": algorithm_spec(type(self.algorithm)),
+            "env": self.env_name,
+            "env_is_object": self.config.env_is_object,
+            "training_iteration": self.iteration,
+            "timesteps_total": self.timesteps_total,
+            "shoal_version": __version__,
+            "saved_at": datetime.now().isoformat(timespec="seconds"),
+        }
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Trainer:
@@ -362,19 +410,25 @@ class Trainer:
             except ConfigError:  # an algorithm of the user's that does not import here
                 same = False
             if not same:
-                raise ckpt.CheckpointError(f"checkpoint '{path}' was written by algo '{saved}', not '{cls.algo}'; load "
-                                           f"it with shoal.Trainer.from_checkpoint.")
+                raise ckpt.CheckpointError(
+                    f"checkpoint '{path}' was written by algo '{saved}', not '{cls.algo}'; load "
+                    f"it with shoal.Trainer.from_checkpoint."
+                )
         if meta.get("env_is_object") and "env" not in overrides:
-            raise ckpt.CheckpointError(f"checkpoint '{path}' was trained on an env object ({settings['env']}); "
-                                       f"pass the same env again: from_checkpoint(path, env=...).")
+            raise ckpt.CheckpointError(
+                f"checkpoint '{path}' was trained on an env object ({settings['env']}); "
+                f"pass the same env again: from_checkpoint(path, env=...)."
+            )
         # Objects are not stored (only their repr): keep importable ones, ask for the others again.
         settings["callbacks"] = [cb for cb in settings.get("callbacks", []) if is_spec(cb)]
         for key in ("policy_mapping_fn", "algo", "model"):
             value = settings.get(key)
             stored_object = isinstance(value, str) and (key == "policy_mapping_fn" or ":" in value)
             if stored_object and not importable(value) and key not in overrides:
-                raise ckpt.CheckpointError(f"checkpoint '{path}' was trained with {key} {value}, which cannot be "
-                                           f"imported; pass it again: from_checkpoint(path, {key}=...).")
+                raise ckpt.CheckpointError(
+                    f"checkpoint '{path}' was trained with {key} {value}, which cannot be "
+                    f"imported; pass it again: from_checkpoint(path, {key}=...)."
+                )
         trainer = cls(**settings | overrides)
         trainer.load_state_dict(state)
         trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
@@ -386,8 +440,10 @@ class Trainer:
         if policy_id is None and len(self.policies) == 1:
             return next(iter(self.policies.values()))
         if policy_id not in self.policies:
-            raise ConfigError(f"no policy {policy_id!r}; the policies are {list(self.policies)}."
-                              f"{did_you_mean(str(policy_id), self.policies)}")
+            raise ConfigError(
+                f"no policy {policy_id!r}; the policies are {list(self.policies)}."
+                f"{did_you_mean(str(policy_id), self.policies)}"
+            )
         return self.policies[policy_id]
 
     @torch.inference_mode()
@@ -398,14 +454,21 @@ class Trainer:
         x, single = prepare_obs(self.backend.obs_spec, obs, self.config.device)
         policy = self.get_policy(policy_id)
         rows = x.shape[0]
-        action, _, _ = policy.act(x, policy.initial_state(rows), torch.ones(rows, dtype=torch.bool),
-                                  deterministic=deterministic)
+        action, _, _ = policy.act(
+            x, policy.initial_state(rows), torch.ones(rows, dtype=torch.bool), deterministic=deterministic
+        )
         action = self.backend.env_actions(action.cpu())
         return action[0] if single else action
 
     @torch.inference_mode()
-    def evaluate(self, num_episodes: int | None = None, deterministic: bool | None = None, seed: int | None = None,
-                 video_dir: str | Path | None = None, policy_mapping_fn: Any = None) -> dict[str, Any]:
+    def evaluate(
+        self,
+        num_episodes: int | None = None,
+        deterministic: bool | None = None,
+        seed: int | None = None,
+        video_dir: str | Path | None = None,
+        policy_mapping_fn: Any = None,
+    ) -> dict[str, Any]:
         """Play ``num_episodes`` fresh episodes on separate env copies and summarise their returns.
 
         Evaluation never touches the training envs or random state, and sees the raw env: no
@@ -420,13 +483,21 @@ class Trainer:
         deterministic = c.evaluation_deterministic if deterministic is None else deterministic
         filmers = []
         if video_dir is not None and is_vmas(c.env):
-            raise ConfigError(f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
-                              f"scenario, which shoal does not film yet.")
+            raise ConfigError(
+                f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
+                f"scenario, which shoal does not film yet."
+            )
         if video_dir is None:
             backend = self._make_backend(n, evaluation=True)
         else:
-            backend, filmers = filmed_backend(config_creator(c.env, evaluation=True), c.env_config, n,
-                                              Path(video_dir), f"iter{self.iteration:06d}_", self.env_name)
+            backend, filmers = filmed_backend(
+                config_creator(c.env, evaluation=True),
+                c.env_config,
+                n,
+                Path(video_dir),
+                f"iter{self.iteration:06d}_",
+                self.env_name,
+            )
         try:
             policies = self._make_policy_map(backend, policy_mapping_fn)
             policies.start_episodes(range(backend.num_envs))
@@ -436,8 +507,12 @@ class Trainer:
                 return policies.act(obs, first, action_mask, rows, deterministic)[0]
 
             with torch.random.fork_rng(devices=[]):
-                out = run_episodes(backend, act, c.seed + 10_000 if seed is None else seed,
-                                   None if policies.single else (policies.ids, policies.row_policy.numpy()))
+                out = run_episodes(
+                    backend,
+                    act,
+                    c.seed + 10_000 if seed is None else seed,
+                    None if policies.single else (policies.ids, policies.row_policy.numpy()),
+                )
         finally:
             for filmer in filmers:
                 filmer.stop()
@@ -458,4 +533,5 @@ class Trainer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(algo={self.algo_name!r}, env={self.env_name!r}, timesteps_total={self.timesteps_total})"
+        name, steps = type(self).__name__, self.timesteps_total
+        return f"{name}(algo={self.algo_name!r}, env={self.env_name!r}, timesteps_total={steps})"

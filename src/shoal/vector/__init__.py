@@ -21,13 +21,28 @@ from shoal.vector.mp import MultiprocessBackend
 from shoal.vector.serial import SerialBackend
 from shoal.vector.vmas import VmasBackend, is_vmas
 
-__all__ = ["AgentEnvBackend", "GymVectorBackend", "MultiprocessBackend", "SerialBackend", "StepBatch", "VecBackend",
-           "VmasBackend", "make_backend"]
+__all__ = [
+    "AgentEnvBackend",
+    "GymVectorBackend",
+    "MultiprocessBackend",
+    "SerialBackend",
+    "StepBatch",
+    "VecBackend",
+    "VmasBackend",
+    "make_backend",
+]
 
 
-def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vectorization_mode: str | None = None,
-                 num_workers: int = 0, async_factor: int = 1, env_state: bool = False,
-                 evaluation: bool = False) -> VecBackend:
+def make_backend(
+    env: Any,
+    num_envs: int,
+    env_config: dict | None = None,
+    vectorization_mode: str | None = None,
+    num_workers: int = 0,
+    async_factor: int = 1,
+    env_state: bool = False,
+    evaluation: bool = False,
+) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
 
@@ -38,23 +53,32 @@ def make_backend(env: Any, num_envs: int, env_config: dict | None = None, vector
     name = env_name(env)
     if is_vmas(env):
         if num_workers or vectorization_mode is not None:
-            raise ConfigError(f"env '{name}' is a VMAS scenario, which steps all its envs as one batch of tensors "
-                              f"already; leave num_workers=0 and vectorization_mode unset (got num_workers="
-                              f"{num_workers}, vectorization_mode={vectorization_mode!r}).")
+            raise ConfigError(
+                f"env '{name}' is a VMAS scenario, which steps all its envs as one batch of tensors "
+                f"already; leave num_workers=0 and vectorization_mode unset (got num_workers="
+                f"{num_workers}, vectorization_mode={vectorization_mode!r})."
+            )
         return VmasBackend(env.removeprefix("vmas:"), num_envs, env_config)
     if isinstance(env, gym.vector.VectorEnv):
         if env.num_envs != num_envs:
-            raise EnvError(f"the vector env '{name}' holds {env.num_envs} envs but num_envs={num_envs}; set num_envs={env.num_envs}.")
+            raise EnvError(
+                f"the vector env '{name}' holds {env.num_envs} envs but num_envs={num_envs}; "
+                f"set num_envs={env.num_envs}."
+            )
         return GymVectorBackend(env, name)
     if vectorization_mode is not None:
         if not isinstance(env, str):
             raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
         if is_atari_id(env) or is_minatar_id(env):
-            raise ConfigError(f"vectorization_mode='{vectorization_mode}' would make '{name}' without shoal's wrappers "
-                              f"(Atari preprocessing, MinAtar rendering); leave it unset (num_workers steps envs in "
-                              f"parallel processes).")
+            raise ConfigError(
+                f"vectorization_mode='{vectorization_mode}' would make '{name}' without shoal's wrappers "
+                f"(Atari preprocessing, MinAtar rendering); leave it unset (num_workers steps envs in "
+                f"parallel processes)."
+            )
         check_env_id(env)
-        return GymVectorBackend(gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name)
+        return GymVectorBackend(
+            gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name
+        )
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
     make, serial_class = _adapted(make, name, env_state)
@@ -81,11 +105,15 @@ def _adapted(make, name: str, env_state: bool = False):
 
 def _copies_of(env, name: str):
     """The instance itself for index 0, deep copies for the others (a factory is the better way)."""
+
     def make(index: int) -> gym.Env:
         if index == 0:
             return env
         try:
             return copy.deepcopy(env)
         except Exception as e:
-            raise EnvError(f"cannot copy the env instance '{name}' for num_envs > 1 ({e!r}); pass a factory or an env id.") from None
+            raise EnvError(
+                f"cannot copy the env instance '{name}' for num_envs > 1 ({e!r}); pass a factory or an env id."
+            ) from None
+
     return make

@@ -24,25 +24,45 @@ class AgentEnvBackend(VecBackend):
     autoreset = "same_step"
     unsaved_state = "multi-agent envs keep their state in objects shoal does not save"
 
-    def __init__(self, make_env: Callable[[int], object], num_envs: int, name: str,
-                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
+    def __init__(
+        self,
+        make_env: Callable[[int], object],
+        num_envs: int,
+        name: str,
+        buffers: dict[str, np.ndarray] | None = None,
+        first_env_id: int = 0,
+    ):
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
         first = self.envs[0]
         layout = first.layout
         k = first.num_agents
         for i, env in enumerate(self.envs[1:], start=1):
             if (env.agents, env.num_agents, env.layout.obs_space, env.layout.action_space) != (
-                    first.agents, k, layout.obs_space, layout.action_space):
-                raise EnvError(f"env '{name}' copy {i} has {env.num_agents} agents {env.agents} with spaces "
-                               f"{env.layout.obs_space} / {env.layout.action_space}, copy 0 has {k} agents "
-                               f"{first.agents} with {layout.obs_space} / {layout.action_space}; all copies must match.")
-        super().__init__(name, num_envs, layout.obs_spec, layout.act_spec, rows_per_env=k, buffers=buffers,
-                         first_env_id=first_env_id, mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0,
-                         state_size=first.state_size)
+                first.agents,
+                k,
+                layout.obs_space,
+                layout.action_space,
+            ):
+                raise EnvError(
+                    f"env '{name}' copy {i} has {env.num_agents} agents {env.agents} with spaces "
+                    f"{env.layout.obs_space} / {env.layout.action_space}, copy 0 has {k} agents "
+                    f"{first.agents} with {layout.obs_space} / {layout.action_space}; all copies must match."
+                )
+        super().__init__(
+            name,
+            num_envs,
+            layout.obs_spec,
+            layout.act_spec,
+            rows_per_env=k,
+            buffers=buffers,
+            first_env_id=first_env_id,
+            mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0,
+            state_size=first.state_size,
+        )
         self.agents = first.agents
         self.single_observation_space, self.single_action_space = layout.obs_space, layout.action_space
         for i, env in enumerate(self.envs):
-            env.bind({key: buf[i * k:(i + 1) * k] for key, buf in self._buffers.items()})
+            env.bind({key: buf[i * k : (i + 1) * k] for key, buf in self._buffers.items()})
 
     def reset(self, seed: int | None = None) -> None:
         for i, env in enumerate(self.envs):
@@ -64,7 +84,7 @@ class AgentEnvBackend(VecBackend):
         i = 0
         try:
             for i, env in enumerate(self.envs):
-                env.step(acts[i * k:(i + 1) * k])
+                env.step(acts[i * k : (i + 1) * k])
                 if env.final_infos:
                     for slot, info in env.final_infos.items():
                         final_infos[i * k + slot] = info

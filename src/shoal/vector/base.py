@@ -55,7 +55,9 @@ class StepBatch:
     rows: slice  # agent rows this batch covers
 
 
-def allocate_buffers(num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0, state_size: int = 0) -> dict[str, np.ndarray]:
+def allocate_buffers(
+    num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0, state_size: int = 0
+) -> dict[str, np.ndarray]:
     """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed);
     with ``mask_size``, also the ``[rows, mask_size]`` action mask; with ``state_size``, the env
     state (and its value before an autoreset) on every row."""
@@ -74,8 +76,10 @@ def allocate_buffers(num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0, sta
 
 def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor, agent_id: torch.Tensor) -> StepBatch:
     """A StepBatch whose tensors share memory with ``buffers[rows]``."""
-    optional = {key: None if key not in buffers else torch.from_numpy(buffers[key][rows])
-                for key in ("action_mask", "state", "final_state")}
+    optional = {
+        key: None if key not in buffers else torch.from_numpy(buffers[key][rows])
+        for key in ("action_mask", "state", "final_state")
+    }
     return StepBatch(
         obs=torch.from_numpy(buffers["obs"][rows]),
         reward=torch.from_numpy(buffers["reward"][rows]),
@@ -98,9 +102,18 @@ class VecBackend:
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
 
-    def __init__(self, name: str, num_envs: int, obs: ObsSpec, act: ActionSpec, rows_per_env: int = 1,
-                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0, mask_size: int = 0,
-                 state_size: int = 0):
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        obs: ObsSpec,
+        act: ActionSpec,
+        rows_per_env: int = 1,
+        buffers: dict[str, np.ndarray] | None = None,
+        first_env_id: int = 0,
+        mask_size: int = 0,
+        state_size: int = 0,
+    ):
         self.name = name
         self.first_env_id = first_env_id
         self.num_envs = num_envs
@@ -128,7 +141,9 @@ class VecBackend:
     def _failed(self, index: int, phase: str, error: Exception) -> EnvStepError:
         """The error for env ``index`` of this backend raising in ``reset`` or ``step``."""
         env_id = self.first_env_id + index
-        return EnvStepError(f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id)
+        return EnvStepError(
+            f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id
+        )
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Actions as the env wants them: continuous ones clipped to the Box bounds (the unclipped

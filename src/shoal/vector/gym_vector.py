@@ -24,7 +24,9 @@ class GymVectorBackend(VecBackend):
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
             raise EnvError(f"vector env '{name}' uses autoreset_mode={mode}; shoal needs NEXT_STEP or SAME_STEP.")
         self.autoreset = "next_step" if mode == AutoresetMode.NEXT_STEP else "same_step"
-        super().__init__(name, venv.num_envs, obs_spec(venv.single_observation_space), action_spec(venv.single_action_space))
+        super().__init__(
+            name, venv.num_envs, obs_spec(venv.single_observation_space), action_spec(venv.single_action_space)
+        )
         self.venv = venv
         self.single_observation_space = venv.single_observation_space
         self.single_action_space = venv.single_action_space
@@ -67,7 +69,9 @@ class GymVectorBackend(VecBackend):
 
     def _keep_final_infos(self, info: dict) -> None:
         """Vector infos are dicts of per-env arrays with ``_key`` masks; split out the done rows."""
-        arrays = [(k, v, info.get(f"_{k}")) for k, v in info.items() if not k.startswith("_") and isinstance(v, np.ndarray)]
+        arrays = [
+            (k, v, info.get(f"_{k}")) for k, v in info.items() if not k.startswith("_") and isinstance(v, np.ndarray)
+        ]
         for i in np.flatnonzero(self._terminated | self._truncated).tolist():
             row = {k: v[i] for k, v, present in arrays if present is None or present[i]}
             if row:

@@ -18,6 +18,7 @@ process that has used torch.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import multiprocessing as mp
@@ -59,9 +60,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _worker(serial_class: type, make_env: Callable[[int], gym.Env], first_env: int, num_envs: int, name: str,
-            buffers: dict[str, np.ndarray], actions: np.ndarray, rows_per_env: int, conn: Connection,
-            siblings: list[Connection], parent_pid: int) -> None:
+def _worker(
+    serial_class: type,
+    make_env: Callable[[int], gym.Env],
+    first_env: int,
+    num_envs: int,
+    name: str,
+    buffers: dict[str, np.ndarray],
+    actions: np.ndarray,
+    rows_per_env: int,
+    conn: Connection,
+    siblings: list[Connection],
+    parent_pid: int,
+) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
@@ -91,32 +102,47 @@ def _worker(serial_class: type, make_env: Callable[[int], gym.Env], first_env: i
         pass  # the main process is gone or closing: nothing to report to
     except BaseException as e:
         env_id = e.env_id if isinstance(e, EnvStepError) else -1
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             conn.send_bytes(_ERROR + pickle.dumps((env_id, str(e), traceback.format_exc())))
-        except (BrokenPipeError, OSError):
-            pass
 
 
 class MultiprocessBackend(VecBackend):
     autoreset = "same_step"
     unsaved_state = "envs run in worker processes"
 
-    def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str, num_workers: int,
-                 async_factor: int = 1, serial_class: type = SerialBackend):
+    def __init__(
+        self,
+        make_env: Callable[[int], gym.Env],
+        num_envs: int,
+        name: str,
+        num_workers: int,
+        async_factor: int = 1,
+        serial_class: type = SerialBackend,
+    ):
         if num_envs % num_workers or num_workers % async_factor:
-            raise EnvError(f"num_envs={num_envs} must be a multiple of num_workers={num_workers}, and num_workers "
-                           f"a multiple of async_factor={async_factor}.")
+            raise EnvError(
+                f"num_envs={num_envs} must be a multiple of num_workers={num_workers}, and num_workers "
+                f"a multiple of async_factor={async_factor}."
+            )
         # The row layout, before any process starts: a one-env backend in this process (its env is
         # not closed, since it may be the user's own instance).
         probe = serial_class(make_env, 1, name)
         obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
         mask, state = probe.batch.action_mask, probe.batch.state
         self.agents = probe.agents
-        self.single_observation_space, self.single_action_space = probe.single_observation_space, probe.single_action_space
+        self.single_observation_space, self.single_action_space = (
+            probe.single_observation_space,
+            probe.single_action_space,
+        )
         del probe
         self._maps: list[mmap.mmap] = []
-        buffers = allocate_buffers(num_envs * k, obs, lambda shape, dtype: _shared_array(shape, dtype, self._maps),
-                                   0 if mask is None else mask.shape[1], 0 if state is None else state.shape[1])
+        buffers = allocate_buffers(
+            num_envs * k,
+            obs,
+            lambda shape, dtype: _shared_array(shape, dtype, self._maps),
+            0 if mask is None else mask.shape[1],
+            0 if state is None else state.shape[1],
+        )
         super().__init__(name, num_envs, obs, act, rows_per_env=k, buffers=buffers)
         self._actions = _shared_array((num_envs * k, *act.shape), act.dtype, self._maps)
 
@@ -128,7 +154,9 @@ class MultiprocessBackend(VecBackend):
         self._group_of_worker = [w // workers_per_group for w in range(num_workers)]
         rows_per_group = per_worker * workers_per_group * k
         groups = [slice(g * rows_per_group, (g + 1) * rows_per_group) for g in range(async_factor)]
-        self.batches = [batch_view(buffers, rows, self.batch.env_id[rows], self.batch.agent_id[rows]) for rows in groups]
+        self.batches = [
+            batch_view(buffers, rows, self.batch.env_id[rows], self.batch.agent_id[rows]) for rows in groups
+        ]
         self._group_of = {id(b): g for g, b in enumerate(self.batches)}
         self._group_infos: list[dict[int, dict]] = [{} for _ in range(async_factor)]
         self._pending = [0] * async_factor  # workers of each group still stepping
@@ -140,9 +168,24 @@ class MultiprocessBackend(VecBackend):
         self._procs = []
         for w in range(num_workers):
             parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(target=_worker, name=f"shoal-env-worker-{w}", daemon=True,
-                               args=(serial_class, make_env, w * per_worker, per_worker, name, buffers, self._actions,
-                                     k, child_end, list(self._conns), os.getpid()))
+            proc = ctx.Process(
+                target=_worker,
+                name=f"shoal-env-worker-{w}",
+                daemon=True,
+                args=(
+                    serial_class,
+                    make_env,
+                    w * per_worker,
+                    per_worker,
+                    name,
+                    buffers,
+                    self._actions,
+                    k,
+                    child_end,
+                    list(self._conns),
+                    os.getpid(),
+                ),
+            )
             proc.start()
             child_end.close()
             self._conns.append(parent_end)
@@ -166,8 +209,9 @@ class MultiprocessBackend(VecBackend):
         except (EOFError, ConnectionResetError):
             self._procs[w].join(timeout=1.0)
             first, last = self._worker_envs[w]
-            self._fail(f"env worker {w} (envs {first}-{last} of '{self.name}') died with exit code "
-                       f"{self._procs[w].exitcode}.")
+            self._fail(
+                f"env worker {w} (envs {first}-{last} of '{self.name}') died with exit code {self._procs[w].exitcode}."
+            )
         tag = reply[:1]
         if tag == _INFOS:
             infos = pickle.loads(reply[1:])
@@ -242,10 +286,8 @@ class MultiprocessBackend(VecBackend):
 def _shutdown(conns: list[Connection], procs: list) -> None:
     """Ask workers to exit, then make sure they have: no orphan survives a close."""
     for conn in conns:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             conn.send_bytes(_CLOSE)
-        except (BrokenPipeError, OSError):
-            pass
     for proc in procs:
         proc.join(timeout=2.0)
         if proc.is_alive():

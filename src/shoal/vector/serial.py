@@ -20,8 +20,14 @@ from shoal.vector.base import StepBatch, VecBackend
 class SerialBackend(VecBackend):
     autoreset = "same_step"
 
-    def __init__(self, make_env: Callable[[int], gym.Env], num_envs: int, name: str,
-                 buffers: dict[str, np.ndarray] | None = None, first_env_id: int = 0):
+    def __init__(
+        self,
+        make_env: Callable[[int], gym.Env],
+        num_envs: int,
+        name: str,
+        buffers: dict[str, np.ndarray] | None = None,
+        first_env_id: int = 0,
+    ):
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
         first = self.envs[0]
         for i, env in enumerate(self.envs[1:], start=1):
@@ -30,8 +36,14 @@ class SerialBackend(VecBackend):
                     f"env '{name}' copy {i} has spaces {env.observation_space} / {env.action_space}, "
                     f"copy 0 has {first.observation_space} / {first.action_space}; all copies must match."
                 )
-        super().__init__(name, num_envs, obs_spec(first.observation_space), action_spec(first.action_space),
-                         buffers=buffers, first_env_id=first_env_id)
+        super().__init__(
+            name,
+            num_envs,
+            obs_spec(first.observation_space),
+            action_spec(first.action_space),
+            buffers=buffers,
+            first_env_id=first_env_id,
+        )
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
 

@@ -69,46 +69,59 @@ class VmasBackend(VecBackend):
         name = PREFIX + scenario
         reserved = [k for k in _RESERVED if k in env_config]
         if reserved:
-            raise ConfigError(f"env '{name}': env_config may not set {reserved}; shoal sets {', '.join(_RESERVED)} "
-                              f"itself (num_envs and seed are trainer keys).")
+            raise ConfigError(
+                f"env '{name}': env_config may not set {reserved}; shoal sets {', '.join(_RESERVED)} "
+                f"itself (num_envs and seed are trainer keys)."
+            )
         try:
             import vmas
         except ImportError:
             raise EnvError(f"env '{name}' needs VMAS: pip install 'shoal[multiagent]'.") from None
         known = _scenario_names()
         if scenario not in known:
-            raise EnvError(f"unknown VMAS scenario '{scenario}'.{did_you_mean(scenario, known)} "
-                           f"Valid ones include: {', '.join(known[:12])}, ... ({len(known)} in all).")
+            raise EnvError(
+                f"unknown VMAS scenario '{scenario}'.{did_you_mean(scenario, known)} "
+                f"Valid ones include: {', '.join(known[:12])}, ... ({len(known)} in all)."
+            )
         env_config.setdefault("continuous_actions", True)
         # VMAS only warns about scenario kwargs it did not use; a misspelt key should stop the run.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                self.env = vmas.make_env(scenario, num_envs=num_envs, device="cpu", seed=seed,
-                                         terminated_truncated=True, **env_config)
+                self.env = vmas.make_env(
+                    scenario, num_envs=num_envs, device="cpu", seed=seed, terminated_truncated=True, **env_config
+                )
             except (AssertionError, TypeError, ValueError) as e:
                 # VMAS checks its arguments with bare asserts: the failing line is the message.
                 detail = str(e) or traceback.extract_tb(e.__traceback__)[-1].line
-                raise EnvError(f"env '{name}' cannot be built with env_config={given}: "
-                               f"{type(e).__name__}: {detail}") from None
+                raise EnvError(
+                    f"env '{name}' cannot be built with env_config={given}: {type(e).__name__}: {detail}"
+                ) from None
         for w in caught:
             if "passed but not used" in str(w.message):
-                raise EnvError(f"env '{name}': {str(w.message).partition(' This will')[0]} "
-                               f"Check env_config against the scenario's make_world.")
+                raise EnvError(
+                    f"env '{name}': {str(w.message).partition(' This will')[0]} "
+                    f"Check env_config against the scenario's make_world."
+                )
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
         agents = [agent.name for agent in self.env.agents]
         self.n_agents = n = len(agents)
         obs_spaces = [_gymnasium_space(s) for s in self.env.observation_space]
         act_spaces = [_gymnasium_space(s) for s in self.env.action_space]
-        listing = "; ".join(f"{a}: {o} / {s}" for a, o, s in zip(agents, self.env.observation_space,
-                                                                self.env.action_space))
+        listing = "; ".join(
+            f"{a}: {o} / {s}" for a, o, s in zip(agents, self.env.observation_space, self.env.action_space)
+        )
         if not all(isinstance(o, gymnasium.spaces.Box) for o in obs_spaces) or None in act_spaces:
-            raise EnvError(f"env '{name}': shoal reads Box observations and Box, Discrete or MultiDiscrete actions; "
-                           f"its agents have {listing}.")
+            raise EnvError(
+                f"env '{name}': shoal reads Box observations and Box, Discrete or MultiDiscrete actions; "
+                f"its agents have {listing}."
+            )
         if any(o.shape != obs_spaces[0].shape for o in obs_spaces) or any(s != act_spaces[0] for s in act_spaces):
-            raise EnvError(f"env '{name}': all agents share one policy, so they need one observation shape and one "
-                           f"action space; its agents have {listing}.")
+            raise EnvError(
+                f"env '{name}': all agents share one policy, so they need one observation shape and one "
+                f"action space; its agents have {listing}."
+            )
         super().__init__(name, num_envs, obs_spec(obs_spaces[0]), action_spec(act_spaces[0]), rows_per_env=n)
         self.agents = agents
 
