@@ -93,3 +93,14 @@ def test_shipped_configs_are_valid():
     for path in files:
         c = PPOConfig.build(**load_yaml(path))
         assert c.total_timesteps >= 100_000, path.name
+
+
+def test_version_is_one_value_for_the_package_and_the_command_line(capsys):
+    from importlib.metadata import version
+
+    from shoal.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"shoal {shoal.__version__}" == f"shoal {version('shoal')}"

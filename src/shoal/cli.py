@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shoal import __version__
 from shoal.config import load_yaml, merge_settings, parse_overrides
 from shoal.errors import ShoalError
 
@@ -17,6 +18,7 @@ EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description="Reinforcement learning at speed.")
+    parser.add_argument("--version", action="version", version=f"shoal {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train an agent; keys as in the Python config")
