@@ -149,7 +149,7 @@ class Collector:
                 views["first"],
                 mask,
                 batch.rows,
-                parking,
+                deterministic=parking,
                 out=views["extras"][t],
                 critic_obs=critic_obs,
                 advance=not parking,
