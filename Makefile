@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
-.PHONY: train test lint format bench setup clean
+.PHONY: train test test-fast lint format typecheck docs wheel-check bench setup clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ train: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
+# unit tests only: no learning runs, no worker processes
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
 # the formatter's layout and the rule set in pyproject.toml ([tool.ruff]) over all Python in the tree
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks examples
@@ -30,9 +34,21 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks examples
 	$(BIN)/ruff check --fix src tests benchmarks examples
 
+# strict on all of src/ (settings in pyproject.toml, [tool.mypy])
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# the docs site into site/; --strict turns a broken link or reference into a failure
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+# build the sdist and wheel, install the wheel into a fresh venv, train from outside the tree
+wheel-check: $(STAMP)
+	$(BIN)/python .ci/wheel_check.py
+
 bench: $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/cartpole_vs_sb3.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site dist
