@@ -27,12 +27,12 @@ test-fast: $(STAMP)
 
 # the formatter's layout and the rule set in pyproject.toml ([tool.ruff]) over all Python in the tree
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests benchmarks examples
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples docs .ci
+	$(BIN)/ruff check src tests benchmarks examples docs .ci
 
 format: $(STAMP)
-	$(BIN)/ruff format src tests benchmarks examples
-	$(BIN)/ruff check --fix src tests benchmarks examples
+	$(BIN)/ruff format src tests benchmarks examples docs .ci
+	$(BIN)/ruff check --fix src tests benchmarks examples docs .ci
 
 # strict on all of src/ (settings in pyproject.toml, [tool.mypy])
 typecheck: $(STAMP)
@@ -40,7 +40,7 @@ typecheck: $(STAMP)
 
 # the docs site into site/; --strict turns a broken link or reference into a failure
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # build the sdist and wheel, install the wheel into a fresh venv, train from outside the tree
 wheel-check: $(STAMP)

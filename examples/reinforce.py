@@ -6,10 +6,12 @@ and takes one gradient step on it. The unchanged trainer runs it, with everythin
 (logging, checkpoints and exact resume, evaluation, video, several envs or worker processes):
 
     shoal train CartPole-v1 --algo examples.reinforce:Reinforce
-    python examples/reinforce.py
+    python examples/reinforce.py [total_timesteps]
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from pydantic import Field
@@ -101,5 +103,5 @@ def discounted_returns(rollout, final_value: torch.Tensor, gamma: float) -> torc
 
 if __name__ == "__main__":
     with shoal.Trainer(algo=Reinforce, env="CartPole-v1", seed=1, save_outputs=False) as trainer:
-        trainer.learn(100_000)
+        trainer.learn(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)
         print(trainer.evaluate(20))

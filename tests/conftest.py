@@ -1,13 +1,28 @@
-"""Small envs with known dynamics for the env-layer and learning tests."""
+"""Small envs with known dynamics for the env-layer and learning tests; the hypothesis profiles."""
+
+import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from shoal.envs.spaces import action_spec
 from shoal.models.distributions import make_distribution
 from shoal.models.networks import MLPModel
 from shoal.models.policy import ActorCriticPolicy
+
+# Property tests (tests/test_properties.py) run under one of two profiles:
+# - "ci" (chosen when CI is set): derandomize=True, so every run tries the same examples and a red
+#   build is always caused by the change under test, never by a new random draw finding an old bug;
+#   no example database, since a CI checkout starts empty. print_blob=True prints
+#   @reproduce_failure for any failure, to replay it locally.
+# - "dev" (the default): random draws, so every local run explores new examples, and hypothesis's
+#   database in .hypothesis/ replays the last failure first.
+# HYPOTHESIS_PROFILE=ci gives a local run exactly CI's examples.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
 class CounterEnv(gym.Env):

@@ -213,6 +213,7 @@ def _random_legal(mask: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("env", [CONNECT_FOUR, lambda: TurnsEnv(max_moves=5)])
+@pytest.mark.slow
 def test_worker_processes_give_the_same_turn_based_batches(env):
     serial, mp = make_backend(env, 4), make_backend(env, 4, num_workers=2)
     gen = torch.Generator().manual_seed(0)
@@ -278,6 +279,7 @@ def test_bad_turn_based_envs_are_named_in_the_error():
         make_backend(lambda: 42, 1)
 
 
+@pytest.mark.slow
 def test_self_play_learns_to_beat_a_random_player_without_an_illegal_move():
     """The shipped config, briefly: one shared policy plays both sides, then 100 games against a
     uniform random legal-move player (an untrained argmax policy stacks one column and already

@@ -18,6 +18,7 @@ def _weights(trainer) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in trainer.get_policy().parameters()])
 
 
+@pytest.mark.slow
 def test_reinforce_written_as_an_algorithm_learns_cartpole_with_the_unchanged_trainer():
     with shoal.Trainer(algo=Reinforce, env="CartPole-v1", seed=1, save_outputs=False, verbose=0) as trainer:
         assert trainer.algo_name == "REINFORCE" and trainer.config.rollout_fragment_length == 128  # its own default

@@ -34,6 +34,7 @@ class TwoTowers(nn.Module):
         return self.pi(obs), self.v(obs).squeeze(-1)
 
 
+@pytest.mark.slow
 def test_a_users_own_module_solves_cartpole_within_100k_steps():
     with shoal.PPO(env="CartPole-v1", model=TwoTowers, seed=1, save_outputs=False, verbose=0) as algo:
         assert isinstance(algo.get_policy().model, TwoTowers)
@@ -169,6 +170,7 @@ def test_mlp_reads_images_flat_also_with_a_shared_trunk():
         assert algo.train()["timesteps_this_iter"] > 0
 
 
+@pytest.mark.slow
 def test_a_dict_observation_with_an_image_and_a_vector_learns():
     """SideSwitch: reading one key alone scores 4 of 8, a random policy 2; the CNN for the image
     and the vector side by side reach near 8 within 4k steps (about 8 s)."""

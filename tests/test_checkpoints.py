@@ -141,6 +141,7 @@ def _spawn(script: str, cwd: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_sigkill_while_a_checkpoint_is_written_then_resume(tmp_path):
     """The process kills itself half-way through writing its third checkpoint."""
     run = tmp_path / "run"
@@ -188,6 +189,7 @@ def _logged(run: Path) -> list[int]:
     return [json.loads(line)["training_iteration"] for line in lines if line.endswith("}")]
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_stops_then_sigkill_loses_at_most_one_interval(tmp_path):
     run = tmp_path / "run"
     cmd = [

@@ -1,6 +1,7 @@
 """Config keys and the checks made before anything is built."""
 
 import pytest
+import torch
 
 import shoal
 from shoal.config import PPOConfig, load_yaml, parse_overrides
@@ -50,6 +51,37 @@ def test_bad_value_names_key_and_value():
         PPOConfig.build(gamma=1.5)
     with pytest.raises(ConfigError, match=r"bad value for 'model_config.activation': 'gelu'"):
         PPOConfig.build(model_config={"activation": "gelu"})
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        # each of these once escaped as another exception (found by tests/test_properties.py)
+        (dict(seed=-1), r"bad value for 'seed': -1: Input should be greater than or equal to 0"),
+        (dict(seed=2**32), r"bad value for 'seed': 4294967296: Input should be less than or equal to 4294967295"),
+        (dict(torch_threads=10**6), r"bad value for 'torch_threads': 1000000"),  # was a segfault
+        (dict(device="banana"), r"device='banana' is not a torch device"),
+        (dict(clip_rewards=float("nan")), r"bad value for 'clip_rewards': nan"),  # was accepted
+        (dict(learning_rate=float("inf")), r"bad value for 'learning_rate': inf: Input should be a finite number"),
+        (
+            dict(policies={"a": {"model_config": None}}),
+            r"policy 'a' overrides model_config with None; it must be a dict",
+        ),
+        (dict(policies=["a", "b"], policy_mapping_fn={"agent_0": 7}), r"7 is not one of the policies \['a', 'b'\]"),
+        # a union's type error says every type allowed, not only pydantic's first alternative
+        (dict(clip_rewards="x"), r"bad value for 'clip_rewards': 'x': expected bool \| float \| None\.$"),
+        (dict(policies=[5]), r"bad value for 'policies': \[5\]: expected dict\[str, .*\] \| list\[str\] \| None"),
+    ],
+)
+def test_bad_values_are_config_errors_naming_them(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        shoal.PPO(env="CartPole-v1", save_outputs=False, verbose=0, **settings)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_cuda_device_without_cuda_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"device='cuda:0', but torch finds no CUDA device here; use device='cpu'"):
+        shoal.PPO(env="CartPole-v1", device="cuda:0", save_outputs=False, verbose=0)
 
 
 def test_overrides_are_parsed_as_yaml_scalars():

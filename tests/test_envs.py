@@ -21,6 +21,12 @@ def test_unknown_env_id_suggests_closest():
         shoal.PPO(env="CartPol-v1", save_outputs=False)
 
 
+@pytest.mark.parametrize("mode", [None, "sync", "vector_entry_point"])
+def test_an_env_config_key_the_gymnasium_env_does_not_take_names_env_and_key(mode):
+    with pytest.raises(EnvError, match=r"env 'CartPole-v1' cannot be made with env_config=\{'bogus': 1\}.*'bogus'"):
+        shoal.PPO(env="CartPole-v1", env_config={"bogus": 1}, vectorization_mode=mode, save_outputs=False)
+
+
 def test_env_inputs_id_instance_factory_registered_vector():
     assert isinstance(make_backend("CartPole-v1", 2), SerialBackend)
     inst = make_backend(gym.make("CartPole-v1"), 3)

@@ -27,6 +27,7 @@ def _gone(pids, timeout=5.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_workers_produce_exactly_what_the_serial_backend_does():
     serial = make_backend("CartPole-v1", 8)
     mp = make_backend("CartPole-v1", 8, num_workers=2)
@@ -58,6 +59,7 @@ class InfoEnv(CounterEnv):
         return obs, r, te, tr, ({"count": float(self.t)} if tr else {})
 
 
+@pytest.mark.slow
 def test_async_groups_step_only_their_own_envs_and_carry_infos():
     backend = MultiprocessBackend(lambda i: InfoEnv(), 4, "info", num_workers=2, async_factor=2)
     backend.reset(0)
@@ -86,6 +88,7 @@ def explode_on_purpose():
     raise ValueError("boom at step 2")
 
 
+@pytest.mark.slow
 def test_an_env_exception_comes_back_with_its_traceback_and_env_id():
     backend = MultiprocessBackend(
         lambda i: ExplodingEnv(limit=50) if i == 3 else CounterEnv(limit=50), 4, "bomb", num_workers=2
@@ -108,6 +111,7 @@ def test_an_env_exception_comes_back_with_its_traceback_and_env_id():
             serial.send(torch.zeros(2, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_reported_at_once_and_nothing_is_left_behind():
     shm_before = set(os.listdir("/dev/shm"))
     backend = make_backend("CartPole-v1", 4, num_workers=2)
@@ -125,6 +129,7 @@ def test_a_killed_worker_is_reported_at_once_and_nothing_is_left_behind():
     assert set(os.listdir("/dev/shm")) == shm_before
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_multiprocess_run_cleanly(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -172,6 +177,7 @@ class JitteryCounterEnv(CounterEnv):
 
 
 @pytest.mark.filterwarnings("ignore:num_workers=4 is more")
+@pytest.mark.slow
 def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
     algo = shoal.PPO(
         env=JitteryCounterEnv,
@@ -205,6 +211,7 @@ def test_async_rollouts_keep_every_rows_trajectory_whole_in_any_arrival_order():
 
 
 @pytest.mark.parametrize("async_factor", [1, 2])
+@pytest.mark.slow
 def test_ppo_learns_cartpole_with_worker_processes(async_factor):
     with shoal.PPO(
         env="CartPole-v1", seed=1, num_workers=2, async_factor=async_factor, save_outputs=False, verbose=0
@@ -231,6 +238,7 @@ def test_worker_config_is_checked():
         shoal.PPOConfig.build(num_workers=os.cpu_count() * 2, num_envs=os.cpu_count() * 2, sgd_minibatch_size=32)
 
 
+@pytest.mark.slow
 def test_bench_env_prints_throughput_for_each_backend(capsys):
     from shoal.cli import main
 

@@ -112,6 +112,7 @@ def test_turns_each_agent_acts_only_when_observed_and_the_end_reaches_the_waitin
     ]
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_rows():
     serial = make_backend(TurnsEnv, 4)
     workers = make_backend(TurnsEnv, 4, num_workers=2)
@@ -218,6 +219,7 @@ class MatchEnv(shoal.MultiAgentEnv):
         return (self._observe(), dict.fromkeys(self.agents, shared), {"__all__": over}, {"__all__": False}, {})
 
 
+@pytest.mark.slow
 def test_ppo_learns_a_cooperative_dict_env():
     with shoal.PPO(
         env=MatchEnv,

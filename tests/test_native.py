@@ -85,6 +85,7 @@ def test_the_env_writes_its_action_masks():
     assert backend.batch.action_mask[:3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_rows():
     serial = make_backend(lambda: TargetGrid(max_steps=5), 4)
     workers = make_backend(lambda: TargetGrid(max_steps=5), 4, num_workers=2)
@@ -117,6 +118,7 @@ def test_an_instance_keeps_its_training_rows_when_evaluated_and_each_agent_is_an
     assert out["episode_reward_max"] < 20  # one agent's return: 32 steps reach at most ~16 targets
 
 
+@pytest.mark.slow
 def test_ppo_learns_target_grid():
     # 4 envs x 128 agents; an iteration is 32 steps, one episode of every agent.
     with shoal.PPO(

@@ -105,6 +105,7 @@ def test_truncated_agents_keep_their_last_observation_for_bootstrapping():
     assert batch.obs[:, 1].tolist() == [0, 0, 0]  # already reset
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_multi_agent_batch():
     serial, mp = make_backend(lambda: DyingAgentsEnv(), 4), make_backend(lambda: DyingAgentsEnv(), 4, num_workers=2)
     try:
@@ -199,6 +200,7 @@ class GuessEnv(ParallelEnv):
         return obs, rewards, term, trunc, {a: {} for a in term}
 
 
+@pytest.mark.slow
 def test_ppo_learns_a_multi_agent_env_with_mixed_spaces_and_agents_leaving():
     parallel_api_test(GuessEnv(), num_cycles=20)
     with shoal.PPO(

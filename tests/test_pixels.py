@@ -24,6 +24,7 @@ def _wrappers(env) -> list[type]:
     return kinds
 
 
+@pytest.mark.slow
 def test_atari_frames_stay_uint8_and_learning_rewards_are_clipped_by_default():
     with shoal.PPO(env="ALE/Breakout-v5", model="cnn", seed=0, **SMALL) as algo:
         rollout = algo.algorithm.buffer.rollout
@@ -94,6 +95,7 @@ def test_a_done_that_says_the_episode_continues_ends_learning_but_not_the_logged
     assert result["episodes_this_iter"] == 4  # two whole episodes per env, not four lives
 
 
+@pytest.mark.slow
 def test_minatar_learns_on_a_small_budget_and_films_its_cells(tmp_path):
     """MinAtar Breakout with the small CNN: a random policy scores about 0.4 a game; 20k steps
     (about 8 s) bring the training return above 1.2."""

@@ -86,6 +86,7 @@ def test_a_frozen_policy_keeps_its_weights_bit_for_bit_while_the_other_learns():
     assert set(result["policy_reward_mean"]) == {"short", "long"}
 
 
+@pytest.mark.slow
 def test_two_policies_each_learn_their_own_agent():
     with shoal.PPO(
         env=lambda: GuessEnv(),
@@ -116,6 +117,7 @@ def test_evaluation_can_map_agents_to_other_policies():
     assert set(out["policy_reward_mean"]) == {"b"} and out["policy_reward_mean"]["b"] < 15
 
 
+@pytest.mark.slow
 def test_multi_policy_runs_resume_exactly_and_match_on_worker_processes(tmp_path):
     kw = dict(
         FAST,
@@ -239,6 +241,7 @@ def test_a_centralized_critic_sees_the_whole_team_and_bootstraps_truncations_fro
         assert rollout["truncated"][row, 1] and torch.allclose(rollout["final_value"][row, 1], want[0])
 
 
+@pytest.mark.slow
 def test_ppo_with_a_centralized_critic_learns_and_single_agent_envs_are_refused():
     with shoal.PPO(
         env=lambda: GuessEnv(),
@@ -312,8 +315,23 @@ def test_a_state_critic_sees_the_envs_global_state_and_bootstraps_from_the_state
         slot = row % 3
         want = policy.value(final_obs[slot : slot + 1], torch.tensor([[2.0, 0.0, *torch.eye(3)[slot].tolist()]]))
         assert torch.allclose(rollout["final_value"][row, 1], want[0])
+
+
+@pytest.mark.slow
+def test_a_state_critic_gets_the_same_inputs_from_worker_processes():
+    kw = dict(
+        env=lambda: StateEnv(cut=2),
+        central_critic="state",
+        num_envs=2,
+        rollout_fragment_length=4,
+        sgd_minibatch_size=24,
+        save_outputs=False,
+        verbose=0,
+    )
+    with shoal.PPO(**kw) as algo:
+        serial = _rollout(algo)["critic_obs"]
     with shoal.PPO(**kw, num_workers=2) as algo:
-        assert torch.equal(_rollout(algo)["critic_obs"], critic_obs)
+        assert torch.equal(_rollout(algo)["critic_obs"], serial)
 
 
 def test_a_state_critic_needs_an_env_with_a_state():

@@ -57,7 +57,14 @@ def _collector(backend):
     return collector, storage.rollout
 
 
-@pytest.mark.parametrize("workers,async_factor", [(0, 1), (2, 1), (2, 2)], ids=["serial", "workers", "async"])
+@pytest.mark.parametrize(
+    "workers,async_factor",
+    [
+        pytest.param(0, 1, id="serial"),
+        pytest.param(2, 1, id="workers", marks=pytest.mark.slow),  # worker processes
+        pytest.param(2, 2, id="async", marks=pytest.mark.slow),
+    ],
+)
 def test_state_is_carried_across_steps_and_rollouts_and_reset_where_episodes_start(workers, async_factor):
     backend = make_backend(lambda: CounterEnv(limit=3), 4, num_workers=workers, async_factor=async_factor)
     collector, rollout = _collector(backend)

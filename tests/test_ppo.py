@@ -30,6 +30,7 @@ RESULT_KEYS = {
 }
 
 
+@pytest.mark.slow
 def test_cartpole_defaults_learn_on_a_small_budget():
     algo = shoal.PPO(env="CartPole-v1", seed=1, save_outputs=False, verbose=0)
     result = algo.learn(40_000)
@@ -38,6 +39,7 @@ def test_cartpole_defaults_learn_on_a_small_budget():
     assert evaluation["episode_reward_mean"] >= 300, evaluation
 
 
+@pytest.mark.slow
 def test_numpy_vectorized_cartpole_learns():
     algo = shoal.PPO(
         env="CartPole-v1",
@@ -54,6 +56,7 @@ def test_numpy_vectorized_cartpole_learns():
     assert algo.evaluate(10)["episode_reward_mean"] >= 200
 
 
+@pytest.mark.slow
 def test_continuous_ppo_learns_a_target():
     algo = shoal.PPO(
         env=TargetEnv,

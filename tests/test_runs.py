@@ -108,6 +108,7 @@ def test_jsonl_csv_and_tensorboard_hold_the_same_grouped_keys(tmp_path):
     assert set(events.Tags()["scalars"]) == keys - {"timesteps_total"}
 
 
+@pytest.mark.slow
 def test_wandb_logs_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     with shoal.PPO(seed=0, run_dir=str(tmp_path), wandb_project="shoal-tests", **FAST) as algo:
@@ -116,6 +117,7 @@ def test_wandb_logs_offline(tmp_path, monkeypatch):
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
 
+@pytest.mark.slow
 def test_eval_cli_writes_mp4s_with_one_frame_per_step(tmp_path, capsys):
     run = tmp_path / "run"
     with shoal.PPO(seed=0, run_dir=str(run), **FAST) as algo:
@@ -136,6 +138,7 @@ def test_eval_cli_writes_mp4s_with_one_frame_per_step(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["episode_reward_mean"] == summary["episode_reward_mean"]
 
 
+@pytest.mark.slow
 def test_plot_three_seeds_and_compare(tmp_path, capsys):
     runs = []
     for seed in (1, 2, 3):

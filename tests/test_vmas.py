@@ -184,6 +184,7 @@ def test_checkpoint_is_inexact_and_resume_starts_new_episodes(tmp_path):
 BALANCE_THRESHOLD = 20.0
 
 
+@pytest.mark.slow
 def test_ppo_learns_balance():
     """Four agents learn to carry the package up, sharing one policy (about 10 s)."""
     algo = shoal.PPO(

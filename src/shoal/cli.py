@@ -13,7 +13,7 @@ from shoal import __version__
 from shoal.config import load_yaml, merge_settings, parse_overrides
 from shoal.errors import ShoalError
 
-EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell reports it
+EXIT_CODES: dict[str | None, int] = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell reports it
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 import os
+import types
+import typing
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -20,64 +23,117 @@ from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec, spec_of
 from shoal.models.catalog import check_model_config, resolve_model
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 
 class TrainerConfig(BaseModel):
     """Keys every algorithm shares: environment, sampling, run outputs."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=False, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
-    algo: Any = "ppo"  # an algorithm name, a shoal.Algorithm subclass or 'package.module:Class'
+    algo: Any = "ppo"
+    """The algorithm: a registered name (`ppo`, or one given to `shoal.register_algorithm`), a `shoal.Algorithm`
+    subclass, or `'package.module:Class'`."""
     env: Any = "CartPole-v1"
+    """The environment: a Gymnasium id, `'module:EnvId'`, a name given to `shoal.register_env`,
+    `'pettingzoo:<module>'`, `'vmas:<scenario>'`, an env instance, a factory or a Gymnasium `VectorEnv`."""
     env_config: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of the env: keyword arguments of `gym.make` for an id, the dict a registered creator or factory
+    receives, or the keyword arguments of a PettingZoo `parallel_env()` or VMAS scenario."""
     vectorization_mode: Literal["vector_entry_point", "sync", "async"] | None = None
-    seed: int = 0
-    num_envs: int = Field(8, ge=1)
-    num_workers: int = Field(0, ge=0)  # 0: envs step in this process; N: in N worker processes
-    async_factor: int = Field(1, ge=1)  # worker groups stepping while the policy acts on another
-    rollout_fragment_length: int | None = Field(None, ge=1)
-    train_batch_size: int | None = Field(None, ge=1)
-    total_timesteps: int = Field(100_000, ge=1)
-    torch_threads: int = Field(1, ge=1)
+    """Make the envs with `gym.make_vec` in this mode instead of one by one (`vector_entry_point`: the env's own
+    vectorized implementation); not together with `num_workers`."""
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy's global seed is a uint32
+    """Seeds Python's, numpy's and torch's generators and the envs (evaluation envs get `seed + 10000`)."""
+    num_envs: int = Field(default=8, ge=1)
+    """Environments stepped together; each brings its agents as rows of the batch."""
+    num_workers: int = Field(default=0, ge=0)
+    """0: the envs step in this process; N: in N worker processes over shared memory (`num_envs` a multiple of N)."""
+    async_factor: int = Field(default=1, ge=1)
+    """Groups of worker processes: the policy acts on one group while the others step (`num_workers` a multiple of
+    it)."""
+    rollout_fragment_length: int | None = Field(default=None, ge=1)
+    """Steps per env per iteration; None: `train_batch_size / num_envs`, or 32 when that is unset too."""
+    train_batch_size: int | None = Field(default=None, ge=1)
+    """Env steps per iteration, `num_envs x rollout_fragment_length`: set any two of the three."""
+    total_timesteps: int = Field(default=100_000, ge=1)
+    """Env steps of the whole run: `learn()` without an argument trains until this many."""
+    torch_threads: int = Field(default=1, ge=1, le=1024)  # far more threads than a machine can start crashes torch
+    """Threads torch uses for its ops (`torch.set_num_threads`)."""
     device: str = "cpu"
-    metrics_num_episodes_for_smoothing: int = Field(100, ge=1)
+    """Torch device of the policies and the rollout storage."""
+    metrics_num_episodes_for_smoothing: int = Field(default=100, ge=1)
+    """Episodes that episode statistics (`episode_reward_mean`, custom metrics) are averaged over."""
     # the run lifecycle: outputs, checkpoints, evaluation, callbacks
     name: str | None = None
+    """Name of the run directory `runs/<name>`; None: `<algo>_<env>_seed<seed>_<date>-<time>`."""
     run_dir: str | None = None
+    """Directory of the run's outputs; None: `runs/<name>`."""
     save_outputs: bool = True
-    verbose: int = Field(1, ge=0, le=2)
-    checkpoint_interval: int = Field(100, ge=0)  # iterations; 0 = only at the end and when stopped
-    keep_checkpoints: int = Field(3, ge=1)
-    evaluation_interval: int | None = Field(None, ge=1)  # iterations; None = no periodic evaluation
-    evaluation_num_episodes: int = Field(20, ge=1)
+    """Write the run directory (config, logs, checkpoints, `result.json`); False writes nothing."""
+    verbose: int = Field(default=1, ge=0, le=2)
+    """0: no progress line; 1 or 2: the live progress line."""
+    checkpoint_interval: int = Field(default=100, ge=0)
+    """Iterations between checkpoints; 0: only at the end of `learn()` and when stopped."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """How many of the newest checkpoints the run directory keeps."""
+    evaluation_interval: int | None = Field(default=None, ge=1)
+    """Iterations between evaluations on separate env copies during training, logged as `evaluation/...`; None: no
+    periodic evaluation."""
+    evaluation_num_episodes: int = Field(default=20, ge=1)
+    """Episodes per evaluation (periodic, `evaluate()` without a count, and after `shoal train`)."""
     evaluation_deterministic: bool = True
+    """Evaluate with the most likely action instead of a sampled one."""
     callbacks: list[Any] = Field(default_factory=list)
+    """`shoal.Callback` objects, classes or `'package.module:Name'` strings; only the strings are kept in
+    checkpoints."""
     wandb_project: str | None = None
+    """Also log to this Weights & Biases project (the `wandb` extra); None: no W&B."""
     wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline`: W&B files under the run directory, uploaded later with `wandb sync`; `online`: uploaded as the run
+    goes."""
     # discount, optimizer step size, and the network every policy is built with
-    gamma: float = Field(0.98, ge=0.0, le=1.0)
-    learning_rate: float = Field(1e-3, gt=0.0)
+    gamma: float = Field(default=0.98, ge=0.0, le=1.0)
+    """Discount factor of future rewards."""
+    learning_rate: float = Field(default=1e-3, gt=0.0)
+    """Optimizer step size (annealed as `lr_schedule` says)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
-    model: Any = "mlp"  # "mlp", "cnn", a torch.nn.Module subclass or 'package.module:Class'
+    """`linear`: anneal the step size linearly to 0 over the run; `constant`: keep it."""
+    model: Any = "mlp"
+    """The network: `mlp`, `cnn`, a `torch.nn.Module` subclass or `'package.module:Class'`."""
     # hiddens, activation, conv_filters, ... Written model_config everywhere; the attribute has
     # another name because pydantic reserves model_config for itself.
     model_options: dict[str, Any] = Field(default_factory=dict, alias="model_config")
+    """Settings of the model: the built-in models' keys (`hiddens`, `activation`, `conv_filters`, `shared_trunk`,
+    `channels`), or keyword arguments of your own module."""
     log_std_init: float = 0.0
+    """Initial log standard deviation of the Gaussian over Box actions (a learned parameter)."""
     normalize_obs: bool = False
+    """Normalize float observations by their running mean and std, inside the policy (the rollout keeps raw
+    observations)."""
     normalize_reward: bool = False
-    clip_obs: float = Field(10.0, gt=0.0)
-    clip_reward: float = Field(10.0, gt=0.0)
-    # the learning signal only (logged returns stay raw): True = sign, c = clip to [-c, c];
-    # None = the env's default (sign for Atari games, off otherwise)
+    """Scale the rewards the learner sees by the running std of the discounted return."""
+    clip_obs: float = Field(default=10.0, gt=0.0)
+    """With `normalize_obs`: normalized observations are clipped to `[-clip_obs, clip_obs]`."""
+    clip_reward: float = Field(default=10.0, gt=0.0)
+    """With `normalize_reward`: scaled rewards are clipped to `[-clip_reward, clip_reward]`."""
     clip_rewards: bool | float | None = None
-    # several policies: id -> overrides of POLICY_KEYS; None = one shared "default_policy"
+    """Clip the rewards the learner sees (logged returns stay raw): True: their sign; a number c: to `[-c, c]`; None:
+    the env's default (the sign for Atari games, off otherwise)."""
     policies: dict[str, dict[str, Any] | None] | list[str] | None = None
-    # agent id, episode -> policy id, called at each episode start; a callable, 'module:function', or a
-    # dict {agent id: policy id}. Default: the policy named like the agent, else the only policy.
+    """Several policies: a list of ids, or ids -> per-policy overrides (`POLICY_KEYS`); None: one `default_policy`
+    shared by every agent."""
     policy_mapping_fn: Any = None
-    policies_to_train: list[str] | None = None  # None: all of them; the others are frozen
-    # MAPPO: the value function sees every agent of the env ("team_obs") or the env's state() ("state");
-    # the actor its own obs only
+    """`(agent_id, episode) -> policy id`, called at each episode start: a function, `'module:function'` or a dict
+    `{agent id: policy id}`; None: the policy named like the agent, else the only one."""
+    policies_to_train: list[str] | None = None
+    """The policies that learn; the others are frozen (no gradient, no optimizer step). None: all of them."""
     central_critic: Literal["team_obs", "state"] | None = None
+    """A centralized critic (MAPPO): `team_obs`: the value function sees every agent's observation of the env;
+    `state`: the env's `state()`. The actor sees its own observation only. None: off."""
 
     # keys a policy in `policies` may override: its network, and how it learns
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
@@ -91,7 +147,7 @@ class TrainerConfig(BaseModel):
     def _check_model(self) -> TrainerConfig:
         resolve_model(self.model)
         check_model_config(self.model, self.model_options)
-        if isinstance(self.clip_rewards, float) and not isinstance(self.clip_rewards, bool) and self.clip_rewards <= 0:
+        if isinstance(self.clip_rewards, float) and not self.clip_rewards > 0:
             raise ConfigError(
                 f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
                 f"True (their sign) or false."
@@ -102,9 +158,10 @@ class TrainerConfig(BaseModel):
     def _resolve_rollout_shape(self) -> TrainerConfig:
         """Fill whichever of train_batch_size / rollout_fragment_length is missing, and check they agree."""
         n, frag, batch = self.num_envs, self.rollout_fragment_length, self.train_batch_size
-        if frag is None and batch is None:
-            frag = 32
-        if frag is None:
+        if batch is None:
+            frag = 32 if frag is None else frag
+            batch = n * frag
+        elif frag is None:
             if batch % n:
                 lo = max(n, batch // n * n)
                 raise ConfigError(
@@ -112,8 +169,6 @@ class TrainerConfig(BaseModel):
                     f"num_envs x rollout_fragment_length steps. Try train_batch_size={lo} or {lo + n}."
                 )
             frag = batch // n
-        elif batch is None:
-            batch = n * frag
         elif batch != n * frag:
             raise ConfigError(
                 f"train_batch_size={batch} must equal num_envs={n} x rollout_fragment_length={frag} = {n * frag}. "
@@ -159,6 +214,24 @@ class TrainerConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_device(self) -> TrainerConfig:
+        """A device string torch reads, of a backend this machine has."""
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as e:
+            raise ConfigError(f"device={self.device!r} is not a torch device ({e}); use e.g. 'cpu', 'cuda'.") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device={self.device!r}, but torch finds no CUDA device here; use device='cpu'.")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={self.device!r}, but there are {torch.cuda.device_count()} CUDA devices here "
+                f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})."
+            )
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise ConfigError(f"device={self.device!r}, but torch finds no MPS device here; use device='cpu'.")
+        return self
+
+    @model_validator(mode="after")
     def _check_policies(self) -> TrainerConfig:
         if self.policies is None:
             if self.policies_to_train is not None or isinstance(self.policy_mapping_fn, dict):
@@ -180,13 +253,15 @@ class TrainerConfig(BaseModel):
         for pid in named:
             if pid not in self.policies:
                 raise ConfigError(
-                    f"'{pid}' is not one of the policies {list(self.policies)}.{did_you_mean(pid, self.policies)}"
+                    f"{pid!r} is not one of the policies {list(self.policies)}.{did_you_mean(str(pid), self.policies)}"
                 )
         return self
 
-    def policy_config(self, policy_id: str):
+    def policy_config(self, policy_id: str) -> Self:
         """This config with policy ``policy_id``'s overrides applied (validated)."""
-        overrides = (self.policies or {}).get(policy_id) or {}
+        # a list of ids is a dict of empty overrides once validated (_check_policies)
+        policies = cast("dict[str, dict[str, Any]] | None", self.policies)
+        overrides = (policies or {}).get(policy_id) or {}
         for key in overrides:
             if key not in self.POLICY_KEYS:
                 raise ConfigError(
@@ -196,7 +271,13 @@ class TrainerConfig(BaseModel):
         if not overrides:
             return self
         fields = self.settings() | {"policies": None, "policies_to_train": None, "policy_mapping_fn": None}
-        overrides = overrides | {"model_config": self.model_options | overrides.get("model_config", {})}
+        model_config = overrides.get("model_config", {})
+        if not isinstance(model_config, dict):
+            raise ConfigError(
+                f"policy '{policy_id}' overrides model_config with {model_config!r}; it must be a dict of "
+                f"model_config keys, e.g. {{'hiddens': [32, 32]}}."
+            )
+        overrides = overrides | {"model_config": self.model_options | model_config}
         try:
             return type(self).build(**fields | overrides)
         except ConfigError as e:
@@ -219,7 +300,7 @@ class TrainerConfig(BaseModel):
         return {field.alias or name: getattr(self, name) for name, field in type(self).model_fields.items()}
 
     @classmethod
-    def build(cls, **overrides: Any):
+    def build(cls, **overrides: Any) -> Self:
         """Validate ``overrides`` into a config, turning pydantic's errors into one clear ConfigError."""
         known = cls.keys()
         unknown = [k for k in overrides if k not in known]
@@ -240,7 +321,13 @@ class TrainerConfig(BaseModel):
             if first["type"] == "value_error" and not first["loc"]:  # our own cross-key checks
                 raise ConfigError(str(first["ctx"]["error"])) from None
             key = ".".join(str(p) for p in first["loc"]) or "config"
-            value = overrides.get(str(first["loc"][0])) if first["loc"] else None
+            top = str(first["loc"][0]) if first["loc"] else ""
+            value = overrides.get(top) if top else None
+            field = {f.alias or n: f for n, f in cls.model_fields.items()}.get(top)
+            if field is not None and _is_union(field.annotation):
+                # pydantic reports the first alternative's complaint under its type's name: say them all
+                allowed = str(field.annotation).replace("typing.", "")
+                raise ConfigError(f"bad value for '{top}': {value!r}: expected {allowed}.") from None
             raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -266,21 +353,37 @@ class TrainerConfig(BaseModel):
 class PPOConfig(TrainerConfig):
     """PPO's keys. Defaults solve CartPole-v1 in well under 100k steps (rl-baselines3-zoo's CartPole settings)."""
 
-    advantage_estimator: str = "gae"  # or 'package.module:function' (rollout, gamma, gae_lambda) -> [N, T]
-    # the hand-fused learn step for the built-in MLP (the same numbers, faster); off: always autograd
+    advantage_estimator: str = "gae"
+    """The advantage function: `gae`, or `'package.module:function'` taking `(rollout, gamma, gae_lambda)` and
+    returning advantages `[N, T]`."""
     fused_update: bool = True
-    sgd_minibatch_size: int = Field(256, ge=1)
-    num_sgd_iter: int = Field(20, ge=1)
-    gae_lambda: float = Field(0.8, ge=0.0, le=1.0)
-    adam_eps: float = Field(1e-5, gt=0.0)
-    clip_coef: float = Field(0.2, gt=0.0)
-    vf_clip_coef: float | None = Field(None, gt=0.0)
-    # The value loss is 0.5 * squared error, so vf_coef=1.0 weighs it as SB3's vf_coef=0.5 on plain MSE.
-    vf_coef: float = Field(1.0, ge=0.0)
-    ent_coef: float = Field(0.0, ge=0.0)
-    max_grad_norm: float | None = Field(0.5, gt=0.0)
+    """Learn with the hand-fused step when the policy is the plain built-in MLP (the same numbers, faster); False:
+    always autograd."""
+    sgd_minibatch_size: int = Field(default=256, ge=1)
+    """Agent steps per minibatch; must divide the agent steps of an iteration (with several policies, each policy's
+    steps are split into near-equal minibatches of about this size)."""
+    num_sgd_iter: int = Field(default=20, ge=1)
+    """Epochs of minibatch steps over each iteration's batch."""
+    gae_lambda: float = Field(default=0.8, ge=0.0, le=1.0)
+    """GAE's lambda: 0 gives one-step TD errors, 1 Monte Carlo returns minus the value."""
+    adam_eps: float = Field(default=1e-5, gt=0.0)
+    """Adam's epsilon."""
+    clip_coef: float = Field(default=0.2, gt=0.0)
+    """Clip range of the policy ratio in the surrogate objective: `[1 - clip_coef, 1 + clip_coef]`."""
+    vf_clip_coef: float | None = Field(default=None, gt=0.0)
+    """Clip new values to within this distance of the values at collection time in the value loss; None: no value
+    clipping."""
+    vf_coef: float = Field(default=1.0, ge=0.0)
+    """Weight of the value loss, 0.5 x squared error (so 1.0 weighs it as SB3's `vf_coef=0.5` on plain MSE)."""
+    ent_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the entropy bonus."""
+    max_grad_norm: float | None = Field(default=0.5, gt=0.0)
+    """Clip the global norm of each step's gradient to this; None: no clipping."""
     norm_adv: bool = True
-    target_kl: float | None = Field(None, gt=0.0)
+    """Normalize advantages to mean 0 and std 1 within each minibatch."""
+    target_kl: float | None = Field(default=None, gt=0.0)
+    """Stop an update's epochs early once an epoch's mean approximate KL exceeds this; None: run all `num_sgd_iter`
+    epochs."""
 
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
         *TrainerConfig.POLICY_KEYS,
@@ -316,6 +419,7 @@ class PPOConfig(TrainerConfig):
         checked once the env's agent count is known."""
         if self.policies and len(self.policies) > 1:
             return  # each policy's share of the batch is split into near-equal minibatches instead
+        assert self.train_batch_size is not None  # filled in when the config is validated
         batch, mb = self.train_batch_size * agents_per_env, self.sgd_minibatch_size
         if mb > batch or batch % mb:
             divisors = [d for d in range(1, batch + 1) if batch % d == 0]
@@ -326,6 +430,13 @@ class PPOConfig(TrainerConfig):
                 f"(train_batch_size={self.train_batch_size} = num_envs={self.num_envs} x rollout_fragment_length="
                 f"{self.rollout_fragment_length}{agents}). Try sgd_minibatch_size={near}."
             )
+
+
+def _is_union(annotation: Any) -> bool:
+    """A union of two or more types besides None (``bool | float | None``, not ``int | None``)."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return False
+    return len([a for a in typing.get_args(annotation) if a is not type(None)]) > 1
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

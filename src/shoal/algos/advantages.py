@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from tensordict import TensorDict
 
@@ -52,9 +54,10 @@ def gae(
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {(n, t)} like reward_t")
     if valid_t is None:
         next_value = torch.where(truncated_t, final_value_t, value_t[:, 1:])
-        not_terminal = (~terminated_t).float()
+        not_terminal = (~terminated_t).to(value_t.dtype)
         delta = reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
-        carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).float()
+        # in the values' dtype: a float32 mask would round gamma * lambda to float32 for float64 values
+        carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).to(value_t.dtype)
         return _backward_scan(delta, carry)
     delta, carry = _folded_terms(
         reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t
@@ -62,7 +65,16 @@ def gae(
     return _backward_scan(delta, carry).masked_fill_(~valid_t, 0.0)
 
 
-def _folded_terms(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t):
+def _folded_terms(
+    reward_t: torch.Tensor,
+    value_t: torch.Tensor,
+    terminated_t: torch.Tensor,
+    truncated_t: torch.Tensor,
+    final_value_t: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+    valid_t: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``delta`` and ``carry`` such that ``x[t] = delta[t] + carry[t] * x[t+1]`` is the advantage at
     decisions when non-decision steps fold into the decision before them.
 
@@ -81,7 +93,8 @@ def _folded_terms(reward_t, value_t, terminated_t, truncated_t, final_value_t, g
     bootstrap = torch.where(truncated_t & ~terminated_t, final_value_t, value_t[:, 1:] * not_done * next_decision)
     # Only a decision's own value is subtracted: at a non-decision step x is a target, not an advantage.
     delta = reward_t + gamma * bootstrap - value_t[:, :-1] * is_decision
-    carry = torch.where(next_decision.bool(), gamma * gae_lambda, 1.0).to(dtype) * not_done
+    # full_like, not torch.where on Python floats, which would round gamma * lambda to float32
+    carry = torch.full_like(not_done, gamma * gae_lambda).masked_fill_(~next_decision.bool(), 1.0) * not_done
     return delta, carry
 
 
@@ -90,12 +103,12 @@ def _backward_scan(delta: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
     n, t = delta.shape
     # The time loop stays in Python. Time-major copies make each step's rows one contiguous slice,
     # so a step is a single fused op writing straight into the result.
-    delta, carry = delta.t().contiguous().unbind(0), carry.t().contiguous().unbind(0)
-    advantage = torch.empty(t, n, dtype=delta[0].dtype, device=delta[0].device)
+    deltas, carries = delta.t().contiguous().unbind(0), carry.t().contiguous().unbind(0)
+    advantage = torch.empty(t, n, dtype=delta.dtype, device=delta.device)
     adv = advantage.unbind(0)
-    adv[t - 1].copy_(delta[t - 1])
+    adv[t - 1].copy_(deltas[t - 1])
     for step in range(t - 2, -1, -1):
-        torch.addcmul(delta[step], carry[step], adv[step + 1], out=adv[step])
+        torch.addcmul(deltas[step], carries[step], adv[step + 1], out=adv[step])
     return advantage.t()
 
 
@@ -115,13 +128,14 @@ def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.T
     )
 
 
-# name -> (rollout, gamma, gae_lambda) -> advantages [N, T]; a 'package.module:function' of the same
-# signature may be given instead
-ESTIMATORS = {"gae": rollout_gae}
+AdvantageFn = Callable[[TensorDict, float, float], torch.Tensor]  # (rollout, gamma, gae_lambda) -> [N, T]
+# name -> estimator; a 'package.module:function' of the same signature may be given instead
+ESTIMATORS: dict[str, AdvantageFn] = {"gae": rollout_gae}
 
 
-def advantage_estimator(spec: str):
+def advantage_estimator(spec: str) -> AdvantageFn:
     """The advantage function ``advantage_estimator`` names (checked when the config is built)."""
     if spec in ESTIMATORS:
         return ESTIMATORS[spec]
-    return import_spec(spec, "advantage_estimator")
+    estimator: AdvantageFn = import_spec(spec, "advantage_estimator")
+    return estimator

@@ -26,7 +26,7 @@ per-step ``extras`` the policies' ``act`` returns (the default actor-critic poli
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 from tensordict import TensorDict
@@ -37,20 +37,43 @@ from shoal.envs.spaces import EnvInfo
 from shoal.models.catalog import build_policy
 from shoal.models.policy import Policy
 
+if TYPE_CHECKING:
+    from shoal.collect.collector import Truncations
+
 SCALAR: FieldSpec = ((), torch.float32)  # one float per agent step, as every built-in extra
 
 
 class Collector(Protocol):
     """What an algorithm may ask of the collector it is handed (``shoal.collect.Collector``)."""
 
-    truncations: Any  # the last rollout's truncated steps and their true final observations
+    # the last rollout's truncated steps and their true final observations (None before the first)
+    truncations: Truncations | None
 
-    def collect(self, rollout: TensorDict) -> int: ...
+    def collect(self, rollout: TensorDict) -> int:
+        """Fill the ``[N, T+1]`` rollout in place (env fields and the algorithm's extras); returns
+        the env steps taken."""
+        ...
+
+
+class _KeepsObsStats(Protocol):
+    """A policy with observation statistics (``ActorCriticPolicy``'s ``update_obs_stats``)."""
+
+    def update_obs_stats(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> None: ...
 
 
 class Algorithm:
+    """Base class of every learning algorithm: it owns its policies, optimizers, storage and
+    schedules, and the trainer calls ``training_step(collector)`` once per iteration.
+
+    Subclasses set ``name`` and ``config_class``, build their storage and optimizers in
+    ``__init__`` (after ``super().__init__``, which builds ``self.policies``), implement
+    ``training_step`` and extend ``state_dict`` / ``load_state_dict`` with their own state.
+    """
+
     name: ClassVar[str] = "Algorithm"
+    """Shown in the progress line, run names and checkpoints."""
     config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
+    """The config model: ``TrainerConfig`` plus the algorithm's own keys."""
     extras: ClassVar[tuple[str, ...] | None] = None  # per-step fields to store from act(); None: all it gives
     extra_specs: ClassVar[dict[str, FieldSpec]] = {}  # shape and dtype of extras that are not one float
 
@@ -97,7 +120,8 @@ class Algorithm:
                 continue
             keep = valid if len(self.policies) == 1 else valid & (owner == index)
             critic_obs = steps.get("critic_obs", None)
-            policy.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])
+            stats = cast(_KeepsObsStats, policy)  # a policy with an obs_normalizer updates it
+            stats.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         """Collect experience and learn from it once; returns statistics to log."""
@@ -108,5 +132,6 @@ class Algorithm:
         return {"policies": {pid: policy.state_dict() for pid, policy in self.policies.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned; subclasses restore their own state too."""
         for pid, policy in self.policies.items():
             policy.load_state_dict(state["policies"][pid])

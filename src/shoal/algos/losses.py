@@ -12,10 +12,21 @@ the value and gradients against a per-element Python loop; the hand-fused learn 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
+
+# (loss, ratio, policy loss, value loss): the loss to minimize, then detached diagnostics
+LossOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# ppo_loss's arguments after (logp, value, entropy): (old_logp, adv, old_value, returns, mask,
+# clip_coef, vf_clip_coef, vf_coef, ent_coef)
+LossArgs = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float, float | None, float, float
+]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``x`` over the rows where ``mask`` is True (all rows when it is None)."""
     if mask is None:
         return x.mean()
     m = mask.to(x.dtype)
@@ -44,7 +55,7 @@ def ppo_loss(
     vf_clip_coef: float | None,
     vf_coef: float,
     ent_coef: float,
-):
+) -> LossOutputs:
     """PPO's total loss; also returns the ratio, the policy loss and the value loss (detached).
 
     ``entropy`` may be None when ``ent_coef`` is 0."""
@@ -57,7 +68,7 @@ def ppo_loss(
     v_loss = 0.5 * masked_mean(err, mask)
     loss = pg_loss + vf_coef * v_loss
     if ent_coef:
-        loss = loss - ent_coef * masked_mean(entropy, mask)
+        loss = loss - ent_coef * masked_mean(cast(torch.Tensor, entropy), mask)  # given with ent_coef
     return loss, ratio.detach(), pg_loss.detach(), v_loss.detach()
 
 

@@ -15,20 +15,32 @@ observation statistics. A minibatch step runs on autograd, or on the hand-fused 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from tensordict import TensorDict
 
 from shoal.algos.advantages import advantage_estimator
 from shoal.algos.base import SCALAR, Algorithm, Collector
-from shoal.algos.losses import explained_variance, masked_mean, normalize_advantage, policy_stats, ppo_loss
+from shoal.algos.losses import (
+    LossArgs,
+    LossOutputs,
+    explained_variance,
+    masked_mean,
+    normalize_advantage,
+    policy_stats,
+    ppo_loss,
+)
 from shoal.algos.ppo_fused import FusedPPOStep, fused_unavailable
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
-from shoal.config import PPOConfig
+from shoal.config import PPOConfig, TrainerConfig
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
+from shoal.models.catalog import build_policy
 from shoal.models.policy import ActorCriticPolicy
+
+if TYPE_CHECKING:
+    from shoal.collect.collector import Truncations
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
 LEARN_KEYS = ("obs", "action", "sample_log_prob", "value", "return", "advantage", "valid")
@@ -39,17 +51,28 @@ class PPOAlgorithm(Algorithm):
     config_class = PPOConfig
     extras = ("sample_log_prob", "value")  # stored per step: the behaviour policy's log-prob, the value
 
+    config: PPOConfig  # built from config_class by the trainer
+
     def __init__(self, config: PPOConfig, env: EnvInfo):
         super().__init__(config, env)
         fields = self.extra_fields() | dict.fromkeys(("final_value", "advantage", "return"), SCALAR)
-        self.buffer = RolloutBuffer(env, config.rollout_fragment_length, fields, config.device)
+        horizon = config.rollout_fragment_length
+        assert horizon is not None  # filled in when the config is validated
+        self.buffer = RolloutBuffer(env, horizon, fields, config.device)
         self.learners = {
             pid: PPOLearner(
-                self.policies[pid], self.policy_configs[pid], torch.Generator().manual_seed(config.seed + i)
+                # built by make_policy from the config_class (with the policy's overrides)
+                cast(ActorCriticPolicy, self.policies[pid]),
+                cast(PPOConfig, self.policy_configs[pid]),
+                torch.Generator().manual_seed(config.seed + i),
             )
             for i, pid in enumerate(config.policy_ids)
             if pid in self.trained_policy_ids
         }
+
+    def make_policy(self, policy_id: str, config: TrainerConfig) -> ActorCriticPolicy:
+        """PPO learns an actor-critic: by default the one ``model`` and ``model_config`` describe."""
+        return build_policy(config, self.env)
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         rollout = self.buffer.start_rollout()
@@ -59,6 +82,7 @@ class PPOAlgorithm(Algorithm):
         # like its stored values. Then the observation statistics take in this rollout before
         # learning from it: they move little once a few rollouts are in, and waiting a rollout to
         # use them makes the first iterations learn from unnormalized inputs.
+        assert collector.truncations is not None  # collect() sets them
         self.bootstrap_truncations(rollout, collector.truncations)
         self.update_obs_stats(rollout)
         # Each trained policy learns from the steps it took; one policy's statistics are top-level
@@ -75,7 +99,7 @@ class PPOAlgorithm(Algorithm):
         return stats if single else {"learner": stats}
 
     @torch.no_grad()
-    def bootstrap_truncations(self, rollout: TensorDict, truncations) -> None:
+    def bootstrap_truncations(self, rollout: TensorDict, truncations: Truncations) -> None:
         """``final_value`` at each truncated step: the acting policy's value of the episode's true
         last observation (the next slot already holds the next episode's first)."""
         if not len(truncations):
@@ -85,7 +109,7 @@ class PPOAlgorithm(Algorithm):
             mine = (owner == index).nonzero().squeeze(1)
             if len(mine):
                 critic = None if truncations.critic_obs is None else truncations.critic_obs[mine]
-                value = policy.value(truncations.obs[mine], critic)
+                value = cast(ActorCriticPolicy, policy).value(truncations.obs[mine], critic)
                 rollout["final_value"][truncations.row[mine], truncations.step[mine]] = value
 
     def state_dict(self) -> dict[str, Any]:
@@ -97,6 +121,22 @@ class PPOAlgorithm(Algorithm):
             learner.load_state_dict(state["learners"][pid])
 
 
+class PPOStep(Protocol):
+    """One minibatch step of PPO: ``AutogradPPOStep``, or ``FusedPPOStep`` for the built-in MLP."""
+
+    lr: float
+
+    def __call__(
+        self, mb: TensorDict, loss_args: LossArgs, track: bool, need_entropy: bool
+    ) -> tuple[LossOutputs | None, torch.Tensor | None]:
+        """Learn from ``mb``; returns the loss outputs (always when ``track``) and the entropy
+        (always when ``need_entropy``)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class PPOLearner:
     """One policy's optimizer, minibatch generator and update."""
 
@@ -105,7 +145,7 @@ class PPOLearner:
         self.advantage = advantage_estimator(config.advantage_estimator)
         self.fused_off_reason = fused_unavailable(policy, config.fused_update)
         make_step = AutogradPPOStep if self.fused_off_reason else FusedPPOStep
-        self.step = make_step(policy, config.learning_rate, config.adam_eps, config.max_grad_norm)
+        self.step: PPOStep = make_step(policy, config.learning_rate, config.adam_eps, config.max_grad_norm)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -159,7 +199,7 @@ class PPOLearner:
                 adv = mb["advantage"]
                 if c.norm_adv and not normalize_once:
                     adv = normalize_advantage(adv, mask)
-                loss_args = (
+                loss_args: LossArgs = (
                     mb["sample_log_prob"],
                     adv,
                     mb["value"],
@@ -172,11 +212,12 @@ class PPOLearner:
                 )
                 outputs, entropy = self.step(mb, loss_args, track, need_entropy=track or c.ent_coef > 0)
                 epoch_steps += 1
-                if track:
-                    _, ratio, pg_loss, v_loss = outputs
+                if track:  # then the step gave the loss outputs and the entropy
+                    _, ratio, pg_loss, v_loss = cast(LossOutputs, outputs)
                     with torch.no_grad():
                         approx_kl, clipfrac = policy_stats(ratio, c.clip_coef, mask)
-                        totals += torch.stack([pg_loss, v_loss, masked_mean(entropy, mask), approx_kl, clipfrac])
+                        ent = masked_mean(cast(torch.Tensor, entropy), mask)
+                        totals += torch.stack([pg_loss, v_loss, ent, approx_kl, clipfrac])
             sgd_steps += epoch_steps
             if c.target_kl is not None and totals[3].item() / epoch_steps > c.target_kl:
                 break  # early stop: the policy moved too far from the one that collected the data
@@ -201,13 +242,16 @@ class AutogradPPOStep:
 
     @property
     def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        lr: float = self.optimizer.param_groups[0]["lr"]
+        return lr
 
     @lr.setter
     def lr(self, value: float) -> None:
         self.optimizer.param_groups[0]["lr"] = value
 
-    def __call__(self, mb: TensorDict, loss_args: tuple, track: bool, need_entropy: bool):
+    def __call__(
+        self, mb: TensorDict, loss_args: LossArgs, track: bool, need_entropy: bool
+    ) -> tuple[LossOutputs, torch.Tensor | None]:
         """``(loss, ratio, pg_loss, v_loss)`` and the entropy."""
         logp, entropy, value = self.policy.evaluate(
             mb["obs"],
@@ -218,7 +262,7 @@ class AutogradPPOStep:
         )
         outputs = ppo_loss(logp, value, entropy, *loss_args)
         self.optimizer.zero_grad()
-        outputs[0].backward()
+        outputs[0].backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()

@@ -17,12 +17,14 @@ against autograd.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
 from torch import nn
 
+from shoal.algos.losses import LossArgs, LossOutputs
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
 from shoal.models.layers import per_tower, stacked_forward
 from shoal.models.networks import MLPModel
@@ -74,16 +76,18 @@ class FusedPPOStep:
 
     def __init__(self, policy: ActorCriticPolicy, lr: float, eps: float, max_grad_norm: float | None):
         self.policy, self.lr, self.eps, self.max_grad_norm = policy, lr, eps, max_grad_norm
-        self.n_hidden = len(policy.model.weights)
+        self.n_hidden = len(cast(MLPModel, policy.model).weights)  # fused_unavailable checked the model
         self.flat = flatten_parameters(policy)
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self.step_count = torch.zeros((), dtype=self.flat.dtype)
 
     @torch.no_grad()
-    def __call__(self, mb: TensorDict, loss_args: tuple, track: bool, need_entropy: bool):
+    def __call__(
+        self, mb: TensorDict, loss_args: LossArgs, track: bool, need_entropy: bool
+    ) -> tuple[LossOutputs | None, torch.Tensor | None]:
         """``(loss, ratio, pg_loss, v_loss)`` (None unless ``track``) and the entropy."""
-        policy, net = self.policy, self.policy.model
+        policy, net = self.policy, cast(MLPModel, self.policy.model)  # fused_unavailable checked the model
         params = net.flat_params
         obs, critic_obs = policy.normalize(mb["obs"], mb.get("critic_obs", None))
         x = net.inputs(obs, critic_obs)
@@ -93,14 +97,15 @@ class FusedPPOStep:
             logp, value.squeeze(-1), ent, *loss_args, with_values=track
         )
         grad_dist = _dist_backward(policy, ctx, grad_logp, grad_ent)
-        stacked_backward(
-            x, net.activation, params, hidden, (grad_dist, grad_value.unsqueeze(-1)), [p.grad for p in params]
-        )
+        grads = cast(
+            "list[torch.Tensor]", [p.grad for p in params]
+        )  # views into the flat gradient (flatten_parameters)
+        stacked_backward(x, net.activation, params, hidden, (grad_dist, grad_value.unsqueeze(-1)), grads)
         self._adam()
         return outputs, ent
 
     def _adam(self) -> None:
-        grad = self.flat.grad
+        grad = cast(torch.Tensor, self.flat.grad)  # set by flatten_parameters
         if self.max_grad_norm is not None:
             norm = grad.norm().item()  # a host float: on the CPU this costs nothing and saves three ops
             if norm > self.max_grad_norm:
@@ -135,9 +140,15 @@ class FusedPPOStep:
 
 
 # ----- the action distributions: log-probability, entropy, and their gradients ----------------
+# What each distribution's forward keeps for its backward
+GaussianContext = tuple[torch.Tensor, torch.Tensor]  # (z, 1 / std)
+CategoricalContext = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # (log p, action index, entropy)
+DistContext = GaussianContext | CategoricalContext | list[CategoricalContext]  # the last: MultiCategorical's parts
+
+
 def _dist_forward(
     policy: ActorCriticPolicy, dist_inputs: torch.Tensor, action: torch.Tensor, entropy: bool, mask: torch.Tensor | None
-):
+) -> tuple[torch.Tensor, torch.Tensor | None, DistContext]:
     """Log-probability of ``action``, entropy (None unless asked for), and the backward's context."""
     dist = policy.dist
     if isinstance(dist, DiagGaussian):
@@ -153,40 +164,48 @@ def _dist_forward(
         _categorical_forward(p, x, a, entropy, m)
         for (p, x, m), a in zip(dist.split(dist_inputs, mask), action.unbind(-1))
     ]
-    ent = sum(e for _, e, _ in parts) if entropy else None
-    return sum(lp for lp, _, _ in parts), ent, [c for _, _, c in parts]
+    ent = cast(torch.Tensor, sum(cast("list[torch.Tensor]", [e for _, e, _ in parts]))) if entropy else None
+    return cast(torch.Tensor, sum(lp for lp, _, _ in parts)), ent, [c for _, _, c in parts]
 
 
-def _categorical_forward(dist: Categorical, logits, action, entropy: bool, mask):
+def _categorical_forward(
+    dist: Categorical, logits: torch.Tensor, action: torch.Tensor, entropy: bool, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, CategoricalContext]:
     logp = dist.log_probs(logits, mask)
     ent = -(logp.exp() * logp).sum(-1) if entropy else None
     index = action.unsqueeze(-1)
     return logp.gather(-1, index).squeeze(-1), ent, (logp, index, ent)
 
 
-def _dist_backward(policy: ActorCriticPolicy, ctx, grad_logp: torch.Tensor, grad_ent: torch.Tensor | None):
-    """Gradient wrt the distribution inputs (the log-std's is written into its ``.grad``)."""
+def _dist_backward(
+    policy: ActorCriticPolicy, ctx: DistContext, grad_logp: torch.Tensor, grad_ent: torch.Tensor | None
+) -> torch.Tensor:
+    """Gradient wrt the distribution inputs (the log-std's is written into its ``.grad``). ``ctx``
+    is what ``_dist_forward`` returned for the same distribution."""
     if isinstance(policy.dist, DiagGaussian):
         # With z = (a - mean) / std: d logp / d mean = z / std, d logp / d log_std = z^2 - 1, dH / d log_std = 1.
-        z, inv_std = ctx
+        z, inv_std = cast(GaussianContext, ctx)
         g = grad_logp.unsqueeze(-1)
         grad_log_std = (g * (z.square() - 1.0)).sum(0)
         if grad_ent is not None:
             grad_log_std += grad_ent.sum()
-        policy.log_std.grad.copy_(grad_log_std)
+        cast(torch.Tensor, policy.log_std.grad).copy_(grad_log_std)  # a view into the flat gradient
         return g * z * inv_std
     if isinstance(policy.dist, MultiCategorical):  # log-prob and entropy are sums over the parts
-        return torch.cat([_categorical_backward(c, grad_logp, grad_ent) for c in ctx], -1)
-    return _categorical_backward(ctx, grad_logp, grad_ent)
+        parts = cast("list[CategoricalContext]", ctx)
+        return torch.cat([_categorical_backward(c, grad_logp, grad_ent) for c in parts], -1)
+    return _categorical_backward(cast(CategoricalContext, ctx), grad_logp, grad_ent)
 
 
-def _categorical_backward(ctx, grad_logp: torch.Tensor, grad_ent: torch.Tensor | None) -> torch.Tensor:
+def _categorical_backward(
+    ctx: CategoricalContext, grad_logp: torch.Tensor, grad_ent: torch.Tensor | None
+) -> torch.Tensor:
     """With p = softmax, l = log p, H = -sum p l: d l_a / dz = onehot(a) - p and dH / dz = -p (l + H).
     A masked logit has p = 0 exactly, so its gradient is 0 (its action is never the one taken)."""
     logp, index, ent = ctx
     coef = grad_logp.unsqueeze(-1)
-    if grad_ent is not None:
-        coef = coef + grad_ent.unsqueeze(-1) * (logp + ent.unsqueeze(-1))
+    if grad_ent is not None:  # then the forward computed the entropy
+        coef = coef + grad_ent.unsqueeze(-1) * (logp + cast(torch.Tensor, ent).unsqueeze(-1))
     grad = logp.exp().mul_(coef).neg_()
     return grad.scatter_add_(-1, index, grad_logp.unsqueeze(-1))
 
@@ -200,20 +219,20 @@ def _row_weights(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor 
 
 
 def ppo_loss_and_grad(
-    logp,
-    value,
-    entropy,
-    old_logp,
-    adv,
-    old_value,
-    returns,
-    mask,
-    clip_coef,
-    vf_clip_coef,
-    vf_coef,
-    ent_coef,
+    logp: torch.Tensor,
+    value: torch.Tensor,
+    entropy: torch.Tensor | None,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor | None,
+    clip_coef: float,
+    vf_clip_coef: float | None,
+    vf_coef: float,
+    ent_coef: float,
     with_values: bool = True,
-):
+) -> tuple[LossOutputs | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """``(loss, ratio, pg_loss, v_loss)`` (None unless ``with_values``: the loss values are only
     diagnostics, half the ops) and the loss's gradient wrt ``(logp, value, entropy)`` (the
     entropy's is None when ``ent_coef`` is 0 or ``entropy`` is None)."""
@@ -241,7 +260,7 @@ def ppo_loss_and_grad(
     v_loss = 0.5 * (v_err.square() * w).sum()
     loss = pg_loss + vf_coef * v_loss
     if ent_coef:
-        loss = loss - ent_coef * (entropy * w).sum()
+        loss = loss - ent_coef * (cast(torch.Tensor, entropy) * w).sum()  # given with ent_coef
     return (loss, ratio, pg_loss, v_loss), (grad_logp, grad_value, grad_ent)
 
 
@@ -249,18 +268,28 @@ def ppo_loss_and_grad(
 # The activations' own backward kernels, which autograd runs too: one pass where the public ops
 # take several (a [2, 256, 64] gradient, one thread: 9.2 us against 24.5 us for g * (1 - y * y),
 # and 10.0 us against 38.2 us for torch.where(y > 0, g, 0)).
+# (torch.ops are looked up at run time, so the checker sees them as Any: the results are annotated)
 def _tanh_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten.tanh_backward(grad, out)
+    result: torch.Tensor = torch.ops.aten.tanh_backward(grad, out)
+    return result
 
 
 def _relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten.threshold_backward(grad, out, 0.0)
+    result: torch.Tensor = torch.ops.aten.threshold_backward(grad, out, 0.0)
+    return result
 
 
 ACTIVATION_BACKWARD = {"tanh": _tanh_backward, "relu": _relu_backward}  # from the activation's output
 
 
-def stacked_backward(x: torch.Tensor, activation: str, params, hidden: list, grad_outs, grads) -> None:
+def stacked_backward(
+    x: torch.Tensor,
+    activation: str,
+    params: Sequence[torch.Tensor],
+    hidden: list[torch.Tensor],
+    grad_outs: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+) -> None:
     """The backward of ``stacked_forward``: writes each parameter's gradient into ``grads`` (same
     order as ``params``, overwritten, not accumulated)."""
     act_backward = ACTIVATION_BACKWARD[activation]

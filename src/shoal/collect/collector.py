@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.collect.critic import CriticInput
-from shoal.collect.episodes import EpisodeTracker, env_episode_ends, mark_episode_starts
+from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, mark_episode_starts
 from shoal.collect.policies import PolicyMap
 from shoal.errors import ConfigError, EnvError
 from shoal.models.normalize import RewardScaler
@@ -83,7 +83,7 @@ class Collector:
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
         self._views: dict[int, dict[str, Any]] = {}
         self._views_of: TensorDict | None = None
-        self._raw_reward: torch.Tensor | None = None  # [N, T+1]: the tracker reads unscaled rewards
+        self._raw_reward = torch.zeros(0, 0)  # [N, T+1] (sized in _views_for): the tracker reads unscaled rewards
         self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None]] = []
 
     def reset(self, seed: int | None) -> None:
@@ -121,7 +121,7 @@ class Collector:
         start = time.perf_counter()
         backend, policies = self.backend, self.policies
         horizon = rollout.batch_size[1] - 1
-        step_infos: dict[int, dict[int, dict]] = {}  # step -> row -> info of an episode's last step
+        step_infos: StepInfos = {}  # step -> row -> info of an episode's last step
         ready, self._parked = self._parked, []
         num_groups = len(ready)
         self._position[:] = 0
@@ -174,7 +174,7 @@ class Collector:
         self.sample_time_s += time.perf_counter() - start
         return steps
 
-    def _record_step(self, batch: StepBatch, views: dict, t: int, step_infos: dict[int, dict[int, dict]]) -> None:
+    def _record_step(self, batch: StepBatch, views: dict[str, Any], t: int, step_infos: StepInfos) -> None:
         """Write the result of step ``t`` (reward, flags, truncated episodes' last observations) for
         ``batch``'s rows, and which rows start an episode now."""
         done = torch.logical_or(batch.terminated, batch.truncated, out=views["done"][t])
@@ -219,7 +219,7 @@ class Collector:
             None if critic is None else torch.cat(critics),
         )
 
-    def _start_episodes(self, batch: StepBatch, views: dict) -> None:
+    def _start_episodes(self, batch: StepBatch, views: dict[str, Any]) -> None:
         """Envs whose episode ended this step (an agent finished and none is left acting) start a
         new one: their agents are mapped to policies again."""
         k = self.backend.rows_per_env

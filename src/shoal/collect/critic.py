@@ -12,6 +12,8 @@ state). The actor still sees only its own observation. Two global views:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from shoal.vector.base import StepBatch
@@ -65,11 +67,13 @@ class TeamObs(CriticInput):
 
 
 class EnvState(CriticInput):
+    # Backends built with env_state=True (as the trainer does for central_critic="state") fill
+    # batch.state and batch.final_state on every step.
     def write(self, batch: StepBatch, obs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        out[:, : self.view_dim].copy_(batch.state)
+        out[:, : self.view_dim].copy_(cast(torch.Tensor, batch.state))
         return out
 
     def final(self, batch: StepBatch, rows: torch.Tensor) -> torch.Tensor:
         out = self._fresh(batch.agent_id[rows])
-        out[:, : self.view_dim] = batch.final_state[rows]
+        out[:, : self.view_dim] = cast(torch.Tensor, batch.final_state)[rows]
         return out

@@ -23,9 +23,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -42,6 +43,7 @@ class Episode:
 
 
 EPISODE_CONTINUES = "episode_continues"  # info key: this done is a learning terminal, the episode goes on
+StepInfos = dict[int, dict[int, dict[str, Any]]]  # step -> row -> info of an episode's last step
 
 
 def numeric_items(info: dict[str, Any]) -> dict[str, float]:
@@ -57,13 +59,15 @@ def numeric_items(info: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def env_episode_ends(done: np.ndarray, valid: np.ndarray, rows_per_env: int) -> np.ndarray:
+def env_episode_ends(
+    done: npt.NDArray[np.bool_], valid: npt.NDArray[np.bool_], rows_per_env: int
+) -> npt.NDArray[np.bool_]:
     """Which envs ended their episode, from row flags ``[..., rows]`` (env-major rows): an agent
     finished and none is left acting (the others are done too, or already padding). Returns
     ``[..., envs]`` bool."""
     done = done.reshape(*done.shape[:-1], -1, rows_per_env)
     left = done | ~valid.reshape(done.shape)
-    return done.any(-1) & left.all(-1)
+    return cast("npt.NDArray[np.bool_]", done.any(-1) & left.all(-1))  # an array: done has >= 2 dims here
 
 
 def mark_episode_starts(
@@ -96,7 +100,7 @@ class EpisodeTracker:
         self,
         num_rows: int,
         window: int,
-        env_id: np.ndarray | None = None,
+        env_id: npt.NDArray[np.int64] | None = None,
         on_episode_end: Callable[[Episode], None] | None = None,
         agent_names: list[str] | None = None,
         policy_ids: list[str] | None = None,
@@ -106,9 +110,9 @@ class EpisodeTracker:
             k = len(agent_names)
             self.team_ret = np.zeros(num_rows // k, dtype=np.float64)
             self.team_len = np.zeros(num_rows // k, dtype=np.int64)
-            self.agent_returns = {a: deque(maxlen=window) for a in agent_names}
+            self.agent_returns: dict[str, deque[float]] = {a: deque(maxlen=window) for a in agent_names}
         self.policy_ids = policy_ids or ["default_policy"]
-        self.policy_returns = {p: deque(maxlen=window) for p in self.policy_ids}
+        self.policy_returns: dict[str, deque[float]] = {p: deque(maxlen=window) for p in self.policy_ids}
         self.per_policy = bool(agent_names) or len(self.policy_ids) > 1
         self.ret = np.zeros(num_rows, dtype=np.float64)
         self.len = np.zeros(num_rows, dtype=np.int64)
@@ -123,11 +127,11 @@ class EpisodeTracker:
 
     def add(
         self,
-        reward: np.ndarray,
-        done: np.ndarray,
-        valid: np.ndarray,
-        step_infos: dict[int, dict[int, dict]] | None = None,
-        policy: np.ndarray | None = None,
+        reward: npt.NDArray[np.floating[Any]],
+        done: npt.NDArray[np.bool_],
+        valid: npt.NDArray[np.bool_],
+        step_infos: StepInfos | None = None,
+        policy: npt.NDArray[np.int64] | None = None,
     ) -> None:
         """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated) close their
         episode, also where the row did not act that step (a turn-based game ending on another
@@ -166,7 +170,7 @@ class EpisodeTracker:
         self.episodes_total += ended
 
     @staticmethod
-    def _episode_ends(done: np.ndarray, step_infos: dict[int, dict[int, dict]]) -> np.ndarray:
+    def _episode_ends(done: npt.NDArray[np.bool_], step_infos: StepInfos) -> npt.NDArray[np.bool_]:
         """``done`` without the steps whose info says the episode continues."""
         going_on = [
             (t, row) for t, infos in step_infos.items() for row, info in infos.items() if info.get(EPISODE_CONTINUES)
@@ -185,10 +189,10 @@ class EpisodeTracker:
             self.team_ret[:] = 0.0
             self.team_len[:] = 0
 
-    def _team_ends(self, done: np.ndarray, valid: np.ndarray) -> dict[tuple[int, int], int]:
+    def _team_ends(self, done: npt.NDArray[np.bool_], valid: npt.NDArray[np.bool_]) -> dict[tuple[int, int], int]:
         """Where an env's episode ended, an agent finished and none is left acting:
-        ``(step, env) -> slot of the last agent finishing there``."""
-        k = len(self.agent_names)
+        ``(step, env) -> slot of the last agent finishing there``. Named agents only."""
+        k = len(cast("list[str]", self.agent_names))
         steps, envs = np.nonzero(env_episode_ends(done, valid, k))
         finished = done.reshape(done.shape[0], -1, k)
         last = k - 1 - finished[steps, envs, ::-1].argmax(-1)
@@ -196,8 +200,9 @@ class EpisodeTracker:
 
     def _agent_episode(self, t: int, row: int, ret: float, length: int, team_ends: dict[tuple[int, int], int]) -> None:
         """One agent's episode ended at step t; the last of its team closes the team's episode."""
-        env, slot = divmod(row, len(self.agent_names))
-        self.agent_returns[self.agent_names[slot]].append(ret)
+        names = cast("list[str]", self.agent_names)  # called for named agents only
+        env, slot = divmod(row, len(names))
+        self.agent_returns[names[slot]].append(ret)
         self.team_ret[env] += ret
         self.team_len[env] = max(self.team_len[env], length)
         if team_ends.get((t, env)) == slot:

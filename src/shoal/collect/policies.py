@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from tensordict import TensorDict
 
@@ -30,7 +31,10 @@ class EpisodeStart:
     episode_id: int
 
 
-def mapping_function(spec: Any, policy_ids: list[str], agents: list[str]) -> Callable[[str, EpisodeStart], str]:
+MappingFn = Callable[[str, EpisodeStart], str]  # (agent id, episode) -> policy id
+
+
+def mapping_function(spec: Any, policy_ids: list[str], agents: list[str]) -> MappingFn:
     """``policy_mapping_fn`` as a function: a callable, ``'module:function'``, a dict {agent: policy},
     or None (the policy named like the agent, else the only policy)."""
     if spec is None:
@@ -51,7 +55,8 @@ def mapping_function(spec: Any, policy_ids: list[str], agents: list[str]) -> Cal
         spec = import_spec(spec, "policy_mapping_fn")
     if not callable(spec):
         raise ConfigError(f"policy_mapping_fn must be a function (agent_id, episode) -> policy id, got {spec!r}.")
-    return spec
+    mapping: MappingFn = spec  # the user's function; PolicyMap checks each id it returns
+    return mapping
 
 
 class PolicyMap:
@@ -61,10 +66,11 @@ class PolicyMap:
     def __init__(
         self,
         policies: dict[str, Policy],
-        mapping: Callable[[str, EpisodeStart], str] | None,
+        mapping: MappingFn | None,
         agents: list[str],
         num_envs: int,
     ):
+        """``mapping`` is None only with a single policy, which acts for every row."""
         self.ids, self.modules = list(policies), list(policies.values())
         self.single = len(self.modules) == 1
         self.mapping, self.agents = mapping, agents
@@ -73,21 +79,23 @@ class PolicyMap:
         self.episodes_started = 0
         # each policy's state of every row (read only on the rows it owns); empty for feedforward policies
         self.states = [module.initial_state(num_rows) for module in self.modules]
-        self.stateful = any(not state.is_empty() for state in self.states)
+        # tensordict's TensorDict.is_empty overrides the annotated TensorDictBase.is_empty without annotations
+        self.stateful = any(not state.is_empty() for state in self.states)  # type: ignore[no-untyped-call]
         self._groups: dict[int, list[tuple[int, torch.Tensor]]] = {}  # batch start row -> (policy, positions)
         self._state_views: dict[tuple[int, int], TensorDict] = {}  # (policy, batch start row) -> its rows
 
-    def start_episodes(self, envs: np.ndarray | range, first_env_id: int = 0) -> None:
+    def start_episodes(self, envs: npt.NDArray[np.int64] | range, first_env_id: int = 0) -> None:
         """Envs (backend indices) starting an episode: map each of their agents to a policy."""
         if self.single:
             return
+        mapping = cast(MappingFn, self.mapping)  # set whenever there are several policies
         k = len(self.agents)
         before = self.row_policy.clone() if self._groups else None
         for env in envs:
             episode = EpisodeStart(first_env_id + int(env), self.episodes_started)
             self.episodes_started += 1
             for slot, agent in enumerate(self.agents):
-                self.row_policy[int(env) * k + slot] = self._index(self.mapping(agent, episode), agent)
+                self.row_policy[int(env) * k + slot] = self._index(mapping(agent, episode), agent)
         if before is not None and not torch.equal(before, self.row_policy):
             self._groups.clear()
 
@@ -102,7 +110,7 @@ class PolicyMap:
 
     def split(self, owner: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """Each policy among ``owner`` (policy indices of some rows) with the positions it owns."""
-        return [(p, (owner == p).nonzero().squeeze(1)) for p in owner.unique().tolist()]
+        return [(p, (owner == p).nonzero().squeeze(1)) for p in torch.unique(owner).tolist()]
 
     def _groups_for(self, rows: slice) -> list[tuple[int, torch.Tensor]]:
         groups = self._groups.get(rows.start)
@@ -138,7 +146,7 @@ class PolicyMap:
             if self.stateful and advance:
                 state.update_(next_state)
             return action, extras
-        action = None
+        actions: torch.Tensor | None = None
         for p, idx in self._groups_for(rows):
             state = self._state(p, rows)
             part = state[idx]
@@ -150,18 +158,17 @@ class PolicyMap:
                 deterministic=deterministic,
                 critic_obs=None if critic_obs is None else critic_obs[idx],
             )
-            if action is None:
-                action = a.new_empty((len(obs), *a.shape[1:]))
-                if out is None:
-                    out = TensorDict(
-                        {k: v.new_empty((len(obs), *v.shape[1:])) for k, v in extras.items()}, batch_size=[len(obs)]
-                    )
-            action[idx] = a
+            if actions is None:  # the first policy: allocate for every row
+                actions = a.new_empty((len(obs), *a.shape[1:]))
+            if out is None:
+                empty = {k: cast(torch.Tensor, v).new_empty((len(obs), *v.shape[1:])) for k, v in extras.items()}
+                out = TensorDict(empty, batch_size=[len(obs)])  # extras are flat: one tensor each
+            actions[idx] = a
             for key, stored in out.items():  # what the algorithm stores, a subset of the extras
                 stored[idx] = extras.get(key)
             if self.stateful and advance:
                 state[idx] = next_state
-        return action, out
+        return cast(torch.Tensor, actions), cast(TensorDict, out)  # set: every row has a policy
 
     def state_dict(self) -> dict[str, Any]:
         return {

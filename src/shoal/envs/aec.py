@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from shoal.envs.pettingzoo import ParallelEnvAdapter
 from shoal.errors import EnvError
@@ -43,7 +44,7 @@ class AECEnvAdapter(ParallelEnvAdapter):
         self.done[:] = False
         self._write_current()
 
-    def step(self, actions: np.ndarray) -> None:
+    def step(self, actions: npt.NDArray[Any]) -> None:
         """One turn of the agent to move, then the None steps of agents that died, then a reset if
         the game is over. ``valid`` marks the mover's row. The rewards of all these env steps go to
         the rows still playing at the start of the turn."""
@@ -77,7 +78,7 @@ class AECEnvAdapter(ParallelEnvAdapter):
     def _is_dead(self, agent: str) -> bool:
         return bool(self.env.terminations[agent] or self.env.truncations[agent])
 
-    def _absorb(self, playing: np.ndarray) -> None:
+    def _absorb(self, playing: npt.NDArray[np.bool_]) -> None:
         """Add the rewards of the env's last internal step to the rows in ``playing``, and set the
         done flags of agents that died in it.
 

@@ -14,12 +14,20 @@ the ALE emulator itself is not plain data, so Atari snapshots are inexact whatev
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
+from gymnasium.core import RenderFrame
 
 from shoal.errors import ConfigError, EnvError
+
+if TYPE_CHECKING:  # ale_py is an optional extra
+    from ale_py import AtariEnv
+
+Frame = npt.NDArray[np.uint8]  # a grayscale screen [H, W], or a stack of them
+StepResult = tuple[Frame, SupportsFloat, bool, bool, dict[str, Any]]
 
 NOOP = 0  # ALE puts NOOP first in every game's action set (checked in make_atari_env)
 DEFAULTS = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "frame_stack": 4, "episodic_life": True}
@@ -41,7 +49,7 @@ class NoopReset(gym.Wrapper):
         super().__init__(env)
         self.noop_max = noop_max
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Frame, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         if self.noop_max == 0:
             return obs, info
@@ -59,9 +67,10 @@ class MaxAndSkip(gym.Wrapper):
     def __init__(self, env: gym.Env, skip: int):
         super().__init__(env)
         self.skip = skip
-        self.frames = np.zeros((2, *env.observation_space.shape), env.observation_space.dtype)
+        frames = cast("gym.spaces.Box[np.uint8]", env.observation_space)  # ALE's grayscale screens
+        self.frames = np.zeros((2, *frames.shape), frames.dtype)
 
-    def step(self, action):
+    def step(self, action: int) -> StepResult:
         total = 0.0
         for i in range(self.skip):
             obs, reward, terminated, truncated, info = self.env.step(action)
@@ -87,7 +96,7 @@ class EpisodicLife(gym.Wrapper):
         self.lives = 0
         self.game_over = True
 
-    def step(self, action):
+    def step(self, action: int) -> StepResult:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
         lives = info["lives"]
@@ -97,7 +106,7 @@ class EpisodicLife(gym.Wrapper):
         self.lives = lives
         return obs, reward, terminated, truncated, info
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Frame, dict[str, Any]]:
         if self.game_over or seed is not None or options:
             obs, info = self.env.reset(seed=seed, options=options)
         else:
@@ -117,23 +126,23 @@ class FrameStack(gym.Wrapper):
 
     def __init__(self, env: gym.Env, k: int):
         super().__init__(env)
-        inner = env.observation_space
+        inner = cast("gym.spaces.Box[np.uint8]", env.observation_space)  # the resized screens
         self.observation_space = gym.spaces.Box(0, 255, (k, *inner.shape), np.uint8)
         self.frames = np.zeros(self.observation_space.shape, np.uint8)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Frame, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         self.frames[:] = obs
         return self.frames.copy(), info
 
-    def step(self, action):
+    def step(self, action: int) -> StepResult:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.frames[:-1] = self.frames[1:]
         self.frames[-1] = obs
         return self.frames.copy(), reward, terminated, truncated, info
 
 
-def _split_config(env_id: str, env_config: dict) -> tuple[dict, dict]:
+def _split_config(env_id: str, env_config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(shoal's preprocessing options, the keyword arguments left for gym.make), checked."""
     options = {key: env_config.get(key, default) for key, default in DEFAULTS.items()}
     rest = {key: value for key, value in env_config.items() if key not in DEFAULTS}
@@ -162,14 +171,14 @@ def _split_config(env_id: str, env_config: dict) -> tuple[dict, dict]:
     return options, rest
 
 
-def make_atari_env(env_id: str, env_config: dict, evaluation: bool) -> gym.Env:
+def make_atari_env(env_id: str, env_config: dict[str, Any], evaluation: bool) -> gym.Env[Frame, int]:
     """``gym.make(env_id)`` with ALE's frame skip off, wrapped in shoal's Atari preprocessing.
 
     Observations are ``[frame_stack, screen_size, screen_size]`` uint8. ALE v5's sticky actions
     (``repeat_action_probability=0.25``) stay on unless ``env_config`` sets them."""
     options, rest = _split_config(env_id, env_config)
     env = gym.make(env_id, **{"obs_type": "grayscale", **rest, "frameskip": 1})
-    meanings = env.unwrapped.get_action_meanings()
+    meanings = cast("AtariEnv", env.unwrapped).get_action_meanings()
     if meanings[NOOP] != "NOOP":
         raise EnvError(f"env '{env_id}': action {NOOP} is {meanings[NOOP]!r}, but the no-op reset needs NOOP there.")
     env = NoopReset(env, options["noop_max"])
@@ -208,15 +217,17 @@ class MinAtarRender(gym.Wrapper):
     seaborn (which MinAtar's own renderer needs) is not a dependency. Where channels overlap,
     the last one shows."""
 
-    def render(self):
+    def render(self) -> RenderFrame | list[RenderFrame] | None:
         if self.render_mode != "rgb_array":
             return self.env.render()
-        state = self.unwrapped.game.state()  # [10, 10, channels] bool
+        minatar_env: Any = self.unwrapped  # MinAtar's gym env: ``game`` is its minatar Environment
+        state: npt.NDArray[np.bool_] = minatar_env.game.state()  # [10, 10, channels]
         channels = state.shape[-1]
         top = np.max(state * np.arange(1, channels + 1), axis=-1)  # 0 where no channel is set
         colours = np.concatenate([np.zeros((1, 3), np.uint8), np.resize(PALETTE, (channels, 3))])
-        return colours[top].repeat(CELL, axis=0).repeat(CELL, axis=1)
+        frame: npt.NDArray[np.uint8] = colours[top].repeat(CELL, axis=0).repeat(CELL, axis=1)
+        return frame
 
 
-def make_minatar_env(env_id: str, env_config: dict) -> gym.Env:
+def make_minatar_env(env_id: str, env_config: dict[str, Any]) -> gym.Env[Any, Any]:
     return MinAtarRender(gym.make(env_id, **env_config))

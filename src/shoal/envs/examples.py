@@ -7,8 +7,11 @@ holds their keyword arguments), so ``shoal train shoal.envs.examples:TargetGrid-
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 
 from shoal.envs.native import AgentEnv
 from shoal.envs.registry import register_env
@@ -47,7 +50,7 @@ class TargetGrid(AgentEnv):
         self.terminated[:] = False
         self.truncated[:] = False
 
-    def step(self, actions: np.ndarray) -> None:
+    def step(self, actions: npt.NDArray[Any]) -> None:  # [num_agents] int64: Discrete(5)
         self.t += 1
         self.pos += MOVES[actions]
         np.clip(self.pos, 0, self.size - 1, out=self.pos)
@@ -74,7 +77,7 @@ class TargetGrid(AgentEnv):
         self._new_targets(np.ones(self.num_agents, dtype=bool))
         self._observe(self.obs)
 
-    def _new_targets(self, which: np.ndarray) -> None:
+    def _new_targets(self, which: npt.NDArray[np.bool_]) -> None:
         """Give the agents in ``which`` a target on a random cell other than their own."""
         cells = self.size * self.size
         here = self.pos[which, 0] * self.size + self.pos[which, 1]
@@ -85,7 +88,7 @@ class TargetGrid(AgentEnv):
     def _measure(self) -> None:
         np.abs(self.target - self.pos).sum(1, out=self.dist)
 
-    def _observe(self, out: np.ndarray) -> None:
+    def _observe(self, out: npt.NDArray[np.float32]) -> None:
         scale = 1.0 / (self.size - 1)
         np.multiply(self.pos, scale, out=out[:, 0:2])
         np.multiply(self.target - self.pos, scale, out=out[:, 2:4])
@@ -113,7 +116,7 @@ class SideSwitch(gym.Env):
         self.action_space = gym.spaces.Discrete(4)
         self.t = self.answer = 0
 
-    def _draw(self) -> dict[str, np.ndarray]:
+    def _draw(self) -> dict[str, npt.NDArray[Any]]:
         side, setting = self.np_random.integers(0, 2, 2)
         image = np.zeros((self.size, self.size, 1), np.uint8)
         half = self.size // 2
@@ -121,12 +124,14 @@ class SideSwitch(gym.Env):
         self.answer = int(2 * side + setting)
         return {"image": image, "switch": np.eye(2, dtype=np.float32)[setting]}
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
         super().reset(seed=seed)
         self.t = 0
         return self._draw(), {}
 
-    def step(self, action):
+    def step(self, action: int) -> tuple[dict[str, npt.NDArray[Any]], float, bool, bool, dict[str, Any]]:
         reward = float(int(action) == self.answer)
         self.t += 1
         return self._draw(), reward, False, self.t >= self.length, {}

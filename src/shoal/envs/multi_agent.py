@@ -26,7 +26,7 @@ from shoal.errors import EnvError
 ALL = "__all__"
 
 
-def space_of(env: Any, kind: str, agent: Any) -> gym.Space:
+def space_of(env: Any, kind: str, agent: Any) -> gym.Space[Any]:
     """``env.<kind>_spaces[agent]`` (kind: "observation" or "action"), or a clear error."""
     spaces = getattr(env, f"{kind}_spaces", None)
     if not isinstance(spaces, Mapping) or agent not in spaces:
@@ -36,7 +36,8 @@ def space_of(env: Any, kind: str, agent: Any) -> gym.Space:
             f"to a dict with a space for every agent in possible_agents, or override "
             f"get_{kind}_space (its {kind}_spaces: {have})."
         )
-    return spaces[agent]
+    space: gym.Space[Any] = spaces[agent]
+    return space
 
 
 class MultiAgentEnv(gym.Env):
@@ -51,13 +52,13 @@ class MultiAgentEnv(gym.Env):
     an observation act on the next step.
     """
 
-    observation_spaces: dict[Any, gym.Space] | None = None
-    action_spaces: dict[Any, gym.Space] | None = None
+    observation_spaces: dict[Any, gym.Space[Any]] | None = None
+    action_spaces: dict[Any, gym.Space[Any]] | None = None
 
-    def get_observation_space(self, agent: Any) -> gym.Space:
+    def get_observation_space(self, agent: Any) -> gym.Space[Any]:
         return space_of(self, "observation", agent)
 
-    def get_action_space(self, agent: Any) -> gym.Space:
+    def get_action_space(self, agent: Any) -> gym.Space[Any]:
         return space_of(self, "action", agent)
 
 
@@ -86,25 +87,30 @@ class ParallelView:
             )
         self.possible_agents = list(agents)
         self._known = frozenset(self.possible_agents) | {ALL}
-        self.agents: list = []  # in the episode: observed since the reset and not done since
+        self.agents: list[Any] = []  # in the episode: observed since the reset and not done since
 
-    def observation_space(self, agent: Any) -> gym.Space:
+    def observation_space(self, agent: Any) -> gym.Space[Any]:
         return self._space("observation", agent)
 
-    def action_space(self, agent: Any) -> gym.Space:
+    def action_space(self, agent: Any) -> gym.Space[Any]:
         return self._space("action", agent)
 
-    def _space(self, kind: str, agent: Any) -> gym.Space:
+    def _space(self, kind: str, agent: Any) -> gym.Space[Any]:
         getter = getattr(self.env, f"get_{kind}_space", None)  # RLlib's envs may compute spaces there
-        return getter(agent) if getter is not None else space_of(self.env, kind, agent)
+        space: gym.Space[Any] = getter(agent) if getter is not None else space_of(self.env, kind, agent)
+        return space
 
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[Any, Any], dict[Any, Any]]:
         obs, infos = self.env.reset(seed=seed, options=options)
         self._check_dict("reset", "observations", obs)
         self.agents = list(obs)
         return obs, infos
 
-    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+    def step(
+        self, actions: dict[Any, Any]
+    ) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         obs, rewards, terminateds, truncateds, infos = self.env.step(actions)
         self._check_dict("step", "observations", obs)
         self._check_dict("step", "rewards", rewards)

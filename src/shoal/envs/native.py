@@ -35,10 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 
 from shoal.envs.spaces import ActionSpec, ObsSpec, action_spec, obs_spec
 from shoal.errors import EnvError
@@ -48,25 +49,28 @@ from shoal.errors import EnvError
 class NativeLayout:
     """What the agent-env backend reads of an env's row layout (as from ``AgentLayout``)."""
 
-    obs_space: gym.spaces.Box
+    obs_space: gym.spaces.Box[Any]
     obs_spec: ObsSpec
-    action_space: gym.Space
+    action_space: gym.Space[Any]
     act_spec: ActionSpec
     has_mask: bool
 
 
-class _Unbound(dict):
+class _Unbound(dict[str, npt.NDArray[Any] | None]):
     """The rows of an env not bound yet: reading any of them says what is missing."""
 
-    def __missing__(self, field: str):
+    def __missing__(self, field: str) -> NoReturn:
         raise EnvError(
             f"this native env has no '{field}' rows yet: they come from bind(rows), which shoal's backend "
             f"calls before reset(); build the env's backend with make_backend or PPO(env=...)."
         )
 
 
-def _rows_of(field: str) -> property:
-    def get(self: AgentEnv) -> np.ndarray:
+def _rows_of(field: str) -> Any:
+    """The property of ``field``'s rows. Typed ``Any`` (as ``dataclasses.field``) so that each class
+    attribute it is assigned to declares the type of the rows it reads."""
+
+    def get(self: AgentEnv) -> npt.NDArray[Any] | None:
         return self._rows[field]
 
     def replace(self: AgentEnv, value: Any) -> None:
@@ -86,34 +90,35 @@ class AgentEnv:
     """Base class of native many-agent envs (see the module docstring)."""
 
     num_agents: int
-    single_observation_space: gym.spaces.Box
-    single_action_space: gym.Space
+    single_observation_space: gym.spaces.Box[Any]
+    single_action_space: gym.Space[Any]
     action_masks: bool = False
-    agents = None  # anonymous agents: each agent's episode is an episode of its own
-    state_size = 0  # no global state for a centralized critic (team_obs works)
+    agents: list[str] | None = None  # anonymous agents: each agent's episode is an episode of its own
+    state_size: int = 0  # no global state for a centralized critic (team_obs works)
+    final_infos: dict[int, dict[str, Any]]  # slot -> info of an agent whose episode ended (set by bind)
 
-    _rows: dict[str, np.ndarray | None] = _Unbound()
-    obs = _rows_of("obs")
-    reward = _rows_of("reward")
-    terminated = _rows_of("terminated")
-    truncated = _rows_of("truncated")
-    valid = _rows_of("valid")
-    final_obs = _rows_of("final_obs")
-    action_mask = _rows_of("action_mask")  # None unless action_masks
+    _rows: dict[str, npt.NDArray[Any] | None] = _Unbound()
+    obs: npt.NDArray[Any] = _rows_of("obs")  # in the observation space's dtype (float32 for float ones)
+    reward: npt.NDArray[np.float32] = _rows_of("reward")
+    terminated: npt.NDArray[np.bool_] = _rows_of("terminated")
+    truncated: npt.NDArray[np.bool_] = _rows_of("truncated")
+    valid: npt.NDArray[np.bool_] = _rows_of("valid")
+    final_obs: npt.NDArray[Any] = _rows_of("final_obs")
+    action_mask: npt.NDArray[np.bool_] | None = _rows_of("action_mask")  # None unless action_masks
 
     def reset(self, seed: int | None) -> None:
         raise NotImplementedError(f"native env '{type(self).__name__}' must implement reset(seed)")
 
-    def step(self, actions: np.ndarray) -> None:
+    def step(self, actions: npt.NDArray[Any]) -> None:
         raise NotImplementedError(f"native env '{type(self).__name__}' must implement step(actions)")
 
     def close(self) -> None:
         pass
 
-    def bind(self, rows: dict[str, np.ndarray]) -> None:
+    def bind(self, rows: dict[str, npt.NDArray[Any]]) -> None:
         """Write into ``rows`` (this env's slice of every flat-batch array) from now on."""
         self._rows = {"action_mask": None, **rows}
-        self.final_infos: dict[int, dict] = {}
+        self.final_infos = {}
 
     @property
     def bound(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 
 from shoal.envs.spaces import ObsSpec, action_spec, obs_spec
 from shoal.errors import EnvError
@@ -25,7 +26,7 @@ from shoal.errors import EnvError
 MASK_KEYS = {"observation", "action_mask"}
 
 
-def _split_mask_space(space: gym.Space) -> tuple[gym.Space, bool]:
+def _split_mask_space(space: gym.Space[Any]) -> tuple[gym.Space[Any], bool]:
     """The observation part of a space, and whether the env sends an action mask alongside it."""
     if isinstance(space, gym.spaces.Dict) and set(space.spaces) == MASK_KEYS:
         return space["observation"], True
@@ -35,11 +36,14 @@ def _split_mask_space(space: gym.Space) -> tuple[gym.Space, bool]:
 class AgentLayout:
     """How each agent's observations and actions map onto the shared row layout."""
 
-    def __init__(self, name: str, agents: list[str], obs_spaces: list[gym.Space], act_spaces: list[gym.Space]):
+    def __init__(
+        self, name: str, agents: list[str], obs_spaces: list[gym.Space[Any]], act_spaces: list[gym.Space[Any]]
+    ):
         self.name = name
         split = [_split_mask_space(s) for s in obs_spaces]
         self.env_masks = any(m for _, m in split)
         self.obs = [obs_spec(s) for s, _ in split]
+        self.obs_space: gym.Space[Any]
         if len({o.shape for o in self.obs}) == 1:
             self.obs_space = split[0][0]
         elif all(len(o.shape) == 1 for o in self.obs):
@@ -56,9 +60,10 @@ class AgentLayout:
         self.act_spec = action_spec(self.action_space)
         self.has_mask = self.env_masks or len(set(self.action_n)) > 1
 
-    def _action_layout(self, agents: list[str], spaces: list[gym.Space]) -> tuple[gym.Space, list[int]]:
-        if all(isinstance(s, gym.spaces.Discrete) for s in spaces):
-            sizes = [int(s.n) for s in spaces]
+    def _action_layout(self, agents: list[str], spaces: list[gym.Space[Any]]) -> tuple[gym.Space[Any], list[int]]:
+        discrete = [s for s in spaces if isinstance(s, gym.spaces.Discrete)]
+        if len(discrete) == len(spaces):
+            sizes = [int(s.n) for s in discrete]
             return gym.spaces.Discrete(max(sizes)), sizes
         if all(s == spaces[0] for s in spaces):
             return spaces[0], [0] * len(spaces)
@@ -68,7 +73,7 @@ class AgentLayout:
             f"of different sizes in one row layout, other spaces must be equal for every agent."
         )
 
-    def write_obs(self, slot: int, out: np.ndarray, obs: Any, mask_out: np.ndarray | None) -> None:
+    def write_obs(self, slot: int, out: npt.NDArray[Any], obs: Any, mask_out: npt.NDArray[np.bool_] | None) -> None:
         """Write agent ``slot``'s observation into its row ``out``, and the action mask the env sent
         with it into ``mask_out`` (None: not wanted)."""
         if self.env_masks:
@@ -115,13 +120,13 @@ class ParallelEnvAdapter:
             [env.action_space(a) for a in self.agents],
         )
         self.discrete = self.layout.act_spec.kind == "discrete"
-        self.final_infos: dict[int, dict] = {}
+        self.final_infos: dict[int, dict[str, Any]] = {}
 
     @property
     def num_agents(self) -> int:
         return len(self.agents)
 
-    def bind(self, rows: dict[str, np.ndarray]) -> None:
+    def bind(self, rows: dict[str, npt.NDArray[Any]]) -> None:
         """Use ``rows`` (this env's slice of every flat-batch array) as the output."""
         self.out = rows
         self.mask = rows.get("action_mask")
@@ -165,7 +170,7 @@ class ParallelEnvAdapter:
         self.out["truncated"][:] = False
         self.out["valid"][:] = True
 
-    def step(self, actions: np.ndarray) -> None:
+    def step(self, actions: npt.NDArray[Any]) -> None:
         """One parallel step of the agents present. ``valid`` marks the rows that acted, and a
         row's done flag is set on the step its agent leaves, also when it sat this step out (its
         last decision then ends there). With no agent left the episode is over and the env is

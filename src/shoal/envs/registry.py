@@ -12,7 +12,11 @@ from shoal.envs.atari import is_atari_id, is_minatar_id, make_atari_env, make_mi
 from shoal.envs.native import AgentEnv
 from shoal.errors import EnvError, did_you_mean
 
-EnvCreator = Callable[[dict], Any]
+# What env factories make: a gym.Env, a multi-agent env (RLlib's dict API, a PettingZoo ParallelEnv
+# or AECEnv) or a shoal.AgentEnv. The backends tell them apart at run time (make_backend), so to
+# the type checker an env is any object.
+AnyEnv = Any
+EnvCreator = Callable[[dict[str, Any]], AnyEnv] | Callable[[], AnyEnv]  # env_config -> env, or () -> env
 _REGISTRY: dict[str, EnvCreator] = {}
 
 
@@ -45,7 +49,7 @@ def is_aec_env(env: Any) -> bool:
     return hasattr(env, "possible_agents") and hasattr(env, "agent_iter") and hasattr(env, "last")
 
 
-def _pettingzoo_maker(env_id: str) -> Callable:
+def _pettingzoo_maker(env_id: str) -> Callable[..., AnyEnv]:
     """The module's ``parallel_env`` when it has one (every agent acts each step), else its ``env``:
     turn-based games only offer the AEC API."""
     path = env_id[len(PETTINGZOO) :]
@@ -56,7 +60,7 @@ def _pettingzoo_maker(env_id: str) -> Callable:
             f"env '{env_id}': cannot import PettingZoo env module '{path}' ({e}); e.g. "
             f"'pettingzoo:mpe2.simple_spread_v3' needs `pip install mpe2`."
         ) from None
-    make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
+    make: object = getattr(module, "parallel_env", None) or getattr(module, "env", None)
     if not callable(make):
         raise EnvError(
             f"env '{env_id}': module '{path}' has neither a parallel_env() nor an env() function; shoal "
@@ -133,18 +137,20 @@ def env_name(env: Any) -> str:
         return env
     spec = getattr(env, "spec", None) or getattr(getattr(env, "unwrapped", None), "spec", None)
     if spec is not None:
-        return spec.id
-    return getattr(env, "__name__", type(env).__name__)
+        env_id: str = spec.id
+        return env_id
+    name: str = getattr(env, "__name__", type(env).__name__)
+    return name
 
 
-def env_creator(env: Any, env_config: dict, evaluation: bool = False) -> Callable[[int], gym.Env]:
-    """Return ``make(index) -> gym.Env`` for an id, a registered name or a factory."""
+def env_creator(env: Any, env_config: dict[str, Any], evaluation: bool = False) -> Callable[[int], AnyEnv]:
+    """Return ``make(index) -> env`` for an id, a registered name or a factory."""
     make = config_creator(env, evaluation)
     return lambda index: make(env_config)
 
 
-def config_creator(env: Any, evaluation: bool = False) -> Callable[[dict], gym.Env]:
-    """Return ``make(env_config) -> gym.Env`` for an id, a registered name or a factory.
+def config_creator(env: Any, evaluation: bool = False) -> Callable[[dict[str, Any]], AnyEnv]:
+    """Return ``make(env_config) -> env`` for an id, a registered name or a factory.
 
     A Gymnasium id gets ``env_config`` as ``gym.make`` keyword arguments; a factory may take
     ``env_config`` (RLlib style) or no argument. ``ALE/...`` ids get shoal's Atari
@@ -163,13 +169,24 @@ def config_creator(env: Any, evaluation: bool = False) -> Callable[[dict], gym.E
             return lambda env_config: make_atari_env(env, env_config, evaluation)
         if is_minatar_id(env):
             return lambda env_config: make_minatar_env(env, env_config)
-        return lambda env_config: gym.make(env, **env_config)
+        return lambda env_config: gym_make(gym.make, env, env_config)
     if callable(env) and not isinstance(env, gym.Env) and not is_parallel_env(env) and not is_aec_env(env):
         return lambda env_config: _call_creator(env, env_config, env_name(env))
     raise EnvError(f"cannot make environments from {env!r}: expected an env id, a gym.Env, a VectorEnv or a factory.")
 
 
-def _call_creator(creator: Callable, env_config: dict, name: str) -> gym.Env:
+def gym_make(make: Callable[..., AnyEnv], env_id: str, env_config: dict[str, Any], **kwargs: Any) -> AnyEnv:
+    """``make`` (``gym.make`` or ``gym.make_vec``) of ``env_id`` with ``env_config`` as keyword
+    arguments; one the env does not take is an EnvError naming it, as for any other env."""
+    try:
+        return make(env_id, **kwargs, **env_config)
+    except TypeError as e:
+        if not env_config:
+            raise
+        raise EnvError(f"env '{env_id}' cannot be made with env_config={env_config}: {e}") from None
+
+
+def _call_creator(creator: Callable[..., AnyEnv], env_config: dict[str, Any], name: str) -> AnyEnv:
     try:
         made = creator(dict(env_config))
     except TypeError as first:

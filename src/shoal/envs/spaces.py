@@ -8,21 +8,23 @@ MultiDiscrete -> int64 [A, k], Box -> float32 [A, d].
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 
 from shoal.errors import EnvError
 
 
 @dataclass(frozen=True)
 class ObsSpec:
-    space: gym.Space
+    space: gym.Space[Any]
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: np.dtype[Any]
     structured: bool  # Dict/Tuple/Discrete: written through gymnasium's flatten
 
-    def write(self, out: np.ndarray, obs, env_name: str) -> None:
+    def write(self, out: npt.NDArray[Any], obs: Any, env_name: str) -> None:
         """Write one env's observation into the row ``out``, checking its shape."""
         if self.structured:
             try:
@@ -42,13 +44,13 @@ class ObsSpec:
                 )
         out[...] = obs
 
-    def flat_sample(self) -> np.ndarray:
+    def flat_sample(self) -> npt.NDArray[Any]:
         """One random observation in its stored form (flattened when structured)."""
         obs = self.space.sample()
         return np.asarray(gym.spaces.flatten(self.space, obs) if self.structured else obs, dtype=self.dtype)
 
 
-def obs_spec(space: gym.Space) -> ObsSpec:
+def obs_spec(space: gym.Space[Any]) -> ObsSpec:
     if isinstance(space, gym.spaces.Box):
         dtype = np.dtype(np.float32) if np.issubdtype(space.dtype, np.floating) else np.dtype(space.dtype)
         return ObsSpec(space, tuple(space.shape), dtype, structured=False)
@@ -63,16 +65,19 @@ def obs_spec(space: gym.Space) -> ObsSpec:
     )
 
 
+ActionKind = Literal["discrete", "multi_discrete", "continuous"]
+
+
 @dataclass(frozen=True)
 class ActionSpec:
-    space: gym.Space
-    kind: str  # "discrete" | "multi_discrete" | "continuous"
+    space: gym.Space[Any]
+    kind: ActionKind
     shape: tuple[int, ...]  # per-row shape in the rollout
-    dtype: np.dtype
+    dtype: np.dtype[Any]
     nvec: tuple[int, ...] = ()  # category counts (discrete kinds)
 
 
-def action_spec(space: gym.Space) -> ActionSpec:
+def action_spec(space: gym.Space[Any]) -> ActionSpec:
     if isinstance(space, gym.spaces.Discrete):
         if space.start != 0:
             raise EnvError(f"Discrete action space {space} starts at {space.start}; shoal needs start=0.")

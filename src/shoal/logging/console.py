@@ -39,5 +39,5 @@ class ProgressDisplay:
             self.task, completed=steps_done, sps=result.get("sps", 0.0), ret="-" if ret != ret else f"{ret:.1f}"
         )
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.progress.stop()

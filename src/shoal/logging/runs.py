@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import yaml
 
 from shoal.errors import ConfigError, did_you_mean
@@ -37,7 +38,7 @@ class Run:
     config: dict[str, Any]
     rows: list[dict[str, Any]]
 
-    def series(self, key: str) -> np.ndarray:
+    def series(self, key: str) -> npt.NDArray[np.float64]:
         return np.array([math.nan if r.get(key) is None else r[key] for r in self.rows], dtype=float)
 
     @property
@@ -83,9 +84,9 @@ def _group_label(group: list[Run], groups: list[list[Run]]) -> str:
 @dataclass
 class Curve:
     label: str
-    x: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray
+    x: npt.NDArray[np.float64]
+    mean: npt.NDArray[np.float64]
+    std: npt.NDArray[np.float64]
     runs: int
 
 

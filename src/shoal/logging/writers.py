@@ -9,8 +9,9 @@ import csv
 import json
 import math
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import yaml
 
@@ -21,8 +22,15 @@ def _finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _scalars(record: dict[str, Any]):
+def _scalars(record: dict[str, Any]) -> Iterator[tuple[str, int | float]]:
     return ((k, v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+class Writer(Protocol):
+    """One log of the run: each iteration's record goes to ``write``."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 class JsonlWriter:
@@ -105,7 +113,9 @@ class WandbWriter:
     """Weights & Biases (``pip install 'shoal[wandb]'``). ``wandb_mode='offline'`` needs no account
     or network and writes under the run directory; ``wandb sync`` uploads it later."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], project: str, mode: str, resume: bool):
+    def __init__(
+        self, run_dir: Path, config: dict[str, Any], project: str, mode: Literal["offline", "online"], resume: bool
+    ):
         try:
             import wandb
         except ImportError:
@@ -144,13 +154,13 @@ class RunLogger:
         config: dict[str, Any],
         resume: tuple[int, int] | None = None,
         wandb_project: str | None = None,
-        wandb_mode: str = "offline",
+        wandb_mode: Literal["offline", "online"] = "offline",
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
         iteration, step = resume if resume is not None else (None, None)
-        self.writers = [
+        self.writers: list[Writer] = [
             JsonlWriter(self.run_dir / "metrics.jsonl", iteration),
             CsvWriter(self.run_dir / "progress.csv", iteration),
             TensorBoardWriter(self.run_dir, step),

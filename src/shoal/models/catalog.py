@@ -18,7 +18,7 @@ observations and says exactly what does not fit.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -35,6 +35,9 @@ from shoal.models.networks import EncoderModel, MLPModel
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
 
+if TYPE_CHECKING:  # shoal.config imports this module
+    from shoal.config import TrainerConfig
+
 BUILT_IN = ("mlp", "cnn")
 
 
@@ -43,11 +46,19 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hiddens: list[int] | None = Field(None, min_length=1)  # mlp: [64, 64]; cnn: [512] after the convolutions
-    activation: Literal["tanh", "relu"] | None = None  # mlp: tanh; cnn: relu
-    conv_filters: list[tuple[int, int, int]] | None = Field(None, min_length=1)  # (out_channels, kernel, stride)
-    shared_trunk: bool | None = None  # mlp: separate actor and critic; cnn: one trunk for both
-    channels: Literal["first", "last"] | None = None  # image channel order; None: detected from the shape
+    hiddens: list[int] | None = Field(default=None, min_length=1)
+    """Hidden layer sizes: of each MLP (mlp: `[64, 64]`), or after the convolutions (cnn: `[512]`)."""
+    activation: Literal["tanh", "relu"] | None = None
+    """Activation of the hidden layers (mlp: `tanh`; cnn: `relu`)."""
+    conv_filters: list[tuple[int, int, int]] | None = Field(
+        default=None, min_length=1
+    )  # (out_channels, kernel, stride)
+    """The CNN's conv layers as `[out_channels, kernel, stride]` each; None: by image size (the Nature-DQN stack from
+    36 px up, one 16x3x3 conv below)."""
+    shared_trunk: bool | None = None
+    """One trunk feeding both actor and critic heads (cnn), or a separate copy for the critic (mlp)."""
+    channels: Literal["first", "last"] | None = None
+    """Where an image's channels are; None: detected from the shape (first when the first dim is the smallest)."""
 
 
 def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
@@ -92,7 +103,7 @@ def resolve_model(model: Any) -> str | type[nn.Module]:
     return model
 
 
-def holds_image(space: gym.Space) -> bool:
+def holds_image(space: gym.Space[Any]) -> bool:
     """An image, or a Dict/Tuple with an image somewhere inside."""
     if isinstance(space, gym.spaces.Dict):
         return any(holds_image(s) for s in space.spaces.values())
@@ -184,14 +195,14 @@ def _describe(out: Any) -> str:
     return type(out).__name__
 
 
-def build_policy(config: Any, env: EnvInfo) -> ActorCriticPolicy:
+def build_policy(config: TrainerConfig, env: EnvInfo) -> ActorCriticPolicy:
     """The actor-critic of one policy: ``config`` is the policy's config (with its overrides)."""
     num_outputs = make_distribution(env.act_spec).param_dim
     spec = env.obs_spec
     pixels = is_image(spec.space) and spec.space.dtype in (np.uint8, np.bool_)  # not e.g. an int8 game board
     if "model" not in config.model_fields_set and pixels:
         warnings.warn(
-            f"observations are images {list(spec.space.shape)} {spec.space.dtype}; model='cnn' is usually "
+            f"observations are images {list(spec.shape)} {spec.space.dtype}; model='cnn' is usually "
             f"far better than the default model='mlp' over {int(np.prod(spec.shape))} flattened inputs (set "
             f"model='mlp' to keep it without this warning).",
             stacklevel=2,

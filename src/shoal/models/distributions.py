@@ -18,6 +18,8 @@ it is the caller's bug, and it is not checked for (that would cost a sync per ca
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -87,7 +89,7 @@ class MultiCategorical:
         self, logits: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = [p.sample(x, deterministic, m) for p, x, m in self.split(logits, mask)]
-        return torch.stack([a for a, _ in pairs], -1), sum(lp for _, lp in pairs)
+        return torch.stack([a for a, _ in pairs], -1), cast(torch.Tensor, sum(lp for _, lp in pairs))
 
     def log_prob_entropy(
         self, logits: torch.Tensor, action: torch.Tensor, entropy: bool = True, mask: torch.Tensor | None = None
@@ -95,17 +97,23 @@ class MultiCategorical:
         parts = [
             p.log_prob_entropy(x, a, entropy, m) for (p, x, m), a in zip(self.split(logits, mask), action.unbind(-1))
         ]
-        return sum(lp for lp, _ in parts), sum(e for _, e in parts) if entropy else None
+        logp = cast(torch.Tensor, sum(lp for lp, _ in parts))
+        if not entropy:
+            return logp, None
+        return logp, cast(torch.Tensor, sum(cast("list[torch.Tensor]", [e for _, e in parts])))  # each part gave one
 
-    def split(self, logits: torch.Tensor, mask: torch.Tensor | None):
+    def split(
+        self, logits: torch.Tensor, mask: torch.Tensor | None
+    ) -> list[tuple[Categorical, torch.Tensor, torch.Tensor | None]]:
         """``(part, logits, mask)`` per sub-action. The mask is checked whole, so a wrong width is
         reported against sum(nvec) rather than as a bad split."""
+        masks: Sequence[torch.Tensor | None]
         if mask is None:
             masks = [None] * len(self.parts)
         else:
             _check_mask(mask, logits, f"[batch, sum(nvec)] = [batch, {self.param_dim}] for nvec {self.nvec}")
-            masks = mask.split(self.nvec, -1)
-        return list(zip(self.parts, logits.split(self.nvec, -1), masks))
+            masks = mask.split_with_sizes(self.nvec, -1)  # what Tensor.split does with a list of sizes
+        return list(zip(self.parts, logits.split_with_sizes(self.nvec, -1), masks))
 
 
 class DiagGaussian:
@@ -119,7 +127,9 @@ class DiagGaussian:
         """log N(a; mean, std) summed over dims, from the standardized action z = (a - mean) / std."""
         return -(0.5 * z.square() + log_std + LOG_SQRT_2PI).sum(-1)
 
-    def sample(self, mean: torch.Tensor, log_std: torch.Tensor, deterministic: bool = False):
+    def sample(
+        self, mean: torch.Tensor, log_std: torch.Tensor, deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
         return mean + noise * log_std.exp(), self.log_density(noise, log_std)
 

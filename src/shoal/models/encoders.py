@@ -12,9 +12,12 @@ rest of the vector, four bytes per pixel).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import Any, TypeGuard, cast
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -51,7 +54,7 @@ def default_conv_filters(height: int, width: int) -> list[tuple[int, int, int]]:
     return list(NATURE_FILTERS if min(height, width) >= NATURE_MIN_SIDE else SMALL_FILTERS)
 
 
-def is_image(space: gym.Space) -> bool:
+def is_image(space: gym.Space[Any]) -> TypeGuard[gym.spaces.Box[Any]]:
     """A Box the CNN should see: 3-D, or 2-D (one channel) of at least 8x8."""
     if not isinstance(space, gym.spaces.Box):
         return False
@@ -59,13 +62,19 @@ def is_image(space: gym.Space) -> bool:
     return len(shape) == 3 or (len(shape) == 2 and min(shape) >= MIN_IMAGE_SIDE_2D)
 
 
-def _is_uint8(dtype: np.dtype | torch.dtype) -> bool:
+def _is_uint8(dtype: np.dtype[Any] | torch.dtype) -> bool:
     if isinstance(dtype, torch.dtype):
         return dtype == torch.uint8
     return np.dtype(dtype) == np.uint8
 
 
-class CNNEncoder(nn.Module):
+class Encoder(nn.Module):
+    """Base of the observation encoders: ``forward`` maps ``[B, ...]`` to ``[B, out_dim]`` features."""
+
+    out_dim: int
+
+
+class CNNEncoder(Encoder):
     """Conv stack (ReLU after each, padding 0) over ``[B, *shape]`` images, flattened to ``[B, out_dim]``.
 
     ``shape`` is ``[C, H, W]``, ``[H, W, C]`` (see ``image_channels_first``) or ``[H, W]``.
@@ -76,7 +85,7 @@ class CNNEncoder(nn.Module):
     def __init__(
         self,
         shape: tuple[int, ...],
-        dtype: np.dtype | torch.dtype,
+        dtype: np.dtype[Any] | torch.dtype,
         conv_filters: list[tuple[int, int, int]] | None = None,
         channels: str | None = None,
     ):
@@ -110,6 +119,7 @@ class CNNEncoder(nn.Module):
             conv = nn.Conv2d(in_channels, out_channels, kernel, stride)
             # sqrt(2) is ReLU's gain: it keeps the activations' scale through the stack.
             nn.init.orthogonal_(conv.weight, math.sqrt(2))
+            assert conv.bias is not None  # built with a bias (the default)
             nn.init.zeros_(conv.bias)
             layers += [conv, nn.ReLU()]
             in_channels, height, width = out_channels, (height - kernel) // stride + 1, (width - kernel) // stride + 1
@@ -126,10 +136,11 @@ class CNNEncoder(nn.Module):
             x = x.unsqueeze(1)
         elif self.channels_last:
             x = x.permute(0, 3, 1, 2)
-        return self.net(x)
+        features: torch.Tensor = self.net(x)
+        return features
 
 
-class FlattenEncoder(nn.Module):
+class FlattenEncoder(Encoder):
     """Any observation as a flat float vector: ``[B, ...] -> [B, out_dim]``."""
 
     def __init__(self, out_dim: int):
@@ -140,7 +151,10 @@ class FlattenEncoder(nn.Module):
         return obs.reshape(obs.shape[0], -1).float()
 
 
-def _walk(space: gym.Space, path: tuple = ()):
+LeafPath = tuple[str | int, ...]  # Dict keys and Tuple indices from the root to a leaf
+
+
+def _walk(space: gym.Space[Any], path: LeafPath = ()) -> Iterator[tuple[LeafPath, gym.Space[Any]]]:
     """(key path, leaf space) in gymnasium's flatten order: Dict and Tuple in their own order, nested."""
     if isinstance(space, gym.spaces.Dict):
         for key, sub in space.spaces.items():
@@ -152,7 +166,7 @@ def _walk(space: gym.Space, path: tuple = ()):
         yield path, space
 
 
-class DictEncoder(nn.Module):
+class DictEncoder(Encoder):
     """A Dict/Tuple observation, flattened by ``gymnasium.spaces.flatten`` to ``[B, flatdim]``, cut
     back into its leaves: image leaves (see ``is_image``) go through a ``CNNEncoder`` each, the rest
     pass through flat, and everything is concatenated in leaf order.
@@ -163,45 +177,50 @@ class DictEncoder(nn.Module):
 
     def __init__(
         self,
-        space: gym.spaces.Dict | gym.spaces.Tuple,
+        space: gym.spaces.Dict | gym.spaces.Tuple[Any],
         conv_filters: list[tuple[int, int, int]] | None = None,
         channels: str | None = None,
     ):
         super().__init__()
         if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             raise ValueError(f"DictEncoder needs a Dict or Tuple space, got {space}.")
-        self.leaves: list[tuple[tuple, str, int, int]] = []
+        self.leaves: list[tuple[LeafPath, str, int, int]] = []
         self.cnns = nn.ModuleList()
-        offset = 0
+        offset = image_features = 0
         for path, leaf in _walk(space):
             if not leaf.is_np_flattenable:
                 raise ValueError(
                     f"leaf {path} of observation space {space} is {leaf}, which gymnasium "
                     f"cannot flatten; use Box, Discrete, MultiDiscrete or MultiBinary leaves."
                 )
-            size, kind = int(gym.spaces.flatdim(leaf)), "image" if is_image(leaf) else "vector"
-            if kind == "image":
-                self.cnns.append(CNNEncoder(leaf.shape, leaf.dtype, conv_filters, channels))
+            size, kind = int(gym.spaces.flatdim(leaf)), "vector"
+            if is_image(leaf):
+                kind = "image"
+                cnn = CNNEncoder(leaf.shape, leaf.dtype, conv_filters, channels)
+                self.cnns.append(cnn)
+                image_features += cnn.out_dim
             self.leaves.append((path, kind, offset, size))
             offset += size
         self.flatdim = offset
         self._check_layout(space)
-        self.out_dim = sum(cnn.out_dim for cnn in self.cnns) + sum(n for _, k, _, n in self.leaves if k == "vector")
+        self.out_dim = image_features + sum(n for _, k, _, n in self.leaves if k == "vector")
 
-    def _check_layout(self, space: gym.Space) -> None:
+    def _check_layout(self, space: gym.Space[Any]) -> None:
         """The offsets must match gymnasium's own flatten, or every leaf would read its neighbour's data."""
         if self.flatdim != gym.spaces.flatdim(space):
             raise ValueError(
                 f"leaf sizes of {space} add up to {self.flatdim}, but gymnasium's flatdim "
                 f"is {gym.spaces.flatdim(space)}."
             )
+        # every leaf is np-flattenable (checked in __init__), so each flattens to one array
         sample = space.sample()
-        flat = gym.spaces.flatten(space, sample)
+        flat = cast("npt.NDArray[Any]", gym.spaces.flatten(space, sample))
         for (path, _, offset, size), (_, leaf) in zip(self.leaves, _walk(space)):
-            value = sample
+            value: Any = sample  # a nested dict / tuple of the leaves' samples
             for key in path:
                 value = value[key]
-            if not np.array_equal(flat[offset : offset + size], gym.spaces.flatten(leaf, value)):
+            leaf_flat = cast("npt.NDArray[Any]", gym.spaces.flatten(leaf, value))
+            if not np.array_equal(flat[offset : offset + size], leaf_flat):
                 raise ValueError(f"leaf {path} of {space} is not at offset {offset} of gymnasium's flatten.")
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -213,14 +232,14 @@ class DictEncoder(nn.Module):
             if kind == "vector":
                 features.append(part.float())
             else:
-                cnn = next(cnns)
+                cnn = cast(CNNEncoder, next(cnns))  # cnns holds the image leaves' CNNEncoders
                 features.append(cnn(part.reshape(obs.shape[0], *cnn.shape)))
         return torch.cat(features, dim=1)
 
 
 def make_encoder(
-    space: gym.Space, conv_filters: list[tuple[int, int, int]] | None = None, channels: str | None = None
-) -> nn.Module:
+    space: gym.Space[Any], conv_filters: list[tuple[int, int, int]] | None = None, channels: str | None = None
+) -> Encoder:
     """The encoder for observations of ``space`` as shoal stores them; every one has ``out_dim``."""
     if is_image(space):
         return CNNEncoder(space.shape, space.dtype, conv_filters, channels)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -26,12 +27,17 @@ def _tanh_(h2: torch.Tensor) -> torch.Tensor:
 
 # activation name -> (in-place forward without autograd, scale the layer applies to its
 # pre-activation: tanh takes 2x, see _tanh_), and the module for plain networks
-ACTIVATIONS = {"tanh": (_tanh_, 2.0), "relu": (torch.relu_, 1.0)}
+ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float]] = {
+    "tanh": (_tanh_, 2.0),
+    "relu": (torch.relu_, 1.0),
+}
 ACTIVATION_MODULES = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SMALL_BATCH = 16  # measured crossover of the two tanh forms for 2 x 64 units
 
 
-def stacked_forward(x: torch.Tensor, activation: str, n_hidden: int, params) -> tuple[tuple, list]:
+def stacked_forward(
+    x: torch.Tensor, activation: str, n_hidden: int, params: Sequence[torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor]]:
     """Head outputs per tower, and the hidden activations ``[k, B, h]`` (which a hand-written
     backward needs), computed without autograd. ``x`` is ``[B, in]`` (every tower sees it) or
     ``[k, B, in]`` (one input per tower)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from shoal.models.encoders import Encoder
 from shoal.models.layers import StackedMLP, linear_head, mlp
 
 POLICY_GAIN, VALUE_GAIN = 0.01, 1.0  # small policy-head init: near-uniform actions at the start
@@ -59,7 +60,7 @@ class EncoderModel(nn.Module):
     get their own copy."""
 
     def __init__(
-        self, make_encoder: Callable[[], nn.Module], num_outputs: int, hiddens: list[int], activation: str, shared: bool
+        self, make_encoder: Callable[[], Encoder], num_outputs: int, hiddens: list[int], activation: str, shared: bool
     ):
         super().__init__()
         self.shared = shared

@@ -11,6 +11,11 @@ from torch import nn
 
 
 class RunningMeanStd(nn.Module):
+    # buffers (registered in __init__, so they follow .to() and the state dict)
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...] = (), eps: float = 1e-4):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
@@ -47,6 +52,8 @@ class ObsNormalizer(nn.Module):
 
 class RewardScaler(nn.Module):
     """Divide rewards by the running std of the discounted return (as SB3's VecNormalize)."""
+
+    ret: torch.Tensor  # a buffer: each row's running discounted return
 
     def __init__(self, num_rows: int, gamma: float, clip: float, eps: float = 1e-8):
         super().__init__()

@@ -19,12 +19,14 @@ normalizes with the running statistics the algorithm updates from each batch it 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from tensordict import TensorDict
 from torch import nn
 
 from shoal.envs.spaces import ActionSpec
-from shoal.models.distributions import make_distribution
+from shoal.models.distributions import DiagGaussian, make_distribution
 from shoal.models.normalize import ObsNormalizer
 
 # raised rather than ignoring the mask: a caller passing one expects it to constrain the actions
@@ -50,7 +52,8 @@ class Policy(nn.Module):
         deterministic: bool = False,
         out: TensorDict | None = None,
         critic_obs: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
+        """``(action, extras, next_state)`` for a batch of rows (see the module docstring)."""
         raise NotImplementedError
 
 
@@ -80,7 +83,9 @@ class ActorCriticPolicy(Policy):
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((self.dist.param_dim,), float(log_std_init)))
 
-    def normalize(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None):
+    def normalize(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's inputs: ``(obs, critic_obs)`` normalized when the policy keeps statistics."""
         if self.obs_normalizer is not None:
             obs = self.obs_normalizer.normalize(obs)
@@ -99,9 +104,11 @@ class ActorCriticPolicy(Policy):
     def forward(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution inputs ``[B, P]`` and values ``[B]`` of raw observations."""
         obs, critic_obs = self.normalize(obs, critic_obs)
-        return self.model(obs) if critic_obs is None else self.model(obs, critic_obs)
+        out: tuple[torch.Tensor, torch.Tensor] = self.model(obs) if critic_obs is None else self.model(obs, critic_obs)
+        return out
 
     def value(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> torch.Tensor:
+        """Values ``[B]`` of raw observations (e.g. to bootstrap a truncated episode)."""
         return self.forward(obs, critic_obs)[1]
 
     def act(
@@ -114,19 +121,23 @@ class ActorCriticPolicy(Policy):
         deterministic: bool = False,
         out: TensorDict | None = None,
         critic_obs: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
+        """Sample actions (the most likely with ``deterministic``) within ``action_mask``; the extras
+        are ``sample_log_prob`` and ``value``, written into ``out`` when given. Feedforward: the
+        state passes through unchanged."""
         params, value = self.forward(obs, critic_obs)
-        if self.continuous:
+        dist = self.dist
+        if isinstance(dist, DiagGaussian):  # continuous
             if action_mask is not None:
                 raise ValueError(BOX_MASK_ERROR)
-            action, logp = self.dist.sample(params, self.log_std, deterministic)
+            action, logp = dist.sample(params, self.log_std, deterministic)
         else:
-            action, logp = self.dist.sample(params, deterministic, action_mask)
+            action, logp = dist.sample(params, deterministic, action_mask)
         extras = {"sample_log_prob": logp, "value": value}
         if out is None:
             return action, TensorDict(extras, batch_size=[obs.shape[0]]), state
         for key, stored in out.items():  # the extras the algorithm stores: all of these, or some
-            stored.copy_(extras[key])
+            cast(torch.Tensor, stored).copy_(extras[key])  # flat: one tensor per extra
         return action, out, state
 
     def evaluate(
@@ -136,14 +147,15 @@ class ActorCriticPolicy(Policy):
         entropy: bool = True,
         action_mask: torch.Tensor | None = None,
         critic_obs: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Log-probability of ``action`` under the current policy, its entropy (None when not
         asked for) and values."""
         params, value = self.forward(obs, critic_obs)
-        if self.continuous:
+        dist = self.dist
+        if isinstance(dist, DiagGaussian):  # continuous
             if action_mask is not None:
                 raise ValueError(BOX_MASK_ERROR)
-            logp, ent = self.dist.log_prob_entropy(params, self.log_std, action, entropy)
+            logp, ent = dist.log_prob_entropy(params, self.log_std, action, entropy)
         else:
-            logp, ent = self.dist.log_prob_entropy(params, action, entropy, action_mask)
+            logp, ent = dist.log_prob_entropy(params, action, entropy, action_mask)
         return logp, ent, value

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 
 class Callback:
+    """Base class of trainer hooks: override the ones you need; any may return True to stop
+    training after the current iteration."""
+
     def on_episode_end(self, trainer: Trainer, episode: Episode) -> bool | None:
         """An episode finished; add to ``episode.custom_metrics`` to aggregate more numbers."""
 
@@ -36,7 +39,8 @@ class Callback:
 HOOKS = ("on_episode_end", "on_train_result", "on_evaluate_end", "on_checkpoint")
 
 
-def _instantiate(spec: Any) -> Callback:
+def _instantiate(spec: Any) -> object:
+    """The callback object ``spec`` gives: any object with one of the hooks (a ``Callback`` or not)."""
     if isinstance(spec, str):
         spec = import_spec(spec, "callback")
     if isinstance(spec, type):

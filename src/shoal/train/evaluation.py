@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from shoal.collect.episodes import mark_episode_starts
@@ -21,14 +22,17 @@ from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
 from shoal.vector import SerialBackend, VecBackend
 
+if TYPE_CHECKING:  # imageio is an optional extra
+    from imageio.core.format import Format
+
 
 class _Filmer(gym.Wrapper):
     """Writes the rgb_array frames of the wrapped env's first episode to ``path`` as it goes."""
 
-    def __init__(self, env: gym.Env, path: Path, fps: int):
+    def __init__(self, env: gym.Env[Any, Any], path: Path, fps: int):
         super().__init__(env)
         self.path, self.fps = path, fps
-        self.writer = None
+        self.writer: Format.Writer | None = None
         self.frames = 0
         self.filming = True
 
@@ -46,12 +50,12 @@ class _Filmer(gym.Wrapper):
         self.writer.append_data(frame)
         self.frames += 1
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         out = self.env.reset(**kwargs)
         self._film()
         return out
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         out = self.env.step(action)
         self._film()
         if out[2] or out[3]:
@@ -66,7 +70,12 @@ class _Filmer(gym.Wrapper):
 
 
 def filmed_backend(
-    make_env: Callable[[dict], gym.Env], env_config: dict, num_envs: int, video_dir: Path, prefix: str, name: str
+    make_env: Callable[[dict[str, Any]], gym.Env[Any, Any]],
+    env_config: dict[str, Any],
+    num_envs: int,
+    video_dir: Path,
+    prefix: str,
+    name: str,
 ) -> tuple[SerialBackend, list[_Filmer]]:
     """A serial backend of ``num_envs`` copies made with ``render_mode='rgb_array'``, each filmed."""
     try:
@@ -76,7 +85,7 @@ def filmed_backend(
     video_dir.mkdir(parents=True, exist_ok=True)
     filmers: list[_Filmer] = []
 
-    def make(index: int) -> gym.Env:
+    def make(index: int) -> gym.Env[Any, Any]:
         env = make_env({**env_config, "render_mode": "rgb_array"})
         if getattr(env, "render_mode", None) != "rgb_array":
             raise EnvError(
@@ -94,7 +103,7 @@ def run_episodes(
     backend: VecBackend,
     act: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
     seed: int,
-    row_policy: tuple[list[str], np.ndarray] | None = None,
+    row_policy: tuple[list[str], npt.NDArray[np.int64]] | None = None,
 ) -> dict[str, Any]:
     """Play one episode on each of the backend's envs; summarise returns and lengths.
 
@@ -121,7 +130,7 @@ def run_episodes(
         mark_episode_starts(
             batch.terminated | batch.truncated, batch.valid, backend.autoreset, backend.rows_per_env, first
         )
-    per_policy = {}
+    per_policy: dict[str, dict[str, float]] = {}
     if row_policy is not None:
         ids, index = row_policy
         per_policy = {
@@ -149,7 +158,8 @@ def prepare_obs(spec: ObsSpec, obs: Any, device: str) -> tuple[torch.Tensor, boo
     if spec.structured:
         single = not isinstance(obs, list)  # one Dict/Tuple observation, or a list of them
         items = [obs] if single else obs
-        arr = np.stack([gym.spaces.flatten(spec.space, o) for o in items]).astype(np.float32)
+        flat = [cast("npt.NDArray[Any]", gym.spaces.flatten(spec.space, o)) for o in items]  # flattenable spaces
+        arr = np.stack(flat).astype(np.float32)
     else:
         arr = np.asarray(obs, dtype=spec.dtype)
         single = arr.shape == spec.shape

@@ -20,11 +20,14 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from types import FrameType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from shoal.algos.base import Algorithm
@@ -45,9 +48,12 @@ from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import CallbackList
-from shoal.train.evaluation import filmed_backend, prepare_obs, run_episodes
+from shoal.train.evaluation import _Filmer, filmed_backend, prepare_obs, run_episodes
 from shoal.vector import VecBackend, make_backend
 from shoal.vector.vmas import is_vmas
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class Trainer:
@@ -58,7 +64,8 @@ class Trainer:
     >>> trainer.learn(100_000)
     """
 
-    algo: ClassVar[Any] = None  # set by presets such as shoal.PPO: the one algorithm they train
+    # set by presets such as shoal.PPO: the one algorithm they train (as ``algo`` is given)
+    algo: ClassVar[str | type[Algorithm] | None] = None
 
     def __init__(self, env: Any = None, config: dict[str, Any] | None = None, **overrides: Any):
         settings = dict(config or {}) | overrides
@@ -130,10 +137,12 @@ class Trainer:
 
     @property
     def algo_name(self) -> str:
+        """The algorithm's ``name`` (``PPO``, or yours)."""
         return self.algorithm.name
 
     @property
     def policies(self) -> dict[str, Policy]:
+        """Policy id -> policy, as the algorithm built them."""
         return self.algorithm.policies
 
     def _env_info(self, critic: CriticInput | None) -> EnvInfo:
@@ -160,7 +169,7 @@ class Trainer:
                 else "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'"
             )
             raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{self.env_name}' {why}.")
-        if kind == "state":
+        if kind == "state" and backend.batch.state is not None:  # (not None: checked above)
             return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
         return TeamObs(int(np.prod(backend.obs_spec.shape)), backend.rows_per_env)
 
@@ -292,14 +301,14 @@ class Trainer:
         return result
 
     @contextlib.contextmanager
-    def _stop_on_signals(self):
+    def _stop_on_signals(self) -> Iterator[None]:
         """SIGINT / SIGTERM ask the loop to stop at the next iteration boundary, where the state
         is whole and can be checkpointed; a second SIGINT interrupts at once."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
-        def request_stop(signum, frame):
+        def request_stop(signum: int, frame: FrameType | None) -> None:
             if self.stop_reason is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.stop_reason = signal.Signals(signum).name
@@ -312,6 +321,7 @@ class Trainer:
                 signal.signal(s, handler)
 
     def _write_result_json(self, checkpoint: Path | None) -> None:
+        assert self.run_dir is not None  # written only for runs that save outputs
         summary = {
             "training_iteration": self.iteration,
             "timesteps_total": self.timesteps_total,
@@ -347,6 +357,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned: the run continues exactly where it was saved."""
         try:
             self.algorithm.load_state_dict(state["algorithm"])
             self.collector.load_state_dict(state["collector"])
@@ -397,7 +408,7 @@ class Trainer:
         }
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Trainer:
+    def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Self:
         """Rebuild a trainer from a checkpoint (or the newest good one in a run directory) and
         restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``)."""
         path = ckpt.resolve_checkpoint(path)
@@ -447,18 +458,20 @@ class Trainer:
         return self.policies[policy_id]
 
     @torch.inference_mode()
-    def compute_actions(self, obs: Any, deterministic: bool = False, policy_id: str | None = None) -> np.ndarray:
+    def compute_actions(
+        self, obs: Any, deterministic: bool = False, policy_id: str | None = None
+    ) -> npt.NDArray[Any] | np.generic:
         """Actions of policy ``policy_id`` (default: the only one) for a batch of observations (or
-        one), ready to pass to the env. Each call acts from the policy's initial state, as at an
-        episode start."""
+        one: then its one action, a numpy scalar for a Discrete space), ready to pass to the env.
+        Each call acts from the policy's initial state, as at an episode start."""
         x, single = prepare_obs(self.backend.obs_spec, obs, self.config.device)
         policy = self.get_policy(policy_id)
         rows = x.shape[0]
         action, _, _ = policy.act(
             x, policy.initial_state(rows), torch.ones(rows, dtype=torch.bool), deterministic=deterministic
         )
-        action = self.backend.env_actions(action.cpu())
-        return action[0] if single else action
+        actions = self.backend.env_actions(action.cpu())
+        return actions[0] if single else actions
 
     @torch.inference_mode()
     def evaluate(
@@ -481,7 +494,7 @@ class Trainer:
         c = self.config
         n = num_episodes or c.evaluation_num_episodes
         deterministic = c.evaluation_deterministic if deterministic is None else deterministic
-        filmers = []
+        filmers: list[_Filmer] = []
         if video_dir is not None and is_vmas(c.env):
             raise ConfigError(
                 f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
@@ -522,14 +535,15 @@ class Trainer:
         return out
 
     def close(self) -> None:
+        """Close the envs (and their worker processes) and the loggers; ``with`` calls it on exit."""
         self.backend.close()
         if self._logger is not None:
             self._logger.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

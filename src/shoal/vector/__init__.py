@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -12,12 +13,20 @@ from shoal.envs.atari import is_atari_id, is_minatar_id
 from shoal.envs.multi_agent import dict_env_adapter, is_dict_env
 from shoal.envs.native import AgentEnv
 from shoal.envs.pettingzoo import ParallelEnvAdapter
-from shoal.envs.registry import check_env_id, env_creator, env_name, is_aec_env, is_parallel_env
+from shoal.envs.registry import (
+    AnyEnv,
+    check_env_id,
+    env_creator,
+    env_name,
+    gym_make,
+    is_aec_env,
+    is_parallel_env,
+)
 from shoal.errors import ConfigError, EnvError
 from shoal.vector.agents import AgentEnvBackend
 from shoal.vector.base import StepBatch, VecBackend
 from shoal.vector.gym_vector import GymVectorBackend
-from shoal.vector.mp import MultiprocessBackend
+from shoal.vector.mp import MultiprocessBackend, SerialClass
 from shoal.vector.serial import SerialBackend
 from shoal.vector.vmas import VmasBackend, is_vmas
 
@@ -36,7 +45,7 @@ __all__ = [
 def make_backend(
     env: Any,
     num_envs: int,
-    env_config: dict | None = None,
+    env_config: dict[str, Any] | None = None,
     vectorization_mode: str | None = None,
     num_workers: int = 0,
     async_factor: int = 1,
@@ -77,7 +86,7 @@ def make_backend(
             )
         check_env_id(env)
         return GymVectorBackend(
-            gym.make_vec(env, num_envs=num_envs, vectorization_mode=vectorization_mode, **env_config), name
+            gym_make(gym.make_vec, env, env_config, num_envs=num_envs, vectorization_mode=vectorization_mode), name
         )
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
@@ -87,7 +96,9 @@ def make_backend(
     return serial_class(make, num_envs, name)
 
 
-def _adapted(make, name: str, env_state: bool = False):
+def _adapted(
+    make: Callable[[int], AnyEnv], name: str, env_state: bool = False
+) -> tuple[Callable[[int], Any], SerialClass]:
     """Multi-agent envs step through an adapter on the agent-env backend (a native env is its own
     adapter); gym envs as they are. The env made to find out which is the one handed out for index 0."""
     first = make(0)
@@ -103,10 +114,10 @@ def _adapted(make, name: str, env_state: bool = False):
     return (lambda index: adapter(first if index == 0 else make(index), name, env_state)), AgentEnvBackend
 
 
-def _copies_of(env, name: str):
+def _copies_of(env: AnyEnv, name: str) -> Callable[[int], AnyEnv]:
     """The instance itself for index 0, deep copies for the others (a factory is the better way)."""
 
-    def make(index: int) -> gym.Env:
+    def make(index: int) -> AnyEnv:
         if index == 0:
             return env
         try:

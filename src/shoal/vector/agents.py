@@ -12,12 +12,51 @@ its slice of shared memory.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
-import numpy as np
+import gymnasium as gym
+import numpy.typing as npt
 import torch
 
+from shoal.envs.spaces import ActionSpec, ObsSpec
 from shoal.errors import EnvError, ShoalError
-from shoal.vector.base import StepBatch, VecBackend
+from shoal.vector.base import Buffers, StepBatch, VecBackend
+
+
+class RowLayout(Protocol):
+    """How an env's agents map onto its rows (``AgentLayout``, or a native env's ``NativeLayout``)."""
+
+    @property
+    def obs_space(self) -> gym.Space[Any]: ...
+    @property
+    def obs_spec(self) -> ObsSpec: ...
+    @property
+    def action_space(self) -> gym.Space[Any]: ...
+    @property
+    def act_spec(self) -> ActionSpec: ...
+    @property
+    def has_mask(self) -> bool: ...
+
+
+class AgentAdapter(Protocol):
+    """What this backend steps: an adapter (``ParallelEnvAdapter``, ``AECEnvAdapter``) over a
+    multi-agent env, or a native ``AgentEnv``, which is its own."""
+
+    @property
+    def layout(self) -> RowLayout: ...
+    @property
+    def agents(self) -> list[str] | None: ...  # each slot's agent name; None: anonymous agents
+    @property
+    def num_agents(self) -> int: ...
+    @property
+    def state_size(self) -> int: ...  # width of the env's global state() it writes, 0: none
+    @property
+    def final_infos(self) -> dict[int, dict[str, Any]]: ...  # slot -> info, emptied by the backend
+
+    def bind(self, rows: dict[str, npt.NDArray[Any]]) -> None: ...
+    def reset(self, seed: int | None) -> None: ...
+    def step(self, actions: npt.NDArray[Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 class AgentEnvBackend(VecBackend):
@@ -26,10 +65,10 @@ class AgentEnvBackend(VecBackend):
 
     def __init__(
         self,
-        make_env: Callable[[int], object],
+        make_env: Callable[[int], AgentAdapter],
         num_envs: int,
         name: str,
-        buffers: dict[str, np.ndarray] | None = None,
+        buffers: Buffers | None = None,
         first_env_id: int = 0,
     ):
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
@@ -76,7 +115,7 @@ class AgentEnvBackend(VecBackend):
     def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
         self.step(self.env_actions(actions))
 
-    def step(self, acts: np.ndarray) -> None:
+    def step(self, acts: npt.NDArray[Any]) -> None:
         """Step every env with its rows of ``acts``; final infos are keyed by row."""
         k, final_infos = self.rows_per_env, self.final_infos
         if final_infos:

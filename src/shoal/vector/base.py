@@ -19,9 +19,13 @@ not a transition, and the backend marks its rows ``valid=False`` so every loss s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from shoal.envs.snapshot import env_state, load_env_state
@@ -55,9 +59,11 @@ class StepBatch:
     rows: slice  # agent rows this batch covers
 
 
-def allocate_buffers(
-    num_rows: int, obs: ObsSpec, alloc, mask_size: int = 0, state_size: int = 0
-) -> dict[str, np.ndarray]:
+Buffers = dict[str, npt.NDArray[Any]]  # the flat-batch arrays by field name, [rows, ...] each
+Allocator = Callable[[tuple[int, ...], npt.DTypeLike], npt.NDArray[Any]]  # (shape, dtype) -> zeroed array
+
+
+def allocate_buffers(num_rows: int, obs: ObsSpec, alloc: Allocator, mask_size: int = 0, state_size: int = 0) -> Buffers:
     """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed);
     with ``mask_size``, also the ``[rows, mask_size]`` action mask; with ``state_size``, the env
     state (and its value before an autoreset) on every row."""
@@ -74,7 +80,7 @@ def allocate_buffers(
     }
 
 
-def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor, agent_id: torch.Tensor) -> StepBatch:
+def batch_view(buffers: Buffers, rows: slice, env_id: torch.Tensor, agent_id: torch.Tensor) -> StepBatch:
     """A StepBatch whose tensors share memory with ``buffers[rows]``."""
     optional = {
         key: None if key not in buffers else torch.from_numpy(buffers[key][rows])
@@ -97,7 +103,7 @@ def batch_view(buffers: dict[str, np.ndarray], rows: slice, env_id: torch.Tensor
 class VecBackend:
     """Shared buffers and bookkeeping; subclasses implement ``reset`` and ``send``."""
 
-    autoreset: str = "same_step"
+    autoreset: Literal["same_step", "next_step"] = "same_step"
     async_factor: int = 1
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
@@ -109,7 +115,7 @@ class VecBackend:
         obs: ObsSpec,
         act: ActionSpec,
         rows_per_env: int = 1,
-        buffers: dict[str, np.ndarray] | None = None,
+        buffers: Buffers | None = None,
         first_env_id: int = 0,
         mask_size: int = 0,
         state_size: int = 0,
@@ -132,9 +138,9 @@ class VecBackend:
         self.batch = batch_view(buffers, slice(0, self.num_rows), torch.from_numpy(env_id), torch.from_numpy(agent_id))
         # Rows whose episode ended in the last send(), mapped to their last step's info (only
         # non-empty infos travel): the tracker turns their numbers into custom metrics.
-        self.final_infos: dict[int, dict] = {}
+        self.final_infos: dict[int, dict[str, Any]] = {}
         space = act.space
-        if act.kind == "continuous":
+        if isinstance(space, gym.spaces.Box):  # continuous actions
             self._act_low = torch.as_tensor(space.low, dtype=torch.float32)
             self._act_high = torch.as_tensor(space.high, dtype=torch.float32)
 
@@ -145,7 +151,7 @@ class VecBackend:
             f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id
         )
 
-    def env_actions(self, actions: torch.Tensor) -> np.ndarray:
+    def env_actions(self, actions: torch.Tensor) -> npt.NDArray[Any]:
         """Actions as the env wants them: continuous ones clipped to the Box bounds (the unclipped
         sample stays in the rollout, so log-probabilities match what the policy drew)."""
         if self.act_spec.kind == "continuous":
@@ -162,14 +168,14 @@ class VecBackend:
         raise NotImplementedError
 
     # ----- checkpoints: where every env is, so a resumed run continues the same episodes -----
-    def _snapshot_envs(self) -> list:
+    def _snapshot_envs(self) -> list[Any]:
         """The env objects whose attributes hold this backend's env state."""
         raise NotImplementedError
 
-    def _snapshot_buffers(self) -> dict[str, np.ndarray]:
+    def _snapshot_buffers(self) -> Buffers:
         return dict(self._buffers)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         if self.unsaved_state:
             return {"exact": False, "reason": self.unsaved_state, "envs": [], "buffers": {}}
         envs = [env_state(env) for env in self._snapshot_envs()]
@@ -181,7 +187,7 @@ class VecBackend:
             "buffers": {k: torch.from_numpy(v.copy()) for k, v in self._snapshot_buffers().items()},
         }
 
-    def load_state_dict(self, state: dict) -> bool:
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Put every env back where it was; returns False (and changes nothing) for an inexact snapshot."""
         if not state["exact"]:
             return False

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 from gymnasium.vector import AutoresetMode
 
 from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError
-from shoal.vector.base import StepBatch, VecBackend
+from shoal.vector.base import Buffers, StepBatch, VecBackend
 
 
 class GymVectorBackend(VecBackend):
-    def __init__(self, venv: gym.vector.VectorEnv, name: str):
+    def __init__(self, venv: gym.vector.VectorEnv[Any, Any, Any], name: str):
         if not isinstance(venv.single_observation_space, gym.spaces.Box):
             raise EnvError(
                 f"vector env '{name}' has observation space {venv.single_observation_space}; vector envs must "
@@ -32,7 +35,7 @@ class GymVectorBackend(VecBackend):
         self.single_action_space = venv.single_action_space
         self._prev_done = np.zeros(self.num_envs, dtype=bool)
 
-    def _write(self, field: str, buf: np.ndarray, value) -> None:
+    def _write(self, field: str, buf: npt.NDArray[Any], value: Any) -> None:
         value = np.asarray(value)
         if value.shape != buf.shape:
             raise EnvError(
@@ -67,7 +70,7 @@ class GymVectorBackend(VecBackend):
             for i in rows:
                 self._final_obs[i] = info["final_obs"][i]
 
-    def _keep_final_infos(self, info: dict) -> None:
+    def _keep_final_infos(self, info: dict[str, Any]) -> None:
         """Vector infos are dicts of per-env arrays with ``_key`` masks; split out the done rows."""
         arrays = [
             (k, v, info.get(f"_{k}")) for k, v in info.items() if not k.startswith("_") and isinstance(v, np.ndarray)
@@ -77,10 +80,10 @@ class GymVectorBackend(VecBackend):
             if row:
                 self.final_infos[i] = row
 
-    def _snapshot_envs(self) -> list:
+    def _snapshot_envs(self) -> list[Any]:
         return [self.venv]
 
-    def _snapshot_buffers(self) -> dict[str, np.ndarray]:
+    def _snapshot_buffers(self) -> Buffers:
         return {**super()._snapshot_buffers(), "prev_done": self._prev_done}
 
     def close(self) -> None:

@@ -31,21 +31,27 @@ import traceback
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, NoReturn, cast
 
-import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from shoal.errors import EnvError
-from shoal.vector.base import EnvStepError, StepBatch, VecBackend, allocate_buffers, batch_view
+from shoal.vector.agents import AgentEnvBackend
+from shoal.vector.base import Buffers, EnvStepError, StepBatch, VecBackend, allocate_buffers, batch_view
 from shoal.vector.serial import SerialBackend
+
+# what each worker runs over its envs: a serial backend of gym envs or of multi-agent adapters
+SerialClass = type[SerialBackend] | type[AgentEnvBackend]
 
 # one-byte commands and replies
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
 _OK, _INFOS, _ERROR = b"k", b"i", b"e"
 
 
-def _shared_array(shape: tuple[int, ...], dtype, maps: list[mmap.mmap]) -> np.ndarray:
+def _shared_array(shape: tuple[int, ...], dtype: npt.DTypeLike, maps: list[mmap.mmap]) -> npt.NDArray[Any]:
     """A zeroed array in anonymous shared memory, inherited by processes forked after it."""
     count = int(np.prod(shape))
     buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
@@ -61,13 +67,13 @@ def _die_with_parent() -> None:
 
 
 def _worker(
-    serial_class: type,
-    make_env: Callable[[int], gym.Env],
+    serial_class: SerialClass,
+    make_env: Callable[[int], Any],
     first_env: int,
     num_envs: int,
     name: str,
-    buffers: dict[str, np.ndarray],
-    actions: np.ndarray,
+    buffers: Buffers,
+    actions: npt.NDArray[Any],
     rows_per_env: int,
     conn: Connection,
     siblings: list[Connection],
@@ -112,13 +118,14 @@ class MultiprocessBackend(VecBackend):
 
     def __init__(
         self,
-        make_env: Callable[[int], gym.Env],
+        make_env: Callable[[int], Any],
         num_envs: int,
         name: str,
         num_workers: int,
         async_factor: int = 1,
-        serial_class: type = SerialBackend,
+        serial_class: SerialClass = SerialBackend,
     ):
+        """``make_env(index)`` makes what ``serial_class`` steps: a gym.Env, or a multi-agent adapter."""
         if num_envs % num_workers or num_workers % async_factor:
             raise EnvError(
                 f"num_envs={num_envs} must be a multiple of num_workers={num_workers}, and num_workers "
@@ -158,14 +165,14 @@ class MultiprocessBackend(VecBackend):
             batch_view(buffers, rows, self.batch.env_id[rows], self.batch.agent_id[rows]) for rows in groups
         ]
         self._group_of = {id(b): g for g, b in enumerate(self.batches)}
-        self._group_infos: list[dict[int, dict]] = [{} for _ in range(async_factor)]
+        self._group_infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(async_factor)]
         self._pending = [0] * async_factor  # workers of each group still stepping
         self._ready: list[int] = []  # groups whose results are in, in arrival order
         self._last: StepBatch | None = None
 
         ctx = mp.get_context("fork")
         self._conns: list[Connection] = []
-        self._procs = []
+        self._procs: list[BaseProcess] = []
         for w in range(num_workers):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
@@ -199,7 +206,7 @@ class MultiprocessBackend(VecBackend):
         self._receive_all()  # every worker has built its envs
 
     # ----- talking to workers -------------------------------------------------------------
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         self.close()
         raise EnvError(message)
 
@@ -266,7 +273,10 @@ class MultiprocessBackend(VecBackend):
 
     def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
         """Step the envs of ``batch`` (default: the one the last recv() returned) with ``actions``."""
-        batch = batch or self._last
+        if batch is None:
+            if self._last is None:
+                raise RuntimeError("MultiprocessBackend.send() needs a batch from recv() first")
+            batch = self._last
         g = self._group_of[id(batch)]
         self._actions[batch.rows] = self.env_actions(actions)
         if self._group_infos[g]:
@@ -277,13 +287,13 @@ class MultiprocessBackend(VecBackend):
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [cast(int, p.pid) for p in self._procs]  # started in __init__: each has a pid
 
     def close(self) -> None:
         self._closer()
 
 
-def _shutdown(conns: list[Connection], procs: list) -> None:
+def _shutdown(conns: list[Connection], procs: list[BaseProcess]) -> None:
     """Ask workers to exit, then make sure they have: no orphan survives a close."""
     for conn in conns:
         with contextlib.suppress(BrokenPipeError, OSError):

@@ -7,14 +7,15 @@ the shared-memory buffers (``buffers``, ``first_env_id``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
+import numpy.typing as npt
 import torch
 
 from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError, ShoalError
-from shoal.vector.base import StepBatch, VecBackend
+from shoal.vector.base import Buffers, StepBatch, VecBackend
 
 
 class SerialBackend(VecBackend):
@@ -22,10 +23,10 @@ class SerialBackend(VecBackend):
 
     def __init__(
         self,
-        make_env: Callable[[int], gym.Env],
+        make_env: Callable[[int], gym.Env[Any, Any]],
         num_envs: int,
         name: str,
-        buffers: dict[str, np.ndarray] | None = None,
+        buffers: Buffers | None = None,
         first_env_id: int = 0,
     ):
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
@@ -66,7 +67,7 @@ class SerialBackend(VecBackend):
         # numpy scalars: Gymnasium's Discrete.contains checks them fastest
         self.step(self.env_actions(actions))
 
-    def step(self, acts: np.ndarray) -> None:
+    def step(self, acts: npt.NDArray[Any]) -> None:
         """Step every env with its row of ``acts`` (env-ready actions), autoresetting done ones."""
         write, name = self.obs_spec.write, self.name
         obs_buf, final_buf = self._obs, self._final_obs
@@ -92,7 +93,7 @@ class SerialBackend(VecBackend):
         except Exception as e:  # free when nothing is raised; names the env when something is
             raise self._failed(i, "step", e) from e
 
-    def _snapshot_envs(self) -> list:
+    def _snapshot_envs(self) -> list[Any]:
         return self.envs
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import traceback
 import warnings
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -30,14 +31,14 @@ import torch
 
 from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import ConfigError, EnvError, did_you_mean
-from shoal.vector.base import VecBackend
+from shoal.vector.base import StepBatch, VecBackend
 
 PREFIX = "vmas:"
 # make_env arguments the backend sets itself: the flat batch depends on them.
 _RESERVED = ("num_envs", "device", "seed", "wrapper", "dict_spaces", "terminated_truncated", "grad_enabled")
 
 
-def is_vmas(env) -> bool:
+def is_vmas(env: Any) -> bool:
     return isinstance(env, str) and env.startswith(PREFIX)
 
 
@@ -47,7 +48,7 @@ def _scenario_names() -> list[str]:
     return sorted({*vmas.scenarios, *vmas.debug_scenarios, *vmas.mpe_scenarios})
 
 
-def _gymnasium_space(space):
+def _gymnasium_space(space: Any) -> gymnasium.Space[Any] | None:
     """VMAS describes its spaces with the old ``gym`` package; shoal's specs read Gymnasium ones."""
     kind = type(space).__name__
     if kind == "Box":
@@ -63,7 +64,7 @@ class VmasBackend(VecBackend):
     autoreset = "same_step"
     unsaved_state = "VMAS simulator state is not plain data"
 
-    def __init__(self, scenario: str, num_envs: int, env_config: dict | None = None, seed: int | None = None):
+    def __init__(self, scenario: str, num_envs: int, env_config: dict[str, Any] | None = None, seed: int | None = None):
         given = dict(env_config or {})
         env_config = dict(given)
         name = PREFIX + scenario
@@ -112,17 +113,19 @@ class VmasBackend(VecBackend):
         listing = "; ".join(
             f"{a}: {o} / {s}" for a, o, s in zip(agents, self.env.observation_space, self.env.action_space)
         )
-        if not all(isinstance(o, gymnasium.spaces.Box) for o in obs_spaces) or None in act_spaces:
+        boxes = [o for o in obs_spaces if isinstance(o, gymnasium.spaces.Box)]
+        actions = [s for s in act_spaces if s is not None]
+        if len(boxes) < len(obs_spaces) or len(actions) < len(act_spaces):
             raise EnvError(
                 f"env '{name}': shoal reads Box observations and Box, Discrete or MultiDiscrete actions; "
                 f"its agents have {listing}."
             )
-        if any(o.shape != obs_spaces[0].shape for o in obs_spaces) or any(s != act_spaces[0] for s in act_spaces):
+        if any(o.shape != boxes[0].shape for o in boxes) or any(s != actions[0] for s in actions):
             raise EnvError(
                 f"env '{name}': all agents share one policy, so they need one observation shape and one "
                 f"action space; its agents have {listing}."
             )
-        super().__init__(name, num_envs, obs_spec(obs_spaces[0]), action_spec(act_spaces[0]), rows_per_env=n)
+        super().__init__(name, num_envs, obs_spec(boxes[0]), action_spec(actions[0]), rows_per_env=n)
         self.agents = agents
 
         # Env-major [N, n_agents, ...] views of the flat buffers: torch.stack(out=) fills them in one op.
@@ -139,12 +142,13 @@ class VmasBackend(VecBackend):
         self._actions = torch.zeros(num_envs, n, width, dtype=dtype)
         self._agent_actions = list(self._actions.unbind(1))
 
-    def env_actions(self, actions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Actions as VMAS wants them, a tensor: continuous ones clipped to the bounds (the unclipped
-        sample stays in the rollout, so log-probabilities match what the policy drew)."""
+    def _vmas_actions(self, actions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Actions as VMAS wants them, written into the tensor ``out``: continuous ones clipped to
+        the bounds (the unclipped sample stays in the rollout, so log-probabilities match what the
+        policy drew). ``env_actions`` gives the same actions as an array, as for every backend."""
         if self.act_spec.kind == "continuous":
             return torch.clamp(actions, self._act_low, self._act_high, out=out)
-        return actions if out is None else out.copy_(actions)
+        return out.copy_(actions)
 
     def reset(self, seed: int | None = None) -> None:
         # VMAS draws from its own random stream (saved and restored around each call), so this
@@ -153,8 +157,8 @@ class VmasBackend(VecBackend):
         self._terminated[:] = False
         self._truncated[:] = False
 
-    def send(self, actions: torch.Tensor, batch=None) -> None:
-        self.env_actions(actions.reshape(self._actions.shape), out=self._actions)
+    def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
+        self._vmas_actions(actions.reshape(self._actions.shape), out=self._actions)
         obs, rewards, terminated, truncated, _ = self.env.step(self._agent_actions)
         torch.stack(rewards, dim=1, out=self._reward2)
         self._term2.copy_(terminated.unsqueeze(1))
