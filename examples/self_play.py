@@ -13,10 +13,9 @@ from __future__ import annotations
 import sys
 
 import shoal
-from shoal.collect.policies import EpisodeStart
 
 
-def alternate_sides(agent_id: str, episode: EpisodeStart) -> str:
+def alternate_sides(agent_id: str, episode: shoal.EpisodeStart) -> str:
     """Odd episodes give "main" the second seat."""
     return "main" if (episode.episode_id + (agent_id == "player_1")) % 2 == 0 else "past_self"
 

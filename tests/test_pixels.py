@@ -9,6 +9,7 @@ import torch
 
 import shoal
 from shoal.envs.atari import EpisodicLife
+from shoal.train import setup
 from tests.conftest import CounterEnv
 
 SMALL = dict(
@@ -33,7 +34,8 @@ def test_atari_frames_stay_uint8_and_learning_rewards_are_clipped_by_default():
         assert obs.element_size() * obs.numel() == 2 * 17 * 84 * 84 * 4  # a byte a pixel
         assert algo.collector.clip_rewards is True
         assert EpisodicLife in _wrappers(algo.backend.envs[0])
-        evaluation_backend = algo._make_backend(1, evaluation=True)  # the raw game: no life-loss terminals
+        # the raw game: no life-loss terminals
+        evaluation_backend = setup.build_backend(algo.config, 1, evaluation=True)
         assert EpisodicLife not in _wrappers(evaluation_backend.envs[0])
         evaluation_backend.close()
         result = algo.train()

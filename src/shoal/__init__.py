@@ -2,6 +2,7 @@
 
 from shoal.algos import Algorithm, register_algorithm
 from shoal.collect.episodes import Episode
+from shoal.collect.policies import EpisodeStart
 from shoal.config import PPOConfig, TrainerConfig
 from shoal.envs import register_env
 from shoal.envs.multi_agent import MultiAgentEnv
@@ -28,6 +29,7 @@ __all__ = [
     "EnvError",
     "EnvInfo",
     "Episode",
+    "EpisodeStart",
     "MultiAgentEnv",
     "PPOConfig",
     "Policy",

@@ -55,6 +55,8 @@ class RolloutBuffer:
             batch_size=[n, t1],
             device=device,
         )
+        """The one preallocated TensorDict ``[N, T+1]``: slot T holds the last observation and the
+        policy's outputs on it (the bootstrap value); for transition fields it is padding."""
         self.rollout["valid"].fill_(True)
         if env.mask_size:
             self.rollout["action_mask"].fill_(True)

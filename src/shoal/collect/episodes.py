@@ -35,11 +35,18 @@ class Episode:
     """A finished episode, as ``on_episode_end`` callbacks see it."""
 
     row: int
+    """The agent's row in the flat batch."""
     env_id: int
+    """The env the episode ran in."""
     episode_reward: float
+    """The agent's undiscounted return, from the raw env rewards (before clipping or scaling)."""
     episode_length: int
+    """Steps the agent took."""
     info: dict[str, Any]
+    """The env's info dict of the last step."""
     custom_metrics: dict[str, float] = field(default_factory=dict)
+    """The scalar numbers of ``info`` (e.g. ``is_success``) and what a callback adds; each is logged
+    as ``custom_metrics/<name>_mean``, ``_min`` and ``_max``."""
 
 
 EPISODE_CONTINUES = "episode_continues"  # info key: this done is a learning terminal, the episode goes on

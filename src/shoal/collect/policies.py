@@ -25,10 +25,12 @@ from shoal.models.policy import Policy
 
 @dataclass(frozen=True)
 class EpisodeStart:
-    """What ``policy_mapping_fn`` gets as ``episode``: which env starts, and a running episode count."""
+    """What ``policy_mapping_fn(agent_id, episode)`` gets as ``episode``."""
 
     env_id: int
+    """The env whose episode starts."""
     episode_id: int
+    """A running count of the episodes started in all envs, e.g. to alternate sides in self-play."""
 
 
 MappingFn = Callable[[str, EpisodeStart], str]  # (agent id, episode) -> policy id

@@ -87,15 +87,28 @@ def _rows_of(field: str) -> Any:
 
 
 class AgentEnv:
-    """Base class of native many-agent envs (see the module docstring)."""
+    """Base class of native many-agent envs: one simulation of ``num_agents`` agents that writes
+    its rows of the flat batch in place.
+
+    Declare the class attributes below, implement ``reset`` and ``step``, and write into the row
+    arrays (``obs``, ``reward``, ``terminated``, ``truncated``, ``valid``, ``final_obs``,
+    ``action_mask``), never replace them. ``shoal.PPO(env=MyEnv)`` or ``env="module:MyEnv"`` runs it.
+    """
 
     num_agents: int
+    """Agents in one env; each is a row of the flat batch."""
     single_observation_space: gym.spaces.Box[Any]
+    """One agent's observation space (float Boxes are stored as float32)."""
     single_action_space: gym.Space[Any]
+    """One agent's action space: Discrete, MultiDiscrete or Box, shared by all agents."""
     action_masks: bool = False
-    agents: list[str] | None = None  # anonymous agents: each agent's episode is an episode of its own
-    state_size: int = 0  # no global state for a centralized critic (team_obs works)
-    final_infos: dict[int, dict[str, Any]]  # slot -> info of an agent whose episode ended (set by bind)
+    """True when the env writes ``action_mask`` (Discrete actions only)."""
+    agents: list[str] | None = None
+    """None: anonymous agents, each agent's episode is an episode of its own."""
+    state_size: int = 0
+    """Width of a global state for a centralized critic; 0 for none (``team_obs`` works)."""
+    final_infos: dict[int, dict[str, Any]]
+    """Slot -> info of an agent whose episode ended this step; feeds custom metrics."""
 
     _rows: dict[str, npt.NDArray[Any] | None] = _Unbound()
     obs: npt.NDArray[Any] = _rows_of("obs")  # in the observation space's dtype (float32 for float ones)
@@ -107,13 +120,17 @@ class AgentEnv:
     action_mask: npt.NDArray[np.bool_] | None = _rows_of("action_mask")  # None unless action_masks
 
     def reset(self, seed: int | None) -> None:
+        """Start an episode: fill ``obs`` (and ``action_mask``), clear ``terminated`` and ``truncated``."""
         raise NotImplementedError(f"native env '{type(self).__name__}' must implement reset(seed)")
 
     def step(self, actions: npt.NDArray[Any]) -> None:
+        """Apply ``actions`` (``[num_agents, *action_shape]``) and fill ``reward``, ``terminated``,
+        ``truncated`` and ``obs``; agents whose episode ended start again in the same step, with
+        the true last observation of truncated ones in ``final_obs``."""
         raise NotImplementedError(f"native env '{type(self).__name__}' must implement step(actions)")
 
     def close(self) -> None:
-        pass
+        """Free what the env holds; the backend calls it once."""
 
     def bind(self, rows: dict[str, npt.NDArray[Any]]) -> None:
         """Write into ``rows`` (this env's slice of every flat-batch array) from now on."""

@@ -100,13 +100,21 @@ class EnvInfo:
     """What an algorithm knows of the envs it learns from: the row layout of the flat batch."""
 
     name: str
+    """The env's name as logs show it (its id, or its class for an env object)."""
     obs_spec: ObsSpec
+    """Shape, dtype and space of one agent's observation as the rollout stores it."""
     act_spec: ActionSpec
+    """Shape, dtype and kind of one agent's action."""
     num_envs: int
-    rows_per_env: int  # agent rows per env (1 for single-agent envs)
-    mask_size: int = 0  # width of the action mask, 0 when no env sends one
-    critic_dim: int = 0  # width of a centralized critic's input, 0 without one
+    """Envs stepped side by side."""
+    rows_per_env: int
+    """Agent rows per env (1 for single-agent envs; multi-agent envs pad to their most agents)."""
+    mask_size: int = 0
+    """Width of the action mask, 0 when no env sends one."""
+    critic_dim: int = 0
+    """Width of a centralized critic's extra input, 0 without one."""
 
     @property
     def num_rows(self) -> int:
+        """Rows of the flat agent batch: ``num_envs * rows_per_env``."""
         return self.num_envs * self.rows_per_env

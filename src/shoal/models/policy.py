@@ -36,7 +36,8 @@ BOX_MASK_ERROR = "action_mask is only supported for Discrete and MultiDiscrete a
 class Policy(nn.Module):
     """Base of every policy: subclasses implement ``act`` and set ``extras``."""
 
-    extras: tuple[str, ...] = ()  # the per-step fields ``act`` fills
+    extras: tuple[str, ...] = ()
+    """The per-step fields ``act`` fills (e.g. ``sample_log_prob``, ``value``)."""
 
     def initial_state(self, rows: int) -> TensorDict:
         """The state of ``rows`` agent rows at an episode start (empty: feedforward)."""

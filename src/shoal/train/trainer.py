@@ -33,23 +33,20 @@ import torch
 from shoal.algos.base import Algorithm
 from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.collect import Collector, EpisodeTracker
-from shoal.collect.critic import CriticInput, EnvState, TeamObs
 from shoal.collect.episodes import Episode
-from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.config import TrainerConfig
 from shoal.envs.atari import is_atari_id
 from shoal.envs.registry import config_creator, env_name
 from shoal.envs.snapshot import decode, encode
-from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
+from shoal.train import setup
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import _Filmer, filmed_backend, prepare_obs, run_episodes
-from shoal.vector import VecBackend, make_backend
 from shoal.vector.vmas import is_vmas
 
 if TYPE_CHECKING:
@@ -73,24 +70,25 @@ class Trainer:
             settings["env"] = env
         algo_cls = self._algorithm_class(settings)
         self.config = algo_cls.config_class.build(**settings)
+        """The validated config (the algorithm's config class)."""
         c = self.config
         torch.set_num_threads(c.torch_threads)
         # Adam's second moments and annealed updates drift into denormal floats late in training,
         # which slows every CPU op several-fold; flushing them to zero costs nothing.
         torch.set_flush_denormal(True)
-        self._seed_everything(c.seed)
+        setup.seed_everything(c.seed)
         self.env_name = env_name(c.env)
         self.callbacks = CallbackList(c.callbacks)
 
-        self.backend = self._make_backend(c.num_envs, c.num_workers)
+        self.backend = setup.build_backend(c, c.num_envs, c.num_workers)
         try:
             c.check_batch(self.backend.rows_per_env)
-            critic = self._central_critic()
-            self.algorithm: Algorithm = algo_cls(c, self._env_info(critic))
+            critic = setup.central_critic(c.central_critic, self.backend, self.env_name)
+            self.algorithm: Algorithm = algo_cls(c, setup.env_info(self.backend, self.env_name, critic))
         except BaseException:  # the envs (and worker processes) must not outlive a failed start
             self.backend.close()
             raise
-        self.policy_map = self._make_policy_map(self.backend)
+        self.policy_map = setup.policy_map(self.policies, self.backend, c.policy_mapping_fn)
         on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
         self.tracker = EpisodeTracker(
             self.backend.num_rows,
@@ -113,13 +111,17 @@ class Trainer:
         )
 
         self.iteration = 0
+        """Iterations (``train()`` calls) so far, across resumes."""
         self.timesteps_total = 0
+        """Env steps so far, across resumes (one step of a multi-agent env counts once)."""
         self.time_total_s = 0.0
         self._schedule_end = c.total_timesteps
         self.analysis = MetricAnalysis()
         self.stop_reason: str | None = None
+        """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self.collector.reset(c.seed)
-        self.run_dir = self._resolve_run_dir()
+        self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
+        """Where logs and checkpoints go (None with ``save_outputs=False``)."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
         self._logger: RunLogger | None = None
 
@@ -144,70 +146,6 @@ class Trainer:
     def policies(self) -> dict[str, Policy]:
         """Policy id -> policy, as the algorithm built them."""
         return self.algorithm.policies
-
-    def _env_info(self, critic: CriticInput | None) -> EnvInfo:
-        b = self.backend
-        mask = b.batch.action_mask
-        return EnvInfo(
-            self.env_name,
-            b.obs_spec,
-            b.act_spec,
-            b.num_envs,
-            b.rows_per_env,
-            0 if mask is None else mask.shape[1],
-            critic.dim if critic else 0,
-        )
-
-    def _central_critic(self) -> CriticInput | None:
-        kind, backend = self.config.central_critic, self.backend
-        if kind is None:
-            return None
-        if backend.rows_per_env < 2 or (kind == "state" and backend.batch.state is None):
-            why = (
-                "has one agent per env"
-                if backend.rows_per_env < 2
-                else "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'"
-            )
-            raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{self.env_name}' {why}.")
-        if kind == "state" and backend.batch.state is not None:  # (not None: checked above)
-            return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
-        return TeamObs(int(np.prod(backend.obs_spec.shape)), backend.rows_per_env)
-
-    def _make_policy_map(self, backend: VecBackend, mapping_fn: Any = None) -> PolicyMap:
-        """Which policy acts for each of ``backend``'s rows (``mapping_fn`` replaces the config's)."""
-        agents = backend.agents or [f"agent_{i}" for i in range(backend.rows_per_env)]  # anonymous rows
-        mapping = None
-        if len(self.policies) > 1:
-            mapping = mapping_function(mapping_fn or self.config.policy_mapping_fn, list(self.policies), agents)
-        return PolicyMap(self.policies, mapping, agents, backend.num_envs)
-
-    def _make_backend(self, num_envs: int, num_workers: int = 0, evaluation: bool = False) -> VecBackend:
-        c = self.config
-        return make_backend(
-            c.env,
-            num_envs,
-            c.env_config,
-            c.vectorization_mode,
-            num_workers,
-            c.async_factor if num_workers else 1,
-            env_state=c.central_critic == "state",
-            evaluation=evaluation,
-        )
-
-    @staticmethod
-    def _seed_everything(seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-
-    def _resolve_run_dir(self) -> Path | None:
-        c = self.config
-        if not c.save_outputs:
-            return None
-        if not c.run_dir:  # recorded in the config, so a checkpoint knows where its run logs
-            name = c.name or f"{self.algo_name}_{self.env_name}_seed{c.seed}_{datetime.now():%Y%m%d-%H%M%S}"
-            c.run_dir = str(Path("runs") / name.replace("/", "_"))
-        return Path(c.run_dir)
 
     @property
     def logger(self) -> RunLogger | None:
@@ -501,7 +439,7 @@ class Trainer:
                 f"scenario, which shoal does not film yet."
             )
         if video_dir is None:
-            backend = self._make_backend(n, evaluation=True)
+            backend = setup.build_backend(c, n, evaluation=True)
         else:
             backend, filmers = filmed_backend(
                 config_creator(c.env, evaluation=True),
@@ -512,7 +450,7 @@ class Trainer:
                 self.env_name,
             )
         try:
-            policies = self._make_policy_map(backend, policy_mapping_fn)
+            policies = setup.policy_map(self.policies, backend, policy_mapping_fn or c.policy_mapping_fn)
             policies.start_episodes(range(backend.num_envs))
             rows = slice(0, backend.num_rows)
 

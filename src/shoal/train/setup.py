@@ -1,0 +1,90 @@
+"""What a trainer builds before its first iteration, besides the algorithm: the envs' backend, the
+description of them an algorithm builds its networks for, the critic's extra input, which policy
+acts for each row, seeds and the run directory."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.collect.critic import CriticInput, EnvState, TeamObs
+from shoal.collect.policies import PolicyMap, mapping_function
+from shoal.config import TrainerConfig
+from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError
+from shoal.models.policy import Policy
+from shoal.vector import VecBackend, make_backend
+
+
+def build_backend(config: TrainerConfig, num_envs: int, num_workers: int = 0, evaluation: bool = False) -> VecBackend:
+    c = config
+    return make_backend(
+        c.env,
+        num_envs,
+        c.env_config,
+        c.vectorization_mode,
+        num_workers,
+        c.async_factor if num_workers else 1,
+        env_state=c.central_critic == "state",
+        evaluation=evaluation,
+    )
+
+
+def central_critic(kind: str | None, backend: VecBackend, env_name: str) -> CriticInput | None:
+    """The extra input ``central_critic=kind`` gives the value function, or None."""
+    if kind is None:
+        return None
+    if backend.rows_per_env < 2 or (kind == "state" and backend.batch.state is None):
+        why = (
+            "has one agent per env"
+            if backend.rows_per_env < 2
+            else "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'"
+        )
+        raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{env_name}' {why}.")
+    if kind == "state" and backend.batch.state is not None:  # (not None: checked above)
+        return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
+    return TeamObs(int(np.prod(backend.obs_spec.shape)), backend.rows_per_env)
+
+
+def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> EnvInfo:
+    """What an algorithm builds its policies and storage for."""
+    mask = backend.batch.action_mask
+    return EnvInfo(
+        env_name,
+        backend.obs_spec,
+        backend.act_spec,
+        backend.num_envs,
+        backend.rows_per_env,
+        0 if mask is None else mask.shape[1],
+        critic.dim if critic else 0,
+    )
+
+
+def policy_map(policies: dict[str, Policy], backend: VecBackend, mapping_fn: Any) -> PolicyMap:
+    """Which of ``policies`` acts for each of ``backend``'s rows."""
+    agents = backend.agents or [f"agent_{i}" for i in range(backend.rows_per_env)]  # anonymous rows
+    mapping = mapping_function(mapping_fn, list(policies), agents) if len(policies) > 1 else None
+    return PolicyMap(policies, mapping, agents, backend.num_envs)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_dir(config: TrainerConfig, algo_name: str, env_name: str) -> Path | None:
+    """The run's directory (None when it saves nothing). A new name is recorded in the config, so
+    a checkpoint knows where its run logs."""
+    c = config
+    if not c.save_outputs:
+        return None
+    if not c.run_dir:
+        name = c.name or f"{algo_name}_{env_name}_seed{c.seed}_{datetime.now():%Y%m%d-%H%M%S}"
+        c.run_dir = str(Path("runs") / name.replace("/", "_"))
+    return Path(c.run_dir)
