@@ -1,9 +1,11 @@
 """Build shoal's sdist and wheel, install the wheel (not editable) into a fresh venv, and use it.
 
-What an editable install in the source tree cannot show: that the wheel carries every module and
-data file, that its metadata resolves against the pinned torch, and that `shoal` runs from a
-directory where `src/` is not on the path. Each optional extra is resolved (not installed)
-against the constraints file, so a pin that conflicts with it fails here rather than for a user.
+What an editable install in the source tree cannot show: that the sdist holds what a wheel is
+built from (the wheel is built from the sdist, as pip would), that the wheel carries every module
+and `py.typed`, that its metadata resolves against the pinned torch, and that `shoal` runs from a
+directory where `src/` is not on the path. Every optional extra the wheel declares is resolved
+(not installed) against the constraints file, so a pin that conflicts with it fails here rather
+than for a user.
 
 Run as `make wheel-check`; exits non-zero with the failing command's output.
 """
@@ -15,11 +17,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints.txt"
-EXTRAS = ("atari", "multiagent", "mujoco", "box2d", "minatar", "video", "plot")
 
 
 def run(*cmd: str | Path, cwd: Path = ROOT) -> str:
@@ -37,16 +39,32 @@ def torch_pin() -> str:
     return pins[0]
 
 
+def check_contents(wheel: Path) -> list[str]:
+    """Every module of src/shoal and the py.typed marker are in the wheel; returns its extras."""
+    package = ROOT / "src"
+    wanted = {p.relative_to(package).as_posix() for p in (package / "shoal").rglob("*.py")}
+    wanted.add("shoal/py.typed")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    missing = wanted - set(names)
+    if missing:
+        sys.exit(f"{wheel.name} lacks {sorted(missing)}")
+    return re.findall(r"^Provides-Extra: (\S+)$", metadata, re.MULTILINE)
+
+
 def main() -> None:
     version = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/shoal/__init__.py").read_text())
-    assert version, "src/shoal/__init__.py defines no __version__"
+    if version is None:
+        sys.exit("src/shoal/__init__.py defines no __version__")
     with tempfile.TemporaryDirectory(prefix="shoal-wheel-") as tmp_name:
         tmp = Path(tmp_name)
         dist = tmp / "dist"
-        run(sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", dist, ROOT)
+        run(sys.executable, "-m", "build", "--outdir", dist, ROOT)  # the sdist, then the wheel from it
         wheel = next(dist.glob("shoal-*.whl"))
         sdist = next(dist.glob("shoal-*.tar.gz"))
-        print(f"built {wheel.name} ({wheel.stat().st_size // 1024} KiB), {sdist.name}")
+        extras = check_contents(wheel)
+        print(f"built {sdist.name} and from it {wheel.name} ({wheel.stat().st_size // 1024} KiB), all modules in it")
 
         venv = tmp / "venv"
         run(sys.executable, "-m", "venv", venv)
@@ -67,11 +85,13 @@ def main() -> None:
         if not list((outside / "runs").glob("*/checkpoints/*")):
             sys.exit(f"the training run left no checkpoint under {outside / 'runs'}")
 
-        for extra in EXTRAS:
+        for extra in extras:
             run(pip, "install", "-q", "--dry-run", "-c", CONSTRAINTS, f"{wheel}[{extra}]")
-        print(f"wheel check passed: {printed}, trained from {outside}, extras resolve: {', '.join(EXTRAS)}")
-    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools' scratch directory in the tree
+        print(f"wheel check passed: {printed}, trained from {outside}, extras resolve: {', '.join(extras)}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools' scratch directory, if any

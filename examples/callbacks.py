@@ -15,6 +15,7 @@ from typing import Any
 import shoal
 
 
+# --8<-- [start:callback]
 class PoleMetrics(shoal.Callback):
     def __init__(self, solved_at: float = 475.0):
         self.solved_at = solved_at
@@ -24,6 +25,9 @@ class PoleMetrics(shoal.Callback):
 
     def on_train_result(self, trainer: shoal.Trainer, result: dict[str, Any]) -> bool:
         return result["episode_reward_mean"] >= self.solved_at
+
+
+# --8<-- [end:callback]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from torch import nn
 import shoal
 
 
+# --8<-- [start:model]
 class TwoTowers(nn.Module):
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, num_outputs: int, hidden: int = 64):
         super().__init__()
@@ -26,6 +27,9 @@ class TwoTowers(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.actor(obs), self.critic(obs).squeeze(-1)  # logits [B, 2], value [B]
+
+
+# --8<-- [end:model]
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ import sys
 import shoal
 
 
+# --8<-- [start:mapping]
 def alternate_sides(agent_id: str, episode: shoal.EpisodeStart) -> str:
     """Odd episodes give "main" the second seat."""
     return "main" if (episode.episode_id + (agent_id == "player_1")) % 2 == 0 else "past_self"
+
+
+# --8<-- [end:mapping]
 
 
 if __name__ == "__main__":

@@ -1,38 +1,62 @@
 """The docs stay true to the code: key tables generated from the config models cover every field
-of every model, the marked code blocks run, and the API reference lists every public name.
+of every model and show it as pydantic enforces it, every code block is either run or says why
+not, the error transcripts are what the command line prints, the API reference lists every
+public name, and the links of the repository's root files resolve.
 
 Tables: ``docs/hooks/config_tables.py`` (an mkdocs hook) turns ``<!-- config-table: module:Class -->``
-markers into tables; these tests render the markers with the same code and check each table
-against the pydantic model, independently of how the hook formats it.
+markers into tables. These tests render each marker with the hook and read the table back; what
+it shows (keys, defaults parsed as Python literals, bounds, length limits, choices, meanings) is
+compared with the pydantic fields themselves: their defaults and constraint metadata, and the
+attribute docstrings read from the source with ``ast``. None of the hook's helpers computes the
+expected values. The same goes for ``<!-- policy-keys: ... -->``: the keys shown are compared with
+the keys a policy override is accepted for.
 
-Runnable blocks: a fenced ``python`` or ``bash`` block right under a ``<!-- runnable -->`` line (in
-``docs/`` or ``README.md``) is run here at a tiny budget: every ``learn()`` is capped at
-``BUDGET`` env steps and every evaluation at ``EPISODES`` episodes, in a temporary working
-directory so runs/ goes there. Python blocks run in-process; each line of a bash block must be a
-``shoal ...`` command and runs through ``shoal.cli.main`` (exit code 0 expected).
+Code blocks: every fenced ``python`` or ``bash`` block in ``docs/``, ``README.md`` and
+``CONTRIBUTING.md`` has a marker on the line right above its fence: ``<!-- runnable -->`` or
+``<!-- not-runnable: why -->``. A runnable block is run here at a tiny budget: every ``learn()``
+is capped at ``BUDGET`` env steps and every evaluation at ``EPISODES`` episodes, in a temporary
+working directory (runs/ goes there, ``configs/`` is linked in, and ``examples`` imports as from
+the repository root). Python blocks run in-process; each line of a bash block must be a
+``shoal ...`` command and runs through ``shoal.cli.main`` (exit code 0 expected). A ``yaml``
+block with ``title="NAME"`` on its fence line is written to ``NAME`` before the page's blocks run.
+
+Error transcripts: a ``text`` block under ``<!-- cli-errors -->`` holds ``$ shoal ...`` lines, each
+followed by the error line it prints; each command is run and its ``shoal: error:`` line compared
+with the one shown (a shown line ending in ``...`` is compared up to there).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import inspect
+import itertools
 import re
 import shlex
 import sys
+import textwrap
+import typing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import annotated_types
 import pytest
+from markdown.extensions.toc import slugify
 from pydantic import BaseModel, Field, create_model
 
 import shoal
 from shoal.algos.base import Algorithm
 from shoal.algos.registry import ALGORITHMS
 from shoal.config import PPOConfig, TrainerConfig
+from shoal.errors import ConfigError
 from shoal.models.catalog import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
+ROOT_FILES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md"]
+MARKED_FILES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *PAGES]  # files whose code blocks carry markers
 BUDGET = 512  # env steps per learn() call in a runnable block
 EPISODES = 2  # episodes per evaluation in a runnable block
 
@@ -65,6 +89,11 @@ def all_markers() -> list[tuple[str, str, bool]]:
     return [m for page in PAGES for m in hook.markers(page.read_text())]
 
 
+def own_fields(model: type[BaseModel]) -> list[str]:
+    """The fields the class body of ``model`` annotates itself (new ones and redeclared ones)."""
+    return [name for name in model.model_fields if name in inspect.get_annotations(model)]
+
+
 def field_signature(model: type[BaseModel], name: str) -> tuple:
     field = model.model_fields[name]
     return field.annotation, field.get_default(call_default_factory=True), field.metadata, field.alias
@@ -80,7 +109,7 @@ def uncovered_fields(model: type[BaseModel], markers: list[tuple[str, str, bool]
         tabled = hook.load_model(spec)
         if tabled not in model.__mro__:
             continue
-        for name in hook.table_fields(tabled, own):
+        for name in own_fields(tabled) if own else tabled.model_fields:
             if name in model.model_fields and field_signature(model, name) == field_signature(tabled, name):
                 covered.add(name)
     return [name for name in model.model_fields if name not in covered]
@@ -135,34 +164,105 @@ def parse_table(table: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-def expected_bounds(metadata: list) -> list[str]:
-    """What each bound must show in the 'allowed' cell: its sign and its number (ints whole)."""
-    signs = {annotated_types.Ge: ("≥", "ge"), annotated_types.Gt: (">", "gt")}
-    signs |= {annotated_types.Le: ("≤", "le"), annotated_types.Lt: ("<", "lt")}
-    out = []
-    for meta in metadata:
-        if type(meta) in signs:
-            sign, attr = signs[type(meta)]
-            bound = getattr(meta, attr)
-            out.append(f"{sign} {bound:g}" if isinstance(bound, float) else f"{sign} {bound}")
-    return out
+NUMBER = r"-?(?:\d+(?:\.\d*)?(?:e[+-]?\d+)?|inf)"
+ALLOWED_PIECE = re.compile(
+    rf"`(?P<choice>[^`]*)`|(?P<sign>[≥>≤<]) (?P<number>{NUMBER})|(?P<nonempty>non-empty)"
+    r"|at (?P<side>least|most) (?P<length>\d+) item\(s\)"
+)
+SIGNS = {annotated_types.Ge: ("≥", "ge"), annotated_types.Gt: (">", "gt")}
+SIGNS |= {annotated_types.Le: ("≤", "le"), annotated_types.Lt: ("<", "lt")}
+
+
+def parse_allowed(cell: str) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, int]]]:
+    """An 'allowed' cell read back: its choices, its bounds as (sign, number as written) and its
+    length limits as ("least" | "most", n). Anything else in the cell fails the test."""
+    choices, bounds, lengths = [], [], []
+    pos = 0
+    while pos < len(cell):
+        m = ALLOWED_PIECE.match(cell, pos)
+        assert m, f"cannot read {cell[pos:]!r} in the 'allowed' cell {cell!r}"
+        if m["choice"] is not None:
+            choices.append(m["choice"])
+        elif m["sign"]:
+            bounds.append((m["sign"], m["number"]))
+        elif m["nonempty"]:
+            lengths.append(("least", 1))
+        else:
+            lengths.append((m["side"], int(m["length"])))
+        pos = m.end()
+        if pos < len(cell):
+            assert cell.startswith(", ", pos), f"pieces of {cell!r} must be separated by ', '"
+            pos += 2
+    return choices, bounds, lengths
+
+
+def literal_values(annotation: Any) -> list[Any]:
+    """The values of every ``Literal`` inside ``annotation``."""
+    if typing.get_origin(annotation) is Literal:
+        return list(typing.get_args(annotation))
+    return [v for arg in typing.get_args(annotation) for v in literal_values(arg)]
+
+
+def source_docstring(model: type[BaseModel], name: str) -> str:
+    """The attribute docstring of field ``name`` as the source has it: the string right under the
+    field in the body of the nearest class of the MRO that annotates it and documents it."""
+    for cls in model.__mro__:
+        if name not in inspect.get_annotations(cls):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        for stmt, following in itertools.pairwise(body):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and stmt.target.id == name
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+                and following.value.value.strip()
+            ):
+                return " ".join(following.value.value.split())
+    return ""
 
 
 def check_table(model: type[BaseModel], own: bool, table: str) -> None:
+    """The rendered ``table`` read back against ``model``'s fields."""
     rows = parse_table(table)
-    fields = model.model_fields if not own else {n: model.model_fields[n] for n in hook.own_fields(model)}
-    keys = {field.alias or name: (name, field) for name, field in fields.items()}
+    names = own_fields(model) if own else list(model.model_fields)
+    keys = {model.model_fields[name].alias or name: name for name in names}
     assert set(rows) == set(keys), f"table keys differ: extra {set(rows) - set(keys)}, missing {set(keys) - set(rows)}"
-    for key, (_, field) in keys.items():
-        row = rows[key]
-        assert row["default"] == f"`{field.get_default(call_default_factory=True)!r}`", (key, row["default"])
-        for bound in expected_bounds(field.metadata):
-            assert bound in row["allowed"], f"{key}: constraint {bound} not in {row['allowed']!r}"
-        for choice in hook.literal_choices(field.annotation):
-            assert f"`{choice}`" in row["allowed"], f"{key}: choice {choice!r} not in {row['allowed']!r}"
-        if not field.metadata and not hook.literal_choices(field.annotation):
-            assert row["allowed"] == "", f"{key} has no constraint but the table says {row['allowed']!r}"
-        assert row["meaning"], f"{key} of {model.__name__} has no meaning: give the field an attribute docstring"
+    for key, name in keys.items():
+        field, row = model.model_fields[name], rows[key]
+        if field.is_required():
+            assert row["default"] == "required", (key, row["default"])
+        else:
+            default = field.get_default(call_default_factory=True)
+            assert row["default"].startswith("`") and row["default"].endswith("`"), (key, row["default"])
+            shown = ast.literal_eval(row["default"][1:-1])
+            assert type(shown) is type(default) and shown == default, f"{key}: default {default!r}, table {shown!r}"
+
+        choices, bounds, lengths = parse_allowed(row["allowed"])
+        assert choices == [str(v) for v in literal_values(field.annotation)], f"{key}: choices {choices}"
+        expected_bounds, expected_lengths = [], []
+        for meta in field.metadata:
+            if type(meta) in SIGNS:
+                sign, attr = SIGNS[type(meta)]
+                expected_bounds.append((sign, getattr(meta, attr)))
+            elif isinstance(meta, annotated_types.MinLen):
+                expected_lengths.append(("least", meta.min_length))
+            elif isinstance(meta, annotated_types.MaxLen):
+                expected_lengths.append(("most", meta.max_length))
+            else:
+                pytest.fail(f"{key}: the table cannot show the constraint {meta!r}; teach the hook and this test")
+        assert [s for s, _ in bounds] == [s for s, _ in expected_bounds], f"{key}: bounds {bounds}"
+        for (_, written), (_, bound) in zip(bounds, expected_bounds):
+            assert float(written) == bound, f"{key}: the table shows {written}, the field's bound is {bound!r}"
+            if isinstance(bound, int):
+                assert re.fullmatch(r"-?\d+", written), f"{key}: the int bound {bound} shows as {written}"
+        assert lengths == expected_lengths, f"{key}: length limits {lengths}, expected {expected_lengths}"
+
+        meaning = row["meaning"].replace("\\|", "|")
+        assert meaning, f"{key} of {model.__name__} has no meaning: give the field an attribute docstring"
+        assert meaning == source_docstring(model, name), f"{key}: the meaning is not the field's docstring"
 
 
 MARKERS = sorted({m for m in all_markers() if m[0] == "config-table"})
@@ -183,47 +283,161 @@ def test_a_new_field_shows_up_with_its_default_and_range():
     model = create_model("Extended", __base__=PPOConfig, new_rate=(float, Field(0.5, gt=0.0, le=1.0)))
     row = parse_table(hook.model_table(model, own=True))["new_rate"]
     assert (row["type"], row["default"]) == ("`float`", "`0.5`")
-    assert "> 0" in row["allowed"] and "≤ 1" in row["allowed"]
+    assert parse_allowed(row["allowed"]) == ([], [(">", "0"), ("≤", "1")], [])
 
 
-def test_policy_keys_are_the_models():
-    assert hook.policy_keys("shoal.config:PPOConfig") == ", ".join(f"`{k}`" for k in PPOConfig.POLICY_KEYS)
+def test_a_wrong_bound_is_caught():
+    """The bound check compares numbers: '≥ 1' does not pass for a field whose bound is 10."""
+    model = create_model("Bounded", __base__=PPOConfig, steps=(int, Field(20, ge=10)))
+    table = hook.model_table(model, own=True)
+    with pytest.raises(AssertionError, match="the table shows 1, the field's bound is 10"):
+        check_table(model, True, table.replace("≥ 10", "≥ 1"))
 
 
-# ----- API reference ----------------------------------------------------------------------------
+POLICY_MARKERS = sorted({spec for kind, spec, _ in all_markers() if kind == "policy-keys"})
+
+
+@pytest.mark.parametrize("spec", POLICY_MARKERS)
+def test_policy_keys_shown_are_the_keys_a_policy_may_override(spec):
+    """The keys the page lists are those a policy in ``policies`` is accepted with: each key of the
+    config is tried as an override (with its default value) and must be accepted or rejected as the
+    list says."""
+    model = hook.load_model(spec)
+    shown = re.findall(r"`([^`]+)`", hook.render(f"<!-- policy-keys: {spec} -->"))
+    defaults = model.build(env="CartPole-v1").settings()
+    accepted = []
+    for key in defaults:  # every key, as users write it
+        try:
+            model.build(env="CartPole-v1", policies={"p": {key: defaults[key]}})
+        except ConfigError:
+            continue
+        accepted.append(key)
+    assert sorted(shown) == sorted(accepted), f"shown {sorted(shown)}, accepted {sorted(accepted)}"
+
+
+# ----- API reference and links ------------------------------------------------------------------
 def test_api_reference_lists_every_public_name():
     documented = set(re.findall(r"^::: shoal\.(\w+)$", (DOCS / "api.md").read_text(), re.MULTILINE))
     assert set(shoal.__all__) <= documented, f"add to docs/api.md: {sorted(set(shoal.__all__) - documented)}"
 
 
-def test_readme_starts_with_the_two_commands_and_links_existing_pages():
+def test_readme_starts_with_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     first_block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)[1].splitlines()
     assert [line.split("#")[0].strip() for line in first_block] == ["make train", "make test"]
-    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
-        assert (ROOT / link).is_file(), link
 
 
-# ----- runnable blocks --------------------------------------------------------------------------
-RUNNABLE = re.compile(r"^<!-- runnable -->\n```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors of a page's headings, as mkdocs (and, for these headings, GitHub) makes them."""
+    text = FENCE.sub("", markdown)
+    return {slugify(m[1].replace("`", ""), "-") for m in re.finditer(r"^#{1,6} (.+?)\s*$", text, re.MULTILINE)}
+
+
+@pytest.mark.parametrize("path", ROOT_FILES, ids=lambda p: p.name)
+def test_relative_links_of_root_files_resolve(path):
+    """Every relative link of the root files names an existing file, and an existing heading when
+    it has an anchor into a page (the site's own links are checked by `mkdocs build --strict`)."""
+    for target in LINK.findall(path.read_text()):
+        if re.match(r"[a-z][a-z+.-]*:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        linked = ROOT / file if file else path
+        assert linked.exists(), f"{path.name} links to {target}, which does not exist"
+        if anchor and linked.suffix == ".md":
+            assert anchor in heading_anchors(linked.read_text()), f"{path.name}: no heading #{anchor} in {file}"
+
+
+# ----- code blocks ------------------------------------------------------------------------------
+FENCE = re.compile(r"^```(\w*)([^\n`]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+RUNNABLE = "<!-- runnable -->"
+NOT_RUNNABLE = re.compile(r"<!-- not-runnable: \S.*? -->")
+CLI_ERRORS = "<!-- cli-errors -->"
+CHECKED_LANGS = ("python", "bash")
+
+
+@dataclass
+class Block:
+    lang: str
+    info: str  # what follows the language on the fence line, e.g. title="my_run.yaml"
+    code: str
+    marker: str  # the line right above the fence
+    where: str  # file:line of the fence
+
+
+def code_blocks(text: str, name: str) -> list[Block]:
+    blocks = []
+    for m in FENCE.finditer(text):
+        above = text[: m.start() - 1].rpartition("\n")[2] if m.start() else ""  # the fence starts a line
+        line = text[: m.start()].count("\n") + 1
+        blocks.append(Block(m[1], m[2].strip(), m[3], above.strip(), f"{name}:{line}"))
+    return blocks
+
+
+def marker_problems(text: str, name: str) -> list[str]:
+    """What is wrong with the markers of one file: python / bash blocks without one, and marker
+    lines that are not right above a fence of their kind."""
+    problems = []
+    blocks = code_blocks(text, name)
+    for block in blocks:
+        if block.lang in CHECKED_LANGS and block.marker != RUNNABLE and not NOT_RUNNABLE.fullmatch(block.marker):
+            problems.append(
+                f"{block.where}: a {block.lang} block needs `{RUNNABLE}` or `<!-- not-runnable: why -->` "
+                f"on the line right above its fence"
+            )
+    lines = text.splitlines()
+    for kind, matches, langs in (
+        ("runnable", lambda s: s == RUNNABLE, CHECKED_LANGS),
+        ("not-runnable", NOT_RUNNABLE.fullmatch, CHECKED_LANGS),
+        ("cli-errors", lambda s: s == CLI_ERRORS, ("text",)),
+    ):
+        marked = sum(1 for line in lines if matches(line.strip()))
+        placed = sum(1 for b in blocks if matches(b.marker) and b.lang in langs)
+        if marked != placed:
+            problems.append(f"{name}: {marked - placed} {kind} marker(s) not right above a {' or '.join(langs)} fence")
+    return problems
+
+
+def test_every_code_block_is_marked():
+    problems = [p for path in MARKED_FILES for p in marker_problems(path.read_text(), path.relative_to(ROOT))]
+    assert not problems, "\n".join(problems)
+
+
+def test_an_unmarked_or_misplaced_block_is_reported():
+    good = "<!-- runnable -->\n```python\nprint(1)\n```\n\n<!-- not-runnable: a sketch -->\n```bash\nmake\n```\n"
+    assert marker_problems(good, "page.md") == []
+    unmarked = "Text.\n\n```python\nprint(1)\n```\n"
+    assert marker_problems(unmarked, "page.md") == [
+        "page.md:3: a python block needs `<!-- runnable -->` or `<!-- not-runnable: why -->` "
+        "on the line right above its fence"
+    ]
+    misplaced = "<!-- runnable -->\n\n```bash\nshoal train CartPole-v1\n```\n"
+    assert len(marker_problems(misplaced, "page.md")) == 2  # the block is unmarked, the marker stray
+    assert marker_problems("<!-- not-runnable: -->\n```bash\nmake\n```\n", "page.md")  # a reason is required
 
 
 def runnable_blocks() -> list:
-    blocks = []
-    for page in [ROOT / "README.md", *PAGES]:
-        text = page.read_text()
-        found = list(RUNNABLE.finditer(text))
-        assert len(found) == text.count("<!-- runnable -->"), f"{page}: a runnable marker not right above a fence"
-        for m in found:
-            line = text[: m.start()].count("\n") + 2
-            name = f"{page.relative_to(ROOT)}:{line}"
-            blocks.append(pytest.param(m[1], m[2], name, id=name))
-    return blocks
+    params = []
+    for path in MARKED_FILES:
+        text = path.read_text()
+        blocks = code_blocks(text, str(path.relative_to(ROOT)))
+        files = {}  # ```yaml title="NAME" blocks: written to NAME before the page's blocks run
+        for block in blocks:
+            title = re.search(r'title="([^"]+)"', block.info)
+            if block.lang == "yaml" and title:
+                files[title[1]] = block.code
+        for block in blocks:
+            if block.marker == RUNNABLE:
+                params.append(pytest.param(block.lang, block.code, block.where, files, id=block.where))
+    return params
 
 
 @pytest.fixture
 def small_budget(monkeypatch, tmp_path):
-    """Cap every learn() and evaluation, and run in a temporary directory (runs/ goes there)."""
+    """Cap every learn() and evaluation, and run in a temporary directory (runs/ goes there) that
+    sees configs/ and examples/ as the repository root does."""
     learn, evaluate = shoal.Trainer.learn, shoal.Trainer.evaluate
 
     def small_learn(self, total_timesteps=None, progress=None):
@@ -236,25 +450,61 @@ def small_budget(monkeypatch, tmp_path):
     monkeypatch.setattr(shoal.Trainer, "learn", small_learn)
     monkeypatch.setattr(shoal.Trainer, "evaluate", small_evaluate)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
     monkeypatch.syspath_prepend(str(ROOT))  # examples/ imports as from the repository root
 
 
+def run_shoal(line: str, where: str) -> int:
+    """One ``shoal ...`` line of a block through ``shoal.cli.main``; its exit code."""
+    from shoal.cli import main
+
+    argv = shlex.split(line, comments=True)
+    assert argv[0] == "shoal", f"{where}: only shoal commands run here, got {line!r}"
+    saved_path = list(sys.path)
+    try:
+        return main(argv[1:])
+    finally:
+        sys.path[:] = saved_path  # main() adds the working directory
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("lang", "code", "where"), runnable_blocks())
-def test_runnable_block(lang, code, where, small_budget):
+@pytest.mark.parametrize(("lang", "code", "where", "files"), runnable_blocks())
+def test_runnable_block(lang, code, where, files, small_budget):
+    for name, content in files.items():
+        Path(name).write_text(content)
     if lang == "python":
         exec(compile(code, where, "exec"), {"__name__": "__main__"})
         return
     assert lang == "bash", f"{where}: runnable blocks are python or bash, not {lang}"
-    from shoal.cli import main
-
     for line in code.splitlines():
-        argv = shlex.split(line, comments=True)
-        if not argv:
-            continue
-        assert argv[0] == "shoal", f"{where}: a runnable bash block holds only shoal commands, got {line!r}"
-        saved_path = list(sys.path)
-        try:
-            assert main(argv[1:]) == 0, f"{where}: `{line}` failed"
-        finally:
-            sys.path[:] = saved_path
+        if shlex.split(line, comments=True):
+            assert run_shoal(line, where) == 0, f"{where}: `{line}` failed"
+
+
+# ----- error transcripts ------------------------------------------------------------------------
+def cli_error_cases() -> list:
+    cases = []
+    for path in MARKED_FILES:
+        for block in code_blocks(path.read_text(), str(path.relative_to(ROOT))):
+            if block.marker != CLI_ERRORS:
+                continue
+            lines = block.code.splitlines()
+            assert lines and lines[0].startswith("$ "), f"{block.where}: a cli-errors block starts with `$ shoal ...`"
+            for i, line in enumerate(lines):
+                if line.startswith("$ "):
+                    shown = lines[i + 1] if i + 1 < len(lines) else ""
+                    assert shown.startswith("shoal: error: "), f"{block.where}: `{line}` shows no error line under it"
+                    cases.append(pytest.param(line[2:], shown, block.where, id=f"{block.where} {line[2:]}"))
+    return cases
+
+
+@pytest.mark.parametrize(("command", "shown", "where"), cli_error_cases())
+def test_error_transcript_is_what_the_command_prints(command, shown, where, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert run_shoal(command, where) == 2, f"{where}: `{command}` did not fail with exit code 2"
+    printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shoal: error: ")]
+    assert len(printed) == 1, f"{where}: `{command}` printed {printed}"
+    if shown.endswith("..."):
+        assert printed[0].startswith(shown[:-3]), f"{where}: `{command}` printed\n{printed[0]}\nthe docs show\n{shown}"
+    else:
+        assert printed[0] == shown, f"{where}: `{command}` printed\n{printed[0]}\nthe docs show\n{shown}"

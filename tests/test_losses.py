@@ -56,6 +56,16 @@ def test_ppo_loss_and_gradients_match_reference(vclip, masked):
     assert loss.item() == pytest.approx(pg_loss.item() + 0.7 * v_loss.item() - 0.05 * masked_mean(entropy, mask).item())
 
 
+def test_entropy_is_needed_only_with_an_entropy_bonus():
+    (logp, value, entropy), args = loss_case(None, False)
+    with pytest.raises(ValueError, match=r"ent_coef=0.05 needs the entropy"):
+        ppo_loss(logp, value, None, *args)
+    without_bonus = (*args[:-1], 0.0)
+    assert torch.equal(
+        ppo_loss(logp, value, None, *without_bonus)[0], ppo_loss(logp, value, entropy, *without_bonus)[0]
+    )
+
+
 def test_mask_drops_rows_from_every_mean():
     x = torch.tensor([1.0, 2.0, 100.0])
     mask = torch.tensor([True, True, False])

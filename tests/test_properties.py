@@ -88,7 +88,7 @@ def gae_cases(draw, masked: bool = False) -> dict[str, Any]:
 
 
 def pattern_case(dtype: torch.dtype, masked: bool = False) -> dict[str, Any]:
-    """The patterns the brief names, tried first whatever hypothesis draws: row 0 terminates,
+    """Episode ends that are easy to get wrong, tried first whatever hypothesis draws: row 0 terminates,
     truncates, does both on one step and truncates on the last step; row 1 truncates every step
     (one-step episodes in a row); row 2 never ends (bootstraps from the tail value)."""
     flags = np.array([[1, 0, 2, 3, 2], [2, 2, 2, 2, 2], [0, 0, 0, 0, 0]])
@@ -673,7 +673,7 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
         value = draw(
             st.floats(max_value=0, allow_subnormal=False)
             | st.just(math.nan)
-            | st.integers(max_value=-1)  # (0 and 1 are read as the bools False and True)
+            | st.integers(max_value=-1)  # (integers are read as floats: -3 as -3.0)
         )
         # non-finite floats stop at the schema, the others at the range check
         return {"clip_rewards": value}, r"clip_rewards=.* must be positive|bad value for 'clip_rewards': -?(nan|inf)"
@@ -688,13 +688,42 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
         spec = draw(st.sampled_from(["gea", "GAE", "nope", "no_such_module:f", "shoal.algos.advantages:nope"]))
         return {"advantage_estimator": spec}, rf"advantage_estimator.*'{re.escape(spec)}'"
     if case == 19:
-        return {"algo": draw(st.sampled_from(["ppo2", "dqn", "no_such_module:Algo", 5]))}, r"algo"
+        algo, message = draw(
+            st.sampled_from(
+                [
+                    ("ppo2", r"unknown algo 'ppo2'\. Did you mean 'ppo'\?"),
+                    ("dqn", r"unknown algo 'dqn'\. Known: ppo"),
+                    ("no_such_module:Algo", r"algo 'no_such_module:Algo' cannot be imported"),
+                    (5, r"algo must be an algorithm name .* got 5"),
+                ]
+            )
+        )
+        return {"algo": algo}, message
     if case == 20:
-        return {"model": draw(st.sampled_from(["cnn", "transformer", "no_such_module:Net", 5]))}, r"model"
+        model, message = draw(
+            st.sampled_from(
+                [
+                    ("cnn", r"model='cnn' needs image observations"),
+                    ("transformer", r"model='transformer' is not one of \['mlp', 'cnn'\]"),
+                    ("no_such_module:Net", r"model 'no_such_module:Net' cannot be imported"),
+                    (5, r"model must be 'mlp', 'cnn' or a torch.nn.Module subclass, got 5"),
+                ]
+            )
+        )
+        return {"model": model}, message
     if case == 21:
         return {"central_critic": draw(st.sampled_from(["team_obs", "state"]))}, r"needs a multi-agent env"
-    mapping = draw(st.sampled_from([None, 5, "not a spec", {"agent_1": "a"}]))
-    return {"policies": ["a", "b"], "policy_mapping_fn": mapping}, r"policy_mapping_fn|not named like the agents"
+    mapping, message = draw(
+        st.sampled_from(
+            [
+                (None, r"policies \['a', 'b'\] are not named like the agents \['agent_0'\]; set policy_mapping_fn"),
+                (5, r"policy_mapping_fn must be a function .* got 5"),
+                ("not a spec", r"policy_mapping_fn 'not a spec' must be 'package.module:Name'"),
+                ({"agent_1": "a"}, r"policy_mapping_fn maps \['agent_1'\] but not the agents \['agent_0'\]"),
+            ]
+        )
+    )
+    return {"policies": ["a", "b"], "policy_mapping_fn": mapping}, message
 
 
 def assert_config_error(cfg: dict[str, Any], pattern: str) -> None:

@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import shoal
 from shoal.cli import main
+from shoal.logging.metrics import log_record
 from shoal.logging.runs import learning_curves, load_run
 
 FAST = dict(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, sgd_minibatch_size=64, num_sgd_iter=4, verbose=0)
@@ -158,3 +159,15 @@ def test_plot_three_seeds_and_compare(tmp_path, capsys):
     assert all(r in table for r in runs) and "rollout/episode_reward_mean: final and best" in table
     assert main(["plot", *runs, "--metric", "episode_rewrd_mean"]) == 2
     assert "Did you mean 'rollout/episode_reward_mean'" in capsys.readouterr().err
+
+
+def test_nested_results_are_flattened_to_any_depth():
+    result = {
+        "episode_reward_mean": 1.0,
+        "evaluation": {"episode_reward_mean": 2.0, "policy_reward_mean": {"main": 3.0}},
+    }
+    assert log_record(result) == {
+        "rollout/episode_reward_mean": 1.0,
+        "evaluation/episode_reward_mean": 2.0,
+        "evaluation/policy_reward_mean/main": 3.0,
+    }

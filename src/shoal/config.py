@@ -101,7 +101,8 @@ class TrainerConfig(BaseModel):
     learning_rate: float = Field(default=1e-3, gt=0.0)
     """Optimizer step size (annealed as `lr_schedule` says)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
-    """`linear`: anneal the step size linearly to 0 over the run; `constant`: keep it."""
+    """`linear`: anneal the step size linearly to 0 over each `learn()` call (`shoal train`: over
+    `total_timesteps`; a later `learn(n)` after t steps goes on from progress t/(t+n)); `constant`: keep it."""
     model: Any = "mlp"
     """The network: `mlp`, `cnn`, a `torch.nn.Module` subclass or `'package.module:Class'`."""
     # hiddens, activation, conv_filters, ... Written model_config everywhere; the attribute has

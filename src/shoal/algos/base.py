@@ -46,8 +46,9 @@ SCALAR: FieldSpec = ((), torch.float32)  # one float per agent step, as every bu
 class Collector(Protocol):
     """What an algorithm may ask of the collector it is handed (``shoal.collect.Collector``)."""
 
-    # the last rollout's truncated steps and their true final observations (None before the first)
     truncations: Truncations | None
+    """The last rollout's truncated steps and the true final observation of each (None before the
+    first ``collect``)."""
 
     def collect(self, rollout: TensorDict) -> int:
         """Fill the ``[N, T+1]`` rollout in place (env fields and the algorithm's extras); returns
@@ -74,18 +75,30 @@ class Algorithm:
     """Shown in the progress line, run names and checkpoints."""
     config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
     """The config model: ``TrainerConfig`` plus the algorithm's own keys."""
-    extras: ClassVar[tuple[str, ...] | None] = None  # per-step fields to store from act(); None: all it gives
-    extra_specs: ClassVar[dict[str, FieldSpec]] = {}  # shape and dtype of extras that are not one float
+    extras: ClassVar[tuple[str, ...] | None] = None
+    """The per-step fields the collector stores from the policies' ``act`` (e.g. PPO's
+    ``("sample_log_prob", "value")``); None: all the policies give."""
+    extra_specs: ClassVar[dict[str, FieldSpec]] = {}
+    """Shape and dtype, ``(shape, dtype)`` per agent step, of each stored extra that is not one
+    float per step; the others get ``SCALAR``."""
 
     def __init__(self, config: TrainerConfig, env: EnvInfo):
         self.config, self.env = config, env
-        self.progress = 0.0  # timesteps_total / the run's step budget; the trainer sets it before each step
+        self.progress = 0.0
+        """How far the current ``learn()`` call has gone, from 0 to 1: the trainer sets it before each
+        ``training_step`` to ``timesteps_total / (timesteps at the call's start + its steps)``, so a
+        call ``learn(n)`` made after ``t`` steps goes from ``t / (t + n)`` to 1. Schedules such as
+        ``learning_rate`` read it."""
         self.policy_configs = {pid: config.policy_config(pid) for pid in config.policy_ids}
+        """Policy id -> the config with that policy's overrides (``policies``) applied."""
         self.policies: dict[str, Policy] = {
             pid: self.make_policy(pid, pc).to(config.device) for pid, pc in self.policy_configs.items()
         }
+        """Policy id -> policy, built by ``make_policy`` with the policy's config, in the order of
+        ``config.policy_ids`` (a rollout's ``policy_id`` field indexes this order)."""
         trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
         self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
+        """The ids of the policies that learn (``policies_to_train``; all by default)."""
 
     def make_policy(self, policy_id: str, config: TrainerConfig) -> Policy:
         """The policy ``policy_id`` (``config`` has its overrides): by default the actor-critic
@@ -103,7 +116,8 @@ class Algorithm:
         return {key: self.extra_specs.get(key, SCALAR) for key in self.stored_extras()}
 
     def learning_rate(self, config: TrainerConfig) -> float:
-        """``config.learning_rate``, annealed linearly to 0 over the run when ``lr_schedule`` is linear."""
+        """``config.learning_rate``; when ``lr_schedule`` is linear, times ``1 - progress``, so it falls
+        linearly to 0 over each ``learn()`` call."""
         if config.lr_schedule == "linear":
             return config.learning_rate * max(1.0 - self.progress, 0.0)
         return config.learning_rate

@@ -12,8 +12,6 @@ the value and gradients against a per-element Python loop; the hand-fused learn 
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 # (loss, ratio, policy loss, value loss): the loss to minimize, then detached diagnostics
@@ -68,7 +66,9 @@ def ppo_loss(
     v_loss = 0.5 * masked_mean(err, mask)
     loss = pg_loss + vf_coef * v_loss
     if ent_coef:
-        loss = loss - ent_coef * masked_mean(cast(torch.Tensor, entropy), mask)  # given with ent_coef
+        if entropy is None:
+            raise ValueError(f"ppo_loss with ent_coef={ent_coef} needs the entropy; pass it, or ent_coef=0.")
+        loss = loss - ent_coef * masked_mean(entropy, mask)
     return loss, ratio.detach(), pg_loss.detach(), v_loss.detach()
 
 

@@ -1,16 +1,17 @@
 """PPO, top to bottom (Schulman et al. 2017, arXiv:1707.06347).
 
 The implementation details follow "The 37 Implementation Details of PPO" (Huang et al. 2022):
-orthogonal init lives in the model; the learning rate is annealed linearly over the run;
+orthogonal init lives in the model; the learning rate is annealed linearly (``lr_schedule``);
 advantages come from GAE (``advantage_estimator``), then shuffled minibatches, per-minibatch
 advantage normalization, Adam with its eps, global gradient clipping and the approx_kl /
 clipfrac / explained_variance diagnostics; the clipped surrogate, optional value clipping and
 the entropy bonus are ``ppo_loss``.
 
 One training step: collect ``[N, T+1]`` -> value of each truncated episode's last observation
--> advantages -> each trained policy: epochs of minibatches from its own steps -> update the
-observation statistics. A minibatch step runs on autograd, or on the hand-fused step of
-``ppo_fused`` for the built-in MLP (the same numbers, about twice as fast on small networks).
+-> update the observation statistics with this rollout -> each trained policy: advantages over
+the whole rollout (with its own ``gamma`` and ``gae_lambda``), then epochs of minibatches from
+its own steps. A minibatch step runs on autograd, or on the hand-fused step of ``ppo_fused`` for
+the built-in MLP (the same numbers, about twice as fast on small networks).
 """
 
 from __future__ import annotations

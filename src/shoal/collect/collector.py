@@ -77,7 +77,9 @@ class Collector:
         self.extras, self.reward_scaler, self.clip_rewards = extras, reward_scaler, clip_rewards
         self.env_steps = 0  # env steps collected so far
         self.sample_time_s = 0.0  # time spent collecting so far
-        self.truncations: Truncations | None = None  # of the last rollout
+        self.truncations: Truncations | None = None
+        """The last rollout's truncated steps and the true final observation of each (None before the
+        first ``collect``), for algorithms that bootstrap from them."""
         self.first = torch.ones(backend.num_rows, dtype=torch.bool)  # the row's observation starts an episode
         self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes

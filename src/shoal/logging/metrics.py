@@ -38,10 +38,21 @@ def log_record(result: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {}
     for key, value in result.items():
         if isinstance(value, dict):
-            record.update({f"{key}/{k}": v for k, v in value.items()})
+            record.update(_flatten(value, key))
         else:
             record[log_key(key)] = value
     return record
+
+
+def _flatten(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` under ``prefix`` as ``{"prefix/a/b": 1}``, to any depth."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}/{key}"))
+        else:
+            flat[f"{prefix}/{key}"] = value
+    return flat
 
 
 class MetricAnalysis:

@@ -1,21 +1,5 @@
-"""The policy contract the collector, evaluation and ``compute_actions`` act through, and the
-actor-critic policy every on-policy algorithm in shoal uses by default.
-
-    act(obs, state, first, action_mask) -> (action, extras, next_state)
-    initial_state(rows) -> state
-
-``state`` is a TensorDict with one entry per agent row: empty for feedforward models, the
-recurrent core's tensors otherwise; a policy resets the rows where ``first`` is True (the
-observation starts an episode) before using them. ``extras`` is a TensorDict of what the
-algorithm asked the collector to store per step (for PPO: ``sample_log_prob`` and ``value``).
-When the caller passes ``out`` (a TensorDict of views into the rollout), the policy writes the
-extras ``out`` holds there (all of its ``extras``, or the subset the algorithm stores) and
-returns it, so the rollout loop creates nothing per step.
-
-Observation normalization happens here, in one place: the rollout stores raw observations (uint8
-images stay uint8), and every forward (acting, learning, evaluation, ``compute_actions``)
-normalizes with the running statistics the algorithm updates from each batch it collects.
-"""
+"""``Policy``, the contract the collector, evaluation and ``compute_actions`` act through, and
+``ActorCriticPolicy``, the policy every on-policy algorithm in shoal uses by default."""
 
 from __future__ import annotations
 
@@ -34,7 +18,21 @@ BOX_MASK_ERROR = "action_mask is only supported for Discrete and MultiDiscrete a
 
 
 class Policy(nn.Module):
-    """Base of every policy: subclasses implement ``act`` and set ``extras``."""
+    """Base of every policy: subclasses implement ``act`` and set ``extras``.
+
+    The collector, evaluation and ``compute_actions`` act through two methods:
+
+        act(obs, state, first, action_mask) -> (action, extras, next_state)
+        initial_state(rows) -> state
+
+    ``state`` is a TensorDict with one entry per agent row: empty for feedforward models, the
+    recurrent core's tensors otherwise; a policy resets the rows where ``first`` is True (the
+    observation starts an episode) before using them. ``extras`` is a TensorDict of what the
+    algorithm asked the collector to store per step (for PPO: ``sample_log_prob`` and ``value``).
+    When the caller passes ``out`` (a TensorDict of views into the rollout), the policy writes the
+    extras ``out`` holds there (all of its ``extras``, or the subset the algorithm stores) and
+    returns it, so the rollout loop creates nothing per step.
+    """
 
     extras: tuple[str, ...] = ()
     """The per-step fields ``act`` fills (e.g. ``sample_log_prob``, ``value``)."""
@@ -54,7 +52,9 @@ class Policy(nn.Module):
         out: TensorDict | None = None,
         critic_obs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
-        """``(action, extras, next_state)`` for a batch of rows (see the module docstring)."""
+        """``(action, extras, next_state)`` for a batch of rows, as the class docstring describes:
+        the most likely actions with ``deterministic``, the extras written into ``out`` when given,
+        and ``critic_obs`` the centralized critic's input where the policy has one."""
         raise NotImplementedError
 
 
@@ -64,6 +64,11 @@ class ActorCriticPolicy(Policy):
 
     ``act`` is the rollout path; ``evaluate`` the learning path (log-prob and entropy of stored
     actions, and values), which must be given the action mask the action was sampled under.
+
+    Observation normalization happens here, in one place: the rollout stores raw observations
+    (uint8 images stay uint8), and every forward (acting, learning, evaluation,
+    ``compute_actions``) normalizes with the running statistics the algorithm updates from each
+    batch it collects.
     """
 
     extras = ("sample_log_prob", "value")

@@ -1,7 +1,7 @@
 """Evaluation episodes on their own env copies, optionally filmed to mp4.
 
 One episode per env copy, all stepped together through a backend, so evaluation uses the same
-data path as training. Filming wraps each copy in ``_Filmer``, which streams the frames of that
+data path as training. Filming wraps each copy in ``Filmer``, which streams the frames of that
 copy's first episode into an mp4 (the frame after each step is taken before the backend's
 autoreset, so the last frame is the true final state).
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # imageio is an optional extra
     from imageio.core.format import Format
 
 
-class _Filmer(gym.Wrapper):
+class Filmer(gym.Wrapper):
     """Writes the rgb_array frames of the wrapped env's first episode to ``path`` as it goes."""
 
     def __init__(self, env: gym.Env[Any, Any], path: Path, fps: int):
@@ -76,14 +76,14 @@ def filmed_backend(
     video_dir: Path,
     prefix: str,
     name: str,
-) -> tuple[SerialBackend, list[_Filmer]]:
+) -> tuple[SerialBackend, list[Filmer]]:
     """A serial backend of ``num_envs`` copies made with ``render_mode='rgb_array'``, each filmed."""
     try:
         import imageio.v2  # noqa: F401  (fail here, before any env is built)
     except ImportError:
         raise ConfigError("video needs imageio with ffmpeg: pip install 'shoal[video]'.") from None
     video_dir.mkdir(parents=True, exist_ok=True)
-    filmers: list[_Filmer] = []
+    filmers: list[Filmer] = []
 
     def make(index: int) -> gym.Env[Any, Any]:
         env = make_env({**env_config, "render_mode": "rgb_array"})
@@ -92,7 +92,7 @@ def filmed_backend(
                 f"env '{name}' was made with render_mode={getattr(env, 'render_mode', None)!r}; video needs "
                 f"'rgb_array' (a registered creator should pass env_config['render_mode'] on to its env)."
             )
-        filmer = _Filmer(env, video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30)))
+        filmer = Filmer(env, video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30)))
         filmers.append(filmer)
         return filmer
 

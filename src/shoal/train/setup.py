@@ -39,15 +39,16 @@ def central_critic(kind: str | None, backend: VecBackend, env_name: str) -> Crit
     """The extra input ``central_critic=kind`` gives the value function, or None."""
     if kind is None:
         return None
-    if backend.rows_per_env < 2 or (kind == "state" and backend.batch.state is None):
+    state = backend.batch.state
+    if backend.rows_per_env < 2 or (kind == "state" and state is None):
         why = (
             "has one agent per env"
             if backend.rows_per_env < 2
             else "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'"
         )
         raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{env_name}' {why}.")
-    if kind == "state" and backend.batch.state is not None:  # (not None: checked above)
-        return EnvState(backend.batch.state.shape[1], backend.rows_per_env)
+    if kind == "state" and state is not None:
+        return EnvState(state.shape[1], backend.rows_per_env)
     return TeamObs(int(np.prod(backend.obs_spec.shape)), backend.rows_per_env)
 
 

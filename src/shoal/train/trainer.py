@@ -46,7 +46,7 @@ from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train import setup
 from shoal.train.callbacks import CallbackList
-from shoal.train.evaluation import _Filmer, filmed_backend, prepare_obs, run_episodes
+from shoal.train.evaluation import Filmer, filmed_backend, prepare_obs, run_episodes
 from shoal.vector.vmas import is_vmas
 
 if TYPE_CHECKING:
@@ -432,7 +432,7 @@ class Trainer:
         c = self.config
         n = num_episodes or c.evaluation_num_episodes
         deterministic = c.evaluation_deterministic if deterministic is None else deterministic
-        filmers: list[_Filmer] = []
+        filmers: list[Filmer] = []
         if video_dir is not None and is_vmas(c.env):
             raise ConfigError(
                 f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
