@@ -291,17 +291,19 @@ class StateEnv(__import__("test_pettingzoo").DyingAgentsEnv):
         return [self.t, len(self.agents)]
 
 
+STATE_CRITIC_RUN = dict(
+    env=lambda: StateEnv(cut=2),
+    central_critic="state",
+    num_envs=2,
+    rollout_fragment_length=4,
+    sgd_minibatch_size=24,
+    save_outputs=False,
+    verbose=0,
+)
+
+
 def test_a_state_critic_sees_the_envs_global_state_and_bootstraps_from_the_state_before_the_reset():
-    kw = dict(
-        env=lambda: StateEnv(cut=2),
-        central_critic="state",
-        num_envs=2,
-        rollout_fragment_length=4,
-        sgd_minibatch_size=24,
-        save_outputs=False,
-        verbose=0,
-    )
-    with shoal.PPO(**kw) as algo:
+    with shoal.PPO(**STATE_CRITIC_RUN) as algo:
         rollout = _rollout(algo)
         policy = algo.get_policy()
     critic_obs = rollout["critic_obs"]
@@ -319,18 +321,9 @@ def test_a_state_critic_sees_the_envs_global_state_and_bootstraps_from_the_state
 
 @pytest.mark.slow
 def test_a_state_critic_gets_the_same_inputs_from_worker_processes():
-    kw = dict(
-        env=lambda: StateEnv(cut=2),
-        central_critic="state",
-        num_envs=2,
-        rollout_fragment_length=4,
-        sgd_minibatch_size=24,
-        save_outputs=False,
-        verbose=0,
-    )
-    with shoal.PPO(**kw) as algo:
+    with shoal.PPO(**STATE_CRITIC_RUN) as algo:
         serial = _rollout(algo)["critic_obs"]
-    with shoal.PPO(**kw, num_workers=2) as algo:
+    with shoal.PPO(**STATE_CRITIC_RUN, num_workers=2) as algo:
         assert torch.equal(_rollout(algo)["critic_obs"], serial)
 
 
