@@ -5,6 +5,7 @@ import os
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from hypothesis import settings
 
 from shoal.envs.spaces import action_spec
@@ -12,7 +13,7 @@ from shoal.models.distributions import make_distribution
 from shoal.models.networks import MLPModel
 from shoal.models.policy import ActorCriticPolicy
 
-# Property tests (tests/test_properties.py) run under one of two profiles:
+# Property tests (tests/test_properties_*.py) run under one of two profiles:
 # - "ci" (chosen when CI is set): derandomize=True, so every run tries the same examples and a red
 #   build is always caused by the change under test, never by a new random draw finding an old bug;
 #   no example database, since a CI checkout starts empty. print_blob=True prints
@@ -23,6 +24,22 @@ from shoal.models.policy import ActorCriticPolicy
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture
+def no_flush_denormal():
+    """Every Trainer turns on flush-to-zero for the whole process (``torch.set_flush_denormal``),
+    and it stays on after the trainer is gone. Hypothesis cannot draw floats then (subnormals read
+    as 0), so a property test starts without it."""
+    torch.set_flush_denormal(False)
+    yield
+    torch.set_flush_denormal(False)
+
+
+# The short multi-agent learning runs: 8 envs x 20 steps a rollout, 2 minibatches, 4 epochs.
+SHORT_TEAM_RUN = dict(
+    num_envs=8, rollout_fragment_length=20, sgd_minibatch_size=80, num_sgd_iter=4, save_outputs=False, verbose=0, seed=0
+)
 
 
 class CounterEnv(gym.Env):

@@ -56,7 +56,7 @@ def test_bad_value_names_key_and_value():
 @pytest.mark.parametrize(
     "settings, message",
     [
-        # each of these once escaped as another exception (found by tests/test_properties.py)
+        # each of these once escaped as another exception (found by tests/test_properties_config.py)
         (dict(seed=-1), r"bad value for 'seed': -1: Input should be greater than or equal to 0"),
         (dict(seed=2**32), r"bad value for 'seed': 4294967296: Input should be less than or equal to 4294967295"),
         (dict(torch_threads=10**6), r"bad value for 'torch_threads': 1000000"),  # was a segfault

@@ -7,6 +7,7 @@ import torch
 
 import shoal
 from shoal.vector import make_backend
+from tests.conftest import SHORT_TEAM_RUN
 
 BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 
@@ -223,13 +224,7 @@ class MatchEnv(shoal.MultiAgentEnv):
 def test_ppo_learns_a_cooperative_dict_env():
     with shoal.PPO(
         env=MatchEnv,
-        num_envs=8,
-        rollout_fragment_length=20,
-        sgd_minibatch_size=80,
-        num_sgd_iter=4,
-        save_outputs=False,
-        verbose=0,
-        seed=0,
+        **SHORT_TEAM_RUN,
     ) as algo:
         first = algo.train()
         algo.learn(6_000)

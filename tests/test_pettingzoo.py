@@ -11,6 +11,7 @@ from pettingzoo.test import parallel_api_test
 
 import shoal
 from shoal.vector import make_backend
+from tests.conftest import SHORT_TEAM_RUN
 
 
 class DyingAgentsEnv(ParallelEnv):
@@ -205,13 +206,7 @@ def test_ppo_learns_a_multi_agent_env_with_mixed_spaces_and_agents_leaving():
     parallel_api_test(GuessEnv(), num_cycles=20)
     with shoal.PPO(
         env=lambda: GuessEnv(),
-        num_envs=8,
-        rollout_fragment_length=20,
-        sgd_minibatch_size=80,
-        num_sgd_iter=4,
-        save_outputs=False,
-        verbose=0,
-        seed=0,
+        **SHORT_TEAM_RUN,
     ) as algo:
         first = algo.train()
         algo.learn(8_000)

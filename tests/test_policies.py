@@ -6,6 +6,7 @@ from test_pettingzoo import GuessEnv
 
 import shoal
 from shoal.collect.policies import EpisodeStart
+from tests.conftest import SHORT_TEAM_RUN
 
 FAST = dict(
     env="CartPole-v1",
@@ -91,13 +92,7 @@ def test_two_policies_each_learn_their_own_agent():
     with shoal.PPO(
         env=lambda: GuessEnv(),
         policies={"short": {}, "long": {"learning_rate": 3e-3}},
-        num_envs=8,
-        rollout_fragment_length=20,
-        sgd_minibatch_size=80,
-        num_sgd_iter=4,
-        save_outputs=False,
-        verbose=0,
-        seed=0,
+        **SHORT_TEAM_RUN,
     ) as algo:
         first = algo.train()
         algo.learn(8_000)
@@ -246,13 +241,7 @@ def test_ppo_with_a_centralized_critic_learns_and_single_agent_envs_are_refused(
     with shoal.PPO(
         env=lambda: GuessEnv(),
         central_critic="team_obs",
-        num_envs=8,
-        rollout_fragment_length=20,
-        sgd_minibatch_size=80,
-        num_sgd_iter=4,
-        save_outputs=False,
-        verbose=0,
-        seed=0,
+        **SHORT_TEAM_RUN,
     ) as algo:
         first = algo.train()
         algo.learn(8_000)

@@ -12,7 +12,7 @@ default, the values allowed by the field's constraints (``ge``/``gt``/``le``/``l
 run time, so they are what pydantic enforces. The meaning is the field's attribute docstring (the
 string literal under the field in the class body), read with griffe, the same reader
 mkdocstrings uses for the API reference: one sentence in the source serves both pages.
-``tests/test_docs.py`` checks the tables against the models.
+``tests/test_docs_tables.py`` checks the tables against the models.
 """
 
 from __future__ import annotations
