@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 import shoal
 from shoal.algos.losses import ppo_loss
-from shoal.algos.ppo import AutogradPPOStep, PPOLearner
+from shoal.algos.ppo import AutogradOptimizer, PPOLearner
 from shoal.algos.ppo_fused import (
     FusedPPOStep,
     _categorical_forward,
@@ -158,10 +158,15 @@ def test_one_minibatch_step_equals_autograd(space, case):
             p.normal_()
     twin = copy.deepcopy(policy)
     mb, args = _minibatch(space, critic_dim=critic_dim, masked=case == "masked")
-    fused, plain = FusedPPOStep(policy, 1e-3, 1e-5, 0.5), AutogradPPOStep(twin, 1e-3, 1e-5, 0.5)
+    fused, plain = FusedPPOStep(policy, 1e-3, 1e-5, 0.5), AutogradOptimizer(twin, 1e-3, 1e-5, 0.5)
     fused.flat.grad.fill_(float("nan"))  # the fused path must overwrite every entry
     got, got_ent = fused(mb, args, track=True, need_entropy=True)
-    want, want_ent = plain(mb, args, track=True, need_entropy=True)
+    logp, want_ent, value = twin.evaluate(
+        mb["obs"], mb["action"], True, mb.get("action_mask", None), mb.get("critic_obs", None)
+    )
+    want = ppo_loss(logp, value, want_ent, *args)
+    plain.backward(want[0])
+    plain.step()
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
     assert torch.allclose(got_ent, want_ent)
     for p, q in zip(policy.parameters(), twin.parameters()):
@@ -265,9 +270,14 @@ def test_the_fused_step_serves_only_the_plain_built_in_mlp():
     )
     with shoal.PPO(model=OwnModel, **kw) as algo:
         learner = algo.algorithm.learners["default_policy"]
-        assert "not the built-in MLP" in learner.fused_off_reason and isinstance(learner.step, AutogradPPOStep)
-    with shoal.PPO(model_config={"shared_trunk": True}, **kw) as algo:
-        assert isinstance(algo.algorithm.learners["default_policy"].step, AutogradPPOStep)
+        assert "not the built-in MLP" in learner.fused_off_reason and isinstance(learner.step, AutogradOptimizer)
+    for other in (
+        {"model_config": {"shared_trunk": True}},
+        {"accumulate_minibatches": 2, "sgd_minibatch_size": 8},
+        {"prio_alpha": 0.5},
+    ):
+        with shoal.PPO(**kw | other) as algo:
+            assert isinstance(algo.algorithm.learners["default_policy"].step, AutogradOptimizer), other
     with shoal.PPO(**kw) as algo:
         assert isinstance(algo.algorithm.learners["default_policy"].step, FusedPPOStep)
         algo.get_policy().model.register_forward_hook(lambda *args: None)  # too late: never silently skipped

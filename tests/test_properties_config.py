@@ -35,8 +35,8 @@ pytestmark = pytest.mark.usefixtures("no_flush_denormal")
 
 # what the tests pass themselves (shoal.PPO(env=..., save_outputs=False, verbose=0, **config))
 FIXED = {"env": "CartPole-v1", "save_outputs": False, "verbose": 0}
-KEYS = PPOConfig.keys()
 FIELDS = {field.alias or name: field for name, field in PPOConfig.model_fields.items()}
+KEYS = list(FIELDS)  # the other names of keys (PPOConfig.ALIASES) are tested in test_config.py
 
 
 def non_none(annotation: Any) -> tuple[Any, bool]:
@@ -118,12 +118,15 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "model_config": MLP_CONFIGS,
     "clip_rewards": st.none() | st.booleans() | st.floats(0, 100, exclude_min=True, allow_subnormal=False),
     "central_critic": st.just(None),  # needs a multi-agent env: a ConfigError on CartPole (tested below)
-    "advantage_estimator": st.sampled_from(["gae", "shoal.algos.advantages:rollout_gae"]),
+    "advantage_estimator": st.sampled_from(["gae", "vtrace", "shoal.algos.advantages:rollout_gae"]),
 }
 JOINT = {  # drawn together in `valid_configs`
     "rollout_fragment_length",
     "train_batch_size",
+    "batch_size",
     "sgd_minibatch_size",
+    "bptt_horizon",
+    "accumulate_minibatches",
     "policies",
     "policy_mapping_fn",
     "policies_to_train",
@@ -172,14 +175,24 @@ def valid_configs(draw) -> dict[str, Any]:
     cfg = {key: draw(drawn(key)) for key in KEYS if key not in JOINT and key not in FIXED and draw(st.booleans())}
     n = cfg.setdefault("num_envs", 8)
     frag = draw(st.integers(1, 8))
-    shape = draw(st.sampled_from(["rollout_fragment_length", "train_batch_size", "both", "default"]))
+    shape = draw(st.sampled_from(["rollout_fragment_length", "train_batch_size", "batch_size", "both", "default"]))
     if shape == "default":
         frag = 32
     if shape in ("rollout_fragment_length", "both"):
         cfg["rollout_fragment_length"] = frag
     if shape in ("train_batch_size", "both"):
         cfg["train_batch_size"] = n * frag
-    cfg["sgd_minibatch_size"] = draw(st.sampled_from(divisors(n * frag)))
+    if shape == "batch_size":  # agent steps: the same number with CartPole's one agent
+        cfg["batch_size"] = n * frag
+    bptt = draw(st.sampled_from(divisors(frag)))
+    if draw(st.booleans()):
+        cfg["bptt_horizon"] = bptt
+    elif cfg.get("advantage_estimator") == "vtrace" or cfg.get("model_config", {}).get("core"):
+        bptt = frag  # the default segment: the whole fragment
+    else:
+        bptt = 1
+    mb = cfg["sgd_minibatch_size"] = draw(st.sampled_from([d for d in divisors(n * frag) if d % bptt == 0]))
+    cfg["accumulate_minibatches"] = draw(st.sampled_from(divisors(n * frag // mb)))
     if draw(st.booleans()):
         cfg |= draw(policy_settings())
     return cfg

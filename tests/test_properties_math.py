@@ -172,11 +172,12 @@ def test_the_rollout_estimators_read_the_first_t_steps_and_ignore_the_padding_sl
             "terminated": padded(case["terminated"], junk_flags[:, 0]),
             "truncated": padded(case["truncated"], junk_flags[:, 1]),
             "valid": padded(valid, junk_flags[:, 2]),
+            "ratio": padded(np.ones((n, t)), junk[:, 2]).to(case["dtype"]),  # V-trace's, on-policy
         },
         batch_size=[n, t + 1],
     )
     expected = reference(case, None if all_valid else valid)
-    assert set(ESTIMATORS) == {"gae"}  # a new estimator needs its reference here
+    assert set(ESTIMATORS) == {"gae", "vtrace"}  # a new estimator needs its reference here; V-trace at ratio 1 is GAE
     for name, estimator in ESTIMATORS.items():
         note(f"estimator {name}")
         assert_close(estimator(rollout, case["gamma"], case["lam"]), expected, case)

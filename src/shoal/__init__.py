@@ -10,6 +10,7 @@ from shoal.envs.native import AgentEnv
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, EnvError, ShoalError
 from shoal.models.policy import ActorCriticPolicy, Policy
+from shoal.models.recurrent import RecurrentActorCriticPolicy
 from shoal.presets import PPO
 from shoal.train import Trainer
 from shoal.train.callbacks import Callback
@@ -33,6 +34,7 @@ __all__ = [
     "MultiAgentEnv",
     "PPOConfig",
     "Policy",
+    "RecurrentActorCriticPolicy",
     "ShoalError",
     "Trainer",
     "TrainerConfig",

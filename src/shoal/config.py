@@ -1,8 +1,12 @@
 """Configuration: one pydantic model per algorithm, the same keys in Python, YAML and on the command line.
 
-Batch-size names follow RLlib: ``train_batch_size`` agent steps are collected per
-iteration as ``num_envs`` rows times ``rollout_fragment_length`` steps, then split into
-``sgd_minibatch_size`` minibatches for ``num_sgd_iter`` epochs.
+Batch-size names follow RLlib: ``train_batch_size`` env steps are collected per iteration as
+``num_envs`` envs times ``rollout_fragment_length`` steps, then split into ``sgd_minibatch_size``
+minibatches (of agent steps) for ``num_sgd_iter`` epochs. The names of the segment learner are
+accepted too and mean the same run: ``batch_size`` (agent steps per iteration: ``train_batch_size``
+times the agents of each env), ``minibatch_size`` (= ``sgd_minibatch_size``), ``update_epochs``
+(= ``num_sgd_iter``), with ``bptt_horizon`` and ``accumulate_minibatches``; ``BatchLayout`` shows
+what they add up to.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec, spec_of
+from shoal.layout import BatchLayout
 from shoal.models.catalog import check_model_config, resolve_model
 
 if TYPE_CHECKING:
@@ -59,6 +64,9 @@ class TrainerConfig(BaseModel):
     """Steps per env per iteration; None: `train_batch_size / num_envs`, or 32 when that is unset too."""
     train_batch_size: int | None = Field(default=None, ge=1)
     """Env steps per iteration, `num_envs x rollout_fragment_length`: set any two of the three."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Agent steps per iteration: `train_batch_size` times the agents of each env (the same number for single-agent
+    envs); set it instead of `train_batch_size`, or both when they agree."""
     total_timesteps: int = Field(default=100_000, ge=1)
     """Env steps of the whole run: `learn()` without an argument trains until this many."""
     torch_threads: int = Field(default=1, ge=1, le=1024)  # far more threads than a machine can start crashes torch
@@ -138,11 +146,29 @@ class TrainerConfig(BaseModel):
 
     # keys a policy in `policies` may override: its network, and how it learns
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
+    # other names of keys, as the segment learner writes them: alias -> key
+    ALIASES: ClassVar[dict[str, str]] = {}
     # keys that moved: old name -> what to write instead
     MOVED: ClassVar[dict[str, str]] = {
         "hiddens": "model_config={'hiddens': [64, 64]}",
         "activation": "model_config={'activation': 'relu'}",
     }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_aliases(cls, data: Any) -> Any:
+        """``minibatch_size=...`` is ``sgd_minibatch_size=...``; both at once must agree."""
+        if not isinstance(data, dict) or not any(alias in data for alias in cls.ALIASES):
+            return data
+        data = dict(data)
+        for alias, key in cls.ALIASES.items():
+            if alias not in data:
+                continue
+            value = data.pop(alias)
+            if key in data and data[key] is not None and data[key] != value:
+                raise ConfigError(f"{alias}={value} and {key}={data[key]} are two names of one key; set one of them.")
+            data[key] = value
+        return data
 
     @model_validator(mode="after")
     def _check_model(self) -> TrainerConfig:
@@ -157,7 +183,13 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _resolve_rollout_shape(self) -> TrainerConfig:
-        """Fill whichever of train_batch_size / rollout_fragment_length is missing, and check they agree."""
+        """Fill whichever of train_batch_size / rollout_fragment_length is missing, and check they
+        agree. ``batch_size`` alone (agent steps) waits for ``check_batch``, which knows the agents."""
+        if self.batch_size is None or self.train_batch_size is not None:
+            self._fill_rollout_shape()
+        return self
+
+    def _fill_rollout_shape(self) -> None:
         n, frag, batch = self.num_envs, self.rollout_fragment_length, self.train_batch_size
         if batch is None:
             frag = 32 if frag is None else frag
@@ -177,7 +209,6 @@ class TrainerConfig(BaseModel):
                 f"rollout_fragment_length={max(1, batch // n)}."
             )
         self.rollout_fragment_length, self.train_batch_size = frag, batch
-        return self
 
     @model_validator(mode="after")
     def _check_workers(self) -> TrainerConfig:
@@ -289,12 +320,30 @@ class TrainerConfig(BaseModel):
         return list(self.policies) if self.policies else ["default_policy"]
 
     def check_batch(self, agents_per_env: int = 1) -> None:
-        """Checks that need the env's agent count; algorithms with minibatches override it."""
+        """Checks that need the env's agent count (algorithms with minibatches extend it): here,
+        ``batch_size`` (agent steps) becomes ``train_batch_size`` (env steps), or is checked against it."""
+        if self.batch_size is None:
+            self.batch_size = cast(int, self.train_batch_size) * agents_per_env  # filled when validated
+            return
+        agents = f" ({agents_per_env} agents per env)" if agents_per_env > 1 else ""
+        if self.batch_size % agents_per_env:
+            raise ConfigError(
+                f"batch_size={self.batch_size} counts agent steps and must be a multiple of the "
+                f"{agents_per_env} agents of each env."
+            )
+        env_steps = self.batch_size // agents_per_env
+        if self.train_batch_size is not None and self.train_batch_size != env_steps:
+            raise ConfigError(
+                f"batch_size={self.batch_size} agent steps{agents} is train_batch_size={env_steps} env steps, "
+                f"but train_batch_size={self.train_batch_size}; set one of them."
+            )
+        self.train_batch_size = env_steps
+        self._fill_rollout_shape()
 
     @classmethod
     def keys(cls) -> list[str]:
-        """The config's keys as users write them."""
-        return [field.alias or name for name, field in cls.model_fields.items()]
+        """The config's keys as users write them (and their other names)."""
+        return [field.alias or name for name, field in cls.model_fields.items()] + list(cls.ALIASES)
 
     def settings(self) -> dict[str, Any]:
         """Every key's value, keyed as users write them (``build(**settings())`` rebuilds the config)."""
@@ -355,16 +404,34 @@ class PPOConfig(TrainerConfig):
     """PPO's keys. Defaults solve CartPole-v1 in well under 100k steps (rl-baselines3-zoo's CartPole settings)."""
 
     advantage_estimator: str = "gae"
-    """The advantage function: `gae`, or `'package.module:function'` taking `(rollout, gamma, gae_lambda)` and
-    returning advantages `[N, T]`."""
+    """The advantage function: `gae`, `vtrace` (V-trace-adjusted GAE, recomputed for each minibatch with the current
+    policy's importance ratios), or `'package.module:function'` taking `(rollout, gamma, gae_lambda)` and returning
+    advantages `[N, T]`."""
+    vtrace_rho_clip: float = Field(default=1.0, gt=0.0)
+    """V-trace's clip of the importance ratio that weighs each TD error (rho-bar)."""
+    vtrace_c_clip: float = Field(default=1.0, gt=0.0)
+    """V-trace's clip of the importance ratio that carries the trace on (c-bar)."""
     fused_update: bool = True
     """Learn with the hand-fused step when the policy is the plain built-in MLP (the same numbers, faster); False:
     always autograd."""
     sgd_minibatch_size: int = Field(default=256, ge=1)
-    """Agent steps per minibatch; must divide the agent steps of an iteration (with several policies, each policy's
-    steps are split into near-equal minibatches of about this size)."""
+    """Agent steps per minibatch (also written `minibatch_size`); must divide the agent steps of an iteration (with
+    several policies, each policy's steps are split into near-equal minibatches of about this size)."""
     num_sgd_iter: int = Field(default=20, ge=1)
-    """Epochs of minibatch steps over each iteration's batch."""
+    """Epochs of minibatch steps over each iteration's batch (also written `update_epochs`)."""
+    bptt_horizon: int | None = Field(default=None, ge=1)
+    """Steps per training segment: the learner views the rollout as `[segments, bptt_horizon]` and a recurrent model
+    backpropagates through each segment from its stored start state. Must divide `rollout_fragment_length` and
+    `sgd_minibatch_size`; None: the whole fragment for a recurrent model, single steps otherwise."""
+    accumulate_minibatches: int = Field(default=1, ge=1)
+    """Minibatches whose gradients add up to one optimizer step (the same step as one minibatch that many times as
+    large); must divide the number of minibatches."""
+    prio_alpha: float = Field(default=0.0, ge=0.0)
+    """Prioritized minibatches: segments are drawn with probability proportional to (sum of their absolute
+    advantages) ** prio_alpha, with importance weights; 0: every segment once per epoch, uniformly shuffled."""
+    prio_beta0: float = Field(default=0.6, ge=0.0, le=1.0)
+    """The importance-weight exponent of prioritized minibatches at the start of `learn()`; it rises linearly to 1
+    by the end."""
     gae_lambda: float = Field(default=0.8, ge=0.0, le=1.0)
     """GAE's lambda: 0 gives one-step TD errors, 1 Monte Carlo returns minus the value."""
     adam_eps: float = Field(default=1e-5, gt=0.0)
@@ -400,6 +467,7 @@ class PPOConfig(TrainerConfig):
         "num_sgd_iter",
         "sgd_minibatch_size",
     )
+    ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size", "update_epochs": "num_sgd_iter"}
 
     @model_validator(mode="after")
     def _check_estimator(self) -> PPOConfig:
@@ -415,22 +483,79 @@ class PPOConfig(TrainerConfig):
             import_spec(spec, "advantage_estimator")
         return self
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether a policy has a recurrent core (``model_config`` ``core``)."""
+        overrides = cast("dict[str, dict[str, Any]]", self.policies or {}).values()
+        configs = (self.model_options, *(o.get("model_config") or {} for o in overrides))
+        return any(isinstance(cfg, dict) and cfg.get("core") for cfg in configs)
+
+    @property
+    def segment_length(self) -> int:
+        """``bptt_horizon``, or its default: the whole fragment for a recurrent model or V-trace
+        (which runs its traces along segments), else 1."""
+        if self.bptt_horizon is not None:
+            return self.bptt_horizon
+        whole = self.recurrent or self.advantage_estimator == "vtrace"
+        return cast(int, self.rollout_fragment_length) if whole else 1  # filled when validated
+
+    def layout(self, agents_per_env: int = 1) -> BatchLayout:
+        """What the batch keys add up to with ``agents_per_env`` agents in each env."""
+        return BatchLayout(
+            self.num_envs,
+            agents_per_env,
+            self.async_factor,
+            self.num_workers,
+            cast(int, self.rollout_fragment_length),  # filled when validated
+            self.sgd_minibatch_size,
+            self.segment_length,
+            self.accumulate_minibatches,
+            self.num_sgd_iter,
+        )
+
     def check_batch(self, agents_per_env: int = 1) -> None:
-        """The learner sees ``train_batch_size x agents_per_env`` agent steps per iteration;
-        checked once the env's agent count is known."""
+        """The learner sees ``batch_size`` agent steps per iteration (``train_batch_size x
+        agents_per_env``); checked once the env's agent count is known: the minibatches divide it,
+        segments fit in each row's fragment and in each minibatch, and the accumulated minibatches
+        divide an epoch."""
+        super().check_batch(agents_per_env)
+        layout = self.layout(agents_per_env)
+        frag, bptt = layout.rollout_fragment_length, layout.bptt_horizon
+        if frag % bptt:
+            fits = [d for d in range(1, frag + 1) if frag % d == 0]
+            raise ConfigError(
+                f"bptt_horizon={bptt} must divide rollout_fragment_length={frag}: each row's fragment is cut "
+                f"into segments of bptt_horizon steps. Try bptt_horizon={_nearest(fits, bptt)}."
+            )
+        batch, mb = layout.agent_steps, self.sgd_minibatch_size
+        if mb % bptt:
+            raise ConfigError(
+                f"sgd_minibatch_size={mb} must be a multiple of bptt_horizon={bptt}: a minibatch is whole "
+                f"segments. Try sgd_minibatch_size={_nearest([mb // bptt * bptt or bptt, -(-mb // bptt) * bptt], mb)}."
+            )
         if self.policies and len(self.policies) > 1:
             return  # each policy's share of the batch is split into near-equal minibatches instead
-        assert self.train_batch_size is not None  # filled in when the config is validated
-        batch, mb = self.train_batch_size * agents_per_env, self.sgd_minibatch_size
         if mb > batch or batch % mb:
-            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-            near = min(divisors, key=lambda d: (abs(math.log(d / mb)), -d))
+            near = _nearest([d for d in range(bptt, batch + 1, bptt) if batch % d == 0], mb)
             agents = f" x {agents_per_env} agents" if agents_per_env > 1 else ""
             raise ConfigError(
                 f"sgd_minibatch_size={mb} must divide the {batch} agent steps of an iteration "
                 f"(train_batch_size={self.train_batch_size} = num_envs={self.num_envs} x rollout_fragment_length="
                 f"{self.rollout_fragment_length}{agents}). Try sgd_minibatch_size={near}."
             )
+        if layout.num_minibatches % self.accumulate_minibatches:
+            fits = [d for d in range(1, layout.num_minibatches + 1) if layout.num_minibatches % d == 0]
+            near = _nearest(fits, self.accumulate_minibatches)
+            raise ConfigError(
+                f"accumulate_minibatches={self.accumulate_minibatches} must divide the {layout.num_minibatches} "
+                f"minibatches of an epoch ({batch} agent steps / sgd_minibatch_size={mb}). "
+                f"Try accumulate_minibatches={near}."
+            )
+
+
+def _nearest(options: list[int], target: int) -> int:
+    """The option closest to ``target`` by ratio (the larger on a tie)."""
+    return min(options, key=lambda d: (abs(math.log(d / target)), -d))
 
 
 def _is_union(annotation: Any) -> bool:

@@ -1,4 +1,5 @@
-"""Advantage estimators as pure functions, checked against slow loops in tests/test_advantages.py."""
+"""Advantage estimators as pure functions, checked against slow loops in tests/test_advantages.py and
+tests/test_vtrace.py."""
 
 from __future__ import annotations
 
@@ -41,21 +42,16 @@ def gae(
       ``[N, T]`` advantages, 0 at non-decision steps (every loss masks them out). The recursion is
       cut at every done (terminated or truncated) step.
     """
-    n, t = reward_t.shape
-    if value_t.shape != (n, t + 1):
-        raise ValueError(f"value_t has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
-    for name, x in (
-        ("terminated_t", terminated_t),
-        ("truncated_t", truncated_t),
-        ("final_value_t", final_value_t),
-        ("valid_t", valid_t),
-    ):
-        if x is not None and x.shape != (n, t):
-            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {(n, t)} like reward_t")
+    _check_shapes(
+        reward_t,
+        value_t,
+        terminated_t=terminated_t,
+        truncated_t=truncated_t,
+        final_value_t=final_value_t,
+        valid_t=valid_t,
+    )
     if valid_t is None:
-        next_value = torch.where(truncated_t, final_value_t, value_t[:, 1:])
-        not_terminal = (~terminated_t).to(value_t.dtype)
-        delta = reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
+        delta = _td_error(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma)
         # in the values' dtype: a float32 mask would round gamma * lambda to float32 for float64 values
         carry = gamma * gae_lambda * (~(terminated_t | truncated_t)).to(value_t.dtype)
         return _backward_scan(delta, carry)
@@ -63,6 +59,103 @@ def gae(
         reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t
     )
     return _backward_scan(delta, carry).masked_fill_(~valid_t, 0.0)
+
+
+def vtrace(
+    reward_t: torch.Tensor,
+    value_t: torch.Tensor,
+    terminated_t: torch.Tensor,
+    truncated_t: torch.Tensor,
+    final_value_t: torch.Tensor,
+    ratio_t: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+    rho_clip: float = 1.0,
+    c_clip: float = 1.0,
+    valid_t: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """V-trace-adjusted GAE (IMPALA, Espeholt et al. 2018, arXiv:1802.01561): ``v_s - V(x_s)`` for
+    data collected by a behaviour policy mu that the learner's policy pi has since moved away from.
+
+    Each TD error is weighted by its truncated importance ratio ``rho_t = min(rho_clip, pi/mu)``
+    and the trace carried back through step t by ``c_t = gae_lambda * min(c_clip, pi/mu)``:
+    ``x_t = rho_t * delta_t + gamma * c_t * x_{t+1}``, cut at every done. Clipping rho sets whose
+    value the targets converge to: pi's when ``rho_clip`` is at least every ratio, below that a
+    policy between mu and pi (mu's as it nears 0). Clipping c bounds the product of ratios a long
+    trace multiplies, so a stale rollout's far future cannot swamp the near one. ``gae_lambda``
+    inside c is the PufferLib / Metta form of PPO with V-trace: with every ratio 1 it is exactly
+    ``gae``, and with lambda 1 as well, ``advantage + value`` is the n-step return bootstrapped at
+    the end (the paper's on-policy remark).
+
+    Args:
+      reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t: as
+        for ``gae``. Rows may be whole rollouts or bptt segments, whose last ``value_t`` column is
+        the stored value of the step after the segment: a segment's trace ends there and
+        bootstraps from that value.
+      ratio_t: ``[N, T]`` ``pi(a_t|x_t) / mu(a_t|x_t)`` under the current policy, read only at
+        decisions; at a non-decision step (see ``gae``) no action was chosen, so its folded reward
+        is weighted by the ratio of the decision it folds into.
+      rho_clip, c_clip: the truncation levels rho-bar and c-bar of the paper, > 0.
+    Returns:
+      ``[N, T]`` advantages, 0 at non-decision steps.
+    """
+    _check_shapes(
+        reward_t,
+        value_t,
+        terminated_t=terminated_t,
+        truncated_t=truncated_t,
+        final_value_t=final_value_t,
+        ratio_t=ratio_t,
+        valid_t=valid_t,
+    )
+    for name, clip in (("rho_clip", rho_clip), ("c_clip", c_clip)):
+        if not clip > 0:  # also rejects nan
+            raise ValueError(f"{name}={clip} must be > 0: it caps the importance ratio pi/mu")
+    ratio = ratio_t.to(value_t.dtype)
+    rho = ratio.clamp(max=rho_clip)
+    not_done = (~(terminated_t | truncated_t)).to(value_t.dtype)
+    # (gamma * lambda) * not_done first, as gae forms its carry, so ratios of 1 give gae bit for bit
+    trace = gamma * gae_lambda * not_done * ratio.clamp(max=c_clip)
+    if valid_t is None:
+        delta = _td_error(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma)
+        return _backward_scan(delta.mul_(rho), trace)
+    # Two scans: rho of a decision weights its folded one-step TD error, rewards of the steps folded
+    # into it included, while the trace to the next decision is weighted by its c, which one
+    # running sum cannot keep apart. The first scan folds: GAE at lambda 0.
+    delta, fold = _folded_terms(reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, 0.0, valid_t)
+    # At a non-decision step the first scan holds a partial sum, not a TD error; rho 0 drops it
+    # (and whatever ratio the step holds, nan say, never reaches a decision).
+    delta = _backward_scan(delta, fold).mul_(rho.masked_fill_(~valid_t, 0.0))
+    # A non-decision step hands the next decision's x back unchanged (the decision before it holds
+    # its one gamma and c), unless it is done: then the decision's episode ended there.
+    carry = torch.where(valid_t, trace, not_done)
+    return _backward_scan(delta, carry).masked_fill_(~valid_t, 0.0)
+
+
+def _check_shapes(reward_t: torch.Tensor, value_t: torch.Tensor, **per_step: torch.Tensor | None) -> None:
+    """Raise ValueError naming the first argument whose shape does not fit ``reward_t``'s ``[N, T]``:
+    a wrong shape would otherwise broadcast into advantages of the wrong rows without an error."""
+    n, t = reward_t.shape
+    if value_t.shape != (n, t + 1):
+        raise ValueError(f"value_t has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
+    for name, x in per_step.items():
+        if x is not None and x.shape != (n, t):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {(n, t)} like reward_t")
+
+
+def _td_error(
+    reward_t: torch.Tensor,
+    value_t: torch.Tensor,
+    terminated_t: torch.Tensor,
+    truncated_t: torch.Tensor,
+    final_value_t: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """The one-step TD error ``r + gamma * V(next) - V`` of every step, where a truncated step's next
+    value is its ``final_value_t`` and a terminated step has none."""
+    next_value = torch.where(truncated_t, final_value_t, value_t[:, 1:])
+    not_terminal = (~terminated_t).to(value_t.dtype)
+    return reward_t + gamma * next_value * not_terminal - value_t[:, :-1]
 
 
 def _folded_terms(
@@ -98,17 +191,25 @@ def _folded_terms(
     return delta, carry
 
 
+_SCAN_CHUNK = 128  # steps; 3 views each stay well below the 700 new objects that start a collection
+
+
 def _backward_scan(delta: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
     """``x[:, t] = delta[:, t] + carry[:, t] * x[:, t+1]`` backwards from ``x[:, T-1] = delta[:, T-1]``."""
     n, t = delta.shape
     # The time loop stays in Python. Time-major copies make each step's rows one contiguous slice,
     # so a step is a single fused op writing straight into the result.
-    deltas, carries = delta.t().contiguous().unbind(0), carry.t().contiguous().unbind(0)
+    deltas, carries = delta.t().contiguous(), carry.t().contiguous()
     advantage = torch.empty(t, n, dtype=delta.dtype, device=delta.device)
-    adv = advantage.unbind(0)
-    adv[t - 1].copy_(deltas[t - 1])
-    for step in range(t - 2, -1, -1):
-        torch.addcmul(deltas[step], carries[step], adv[step + 1], out=adv[step])
+    following = advantage[t - 1].copy_(deltas[t - 1])
+    # Per-step views are made _SCAN_CHUNK steps at a time: unbinding a long row whole keeps three
+    # tensors per step alive at once, and that many new objects set off Python's full garbage
+    # collections, which took longer than the scan itself on 8192-step rows.
+    for end in range(t - 1, 0, -_SCAN_CHUNK):
+        start = max(0, end - _SCAN_CHUNK)
+        steps = zip(deltas[start:end].unbind(0), carries[start:end].unbind(0), advantage[start:end].unbind(0))
+        for delta_s, carry_s, out in reversed(list(steps)):
+            following = torch.addcmul(delta_s, carry_s, following, out=out)
     return advantage.t()
 
 
@@ -128,9 +229,35 @@ def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.T
     )
 
 
+def rollout_vtrace(
+    rollout: TensorDict, gamma: float, gae_lambda: float, rho_clip: float = 1.0, c_clip: float = 1.0
+) -> torch.Tensor:
+    """``vtrace`` over a ``[N, T+1]`` rollout's fields, with the importance ratios of its float
+    field ``ratio`` (pi/mu recomputed by the learner, 1 where unknown), folding as ``rollout_gae``.
+
+    A rollout without ``ratio`` has not been learnt from yet: its policy is the one that collected
+    it, every ratio is 1 and the advantages are GAE's."""
+    valid = rollout["valid"][:, :-1]
+    reward = rollout["reward"][:, :-1]
+    ratio = rollout["ratio"][:, :-1] if "ratio" in rollout.keys() else torch.ones_like(reward)  # noqa: SIM118 (a TensorDict)
+    return vtrace(
+        reward,
+        rollout["value"],
+        rollout["terminated"][:, :-1],
+        rollout["truncated"][:, :-1],
+        rollout["final_value"][:, :-1],
+        ratio,
+        gamma,
+        gae_lambda,
+        rho_clip,
+        c_clip,
+        valid_t=None if bool(valid.all()) else valid,
+    )
+
+
 AdvantageFn = Callable[[TensorDict, float, float], torch.Tensor]  # (rollout, gamma, gae_lambda) -> [N, T]
 # name -> estimator; a 'package.module:function' of the same signature may be given instead
-ESTIMATORS: dict[str, AdvantageFn] = {"gae": rollout_gae}
+ESTIMATORS: dict[str, AdvantageFn] = {"gae": rollout_gae, "vtrace": rollout_vtrace}
 
 
 def advantage_estimator(spec: str) -> AdvantageFn:

@@ -50,9 +50,10 @@ class Collector(Protocol):
     """The last rollout's truncated steps and the true final observation of each (None before the
     first ``collect``)."""
 
-    def collect(self, rollout: TensorDict) -> int:
-        """Fill the ``[N, T+1]`` rollout in place (env fields and the algorithm's extras); returns
-        the env steps taken."""
+    def collect(self, rollout: TensorDict, start_states: list[TensorDict] | None = None) -> int:
+        """Fill the ``[N, T+1]`` rollout in place (env fields and the algorithm's extras), and each
+        policy's state at every segment start into ``start_states`` (``[N, K]`` each) when given;
+        returns the env steps taken."""
         ...
 
 
@@ -89,6 +90,9 @@ class Algorithm:
         ``training_step`` to ``timesteps_total / (timesteps at the call's start + its steps)``, so a
         call ``learn(n)`` made after ``t`` steps goes from ``t / (t + n)`` to 1. Schedules such as
         ``learning_rate`` read it."""
+        self.progress_end = 0.0
+        """How far the current ``learn()`` call will have gone once this iteration's steps are in
+        (1 on its last iteration), for schedules that must reach their end value."""
         self.policy_configs = {pid: config.policy_config(pid) for pid in config.policy_ids}
         """Policy id -> the config with that policy's overrides (``policies``) applied."""
         self.policies: dict[str, Policy] = {
@@ -136,6 +140,10 @@ class Algorithm:
             critic_obs = steps.get("critic_obs", None)
             stats = cast(_KeepsObsStats, policy)  # a policy with an obs_normalizer updates it
             stats.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])
+
+    def describe(self) -> str:
+        """What the trainer prints when a run starts (nothing by default)."""
+        return ""
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         """Collect experience and learn from it once; returns statistics to log."""

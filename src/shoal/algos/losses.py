@@ -31,13 +31,24 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp_min(1.0)
 
 
-def normalize_advantage(adv: torch.Tensor, mask: torch.Tensor | None, eps: float = 1e-8) -> torch.Tensor:
-    """(adv - mean) / (std + eps) over the valid rows of a minibatch."""
+def advantage_stats(adv: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation of the valid advantages (Bessel-corrected without a mask)."""
     if mask is None:
-        return (adv - adv.mean()) / (adv.std() + eps)
+        return adv.mean(), adv.std()
     mean = masked_mean(adv, mask)
-    var = masked_mean((adv - mean).square(), mask)
-    return (adv - mean) / (var.sqrt() + eps)
+    return mean, masked_mean((adv - mean).square(), mask).sqrt()
+
+
+def normalize_advantage(
+    adv: torch.Tensor,
+    mask: torch.Tensor | None,
+    eps: float = 1e-8,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """(adv - mean) / (std + eps): over the valid rows of ``adv``, or with the given ``stats`` (e.g.
+    of all the minibatches one accumulated optimizer step learns from)."""
+    mean, std = advantage_stats(adv, mask) if stats is None else stats
+    return (adv - mean) / (std + eps)
 
 
 def ppo_loss(

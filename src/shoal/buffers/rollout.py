@@ -24,8 +24,9 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
 
 def env_fields(env: EnvInfo) -> dict[str, FieldSpec]:
     """What the collector writes for every algorithm: observations in their own dtype (uint8
-    images stay uint8), actions, rewards, episode flags, which policy acted, and the action mask
-    and centralized-critic input when the env has them."""
+    images stay uint8), actions, rewards, episode flags (which step ends an episode, which
+    observation starts one), which policy acted, and the action mask and centralized-critic input
+    when the env has them."""
     fields = {
         "obs": (env.obs_spec.shape, torch_dtype(env.obs_spec.dtype)),
         "action": (env.act_spec.shape, torch_dtype(env.act_spec.dtype)),
@@ -33,6 +34,7 @@ def env_fields(env: EnvInfo) -> dict[str, FieldSpec]:
         "done": ((), torch.bool),
         "terminated": ((), torch.bool),
         "truncated": ((), torch.bool),
+        "first": ((), torch.bool),  # the observation starts an episode (recurrent state is reset there)
         "valid": ((), torch.bool),  # False: padding or a next-step reset, masked from every loss
         "policy_id": ((), torch.long),
     }
@@ -44,9 +46,21 @@ def env_fields(env: EnvInfo) -> dict[str, FieldSpec]:
 
 
 class RolloutBuffer:
-    """``[N, T+1]`` storage of the env fields plus ``fields`` (the algorithm's extras and its own)."""
+    """``[N, T+1]`` storage of the env fields plus ``fields`` (the algorithm's extras and its own),
+    and, for recurrent policies, each policy's state at the start of every segment."""
 
-    def __init__(self, env: EnvInfo, horizon: int, fields: dict[str, FieldSpec], device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        env: EnvInfo,
+        horizon: int,
+        fields: dict[str, FieldSpec],
+        device: str | torch.device = "cpu",
+        segment_length: int | None = None,
+        initial_states: list[TensorDict] | None = None,
+    ):
+        """``initial_states``: each policy's ``initial_state(1)`` (empty for feedforward policies);
+        a non-empty one is stored every ``segment_length`` steps of each row (which must divide
+        ``horizon``)."""
         self.num_rows, self.horizon = env.num_rows, horizon
         n, t1 = env.num_rows, horizon + 1
         specs = env_fields(env) | fields
@@ -60,6 +74,14 @@ class RolloutBuffer:
         self.rollout["valid"].fill_(True)
         if env.mask_size:
             self.rollout["action_mask"].fill_(True)
+        self.start_states: list[TensorDict] | None = None
+        """Each policy's state ``[N, T / segment_length]`` at every segment start (None when no
+        policy keeps state), written by the collector."""
+        if initial_states and any(not s.is_empty() for s in initial_states):  # type: ignore[no-untyped-call]
+            if segment_length is None or horizon % segment_length:
+                raise ValueError(f"segment_length={segment_length} must divide the horizon {horizon}")
+            k = horizon // segment_length
+            self.start_states = [s.expand(n, k).clone().to(device) for s in initial_states]
         self._full = False
 
     def start_rollout(self) -> TensorDict:

@@ -2,7 +2,9 @@
 
 A learn step never slices time by hand: it asks a sampler for an epoch of minibatches. Which
 rows belong to a policy is a mask over the storage (``select``), not a copy made by the caller.
-Recurrent segments and prioritized sampling are further samplers over the same storage.
+``FlatSampler`` shuffles single transitions; ``SegmentSampler`` views the storage as
+``[segments, segment_length]`` with each segment's stored start state (recurrent learning), and
+draws whole segments: shuffled, or by priority with importance weights.
 """
 
 from __future__ import annotations
@@ -55,3 +57,78 @@ class FlatSampler:
     def __iter__(self) -> Iterator[TensorDict]:
         for index in self.indices():
             yield self.data if index is None else self.data[index]
+
+
+class SegmentSampler:
+    """Minibatches of whole segments: the ``[N, T]`` transition view ``data`` as ``[N * T / L, L]``
+    segments of ``segment_length`` L (each row's fragment cut in order, so a segment never spans two
+    rows), with ``start_states`` (a policy's ``[N, T / L]`` state at each segment start) alongside.
+
+    ``select`` (bool ``[N, T]``) keeps the segments holding any selected step and marks the others
+    of their steps not ``valid``, so a loss masks them out. An epoch is ``len(self)`` minibatches
+    of about ``minibatch_segments`` segments: without priorities a shuffle of all segments split
+    into near-equal parts, as ``FlatSampler`` does with transitions; with them (``epoch(priority,
+    alpha, beta)``) each minibatch draws segments with replacement, with probability p_i
+    proportional to ``priority_i ** alpha``, and importance weights ``(M p_i) ** -beta`` (M
+    segments), which undo the bias of the drawing as beta goes to 1. ``alpha=0`` is the shuffle.
+    """
+
+    def __init__(
+        self,
+        data: TensorDict,
+        segment_length: int,
+        minibatch_segments: int,
+        generator: torch.Generator | None = None,
+        select: torch.Tensor | None = None,
+        start_states: TensorDict | None = None,
+    ):
+        n, t = data.batch_size
+        if t % segment_length:
+            raise ValueError(f"segment_length={segment_length} must divide the {t} steps of each row")
+        shape = (n * t // segment_length, segment_length)
+        segments = data.reshape(*shape)  # a copy: the storage is left as it is
+        states = None if start_states is None else start_states.reshape(-1)
+        if select is not None:
+            steps = select.reshape(shape)
+            keep = steps.any(1)
+            segments = segments[keep]
+            segments["valid"] &= steps[keep]
+            states = None if states is None else states[keep]
+        self.data, self.start_states, self.generator = segments, states, generator
+        self.count = num_minibatches(segments.batch_size[0], minibatch_segments)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def epoch(
+        self, priority: torch.Tensor | None = None, alpha: float = 0.0, beta: float = 1.0
+    ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """One epoch of ``(index, weights)``: segment indices into ``data`` (None: all of them, in
+        order) and their importance weights (None without priorities). ``priority`` is one
+        non-negative number per segment."""
+        total = self.data.batch_size[0]
+        if priority is None or alpha == 0.0:
+            if self.count == 1:
+                yield None, None
+                return
+            perm = torch.randperm(total, generator=self.generator, device=self.data.device)
+            for index in perm.tensor_split(self.count):
+                yield index, None
+            return
+        if priority.shape != (total,) or bool((priority < 0).any()) or not bool(priority.isfinite().all()):
+            raise ValueError(f"priority must be {total} finite non-negative numbers, one per segment")
+        # in logs, so that a large alpha cannot overflow; zero priority: never drawn
+        log_weight = alpha * priority.double().log()
+        if not bool(log_weight.isfinite().any()):  # no segment stands out: draw uniformly
+            log_weight = torch.zeros_like(log_weight)
+        prob = log_weight.softmax(0)
+        size = -(-total // self.count)  # ceil: an epoch draws at least as many segments as it holds
+        for _ in range(self.count):
+            index = torch.multinomial(prob, size, replacement=True, generator=self.generator)
+            yield index, (total * prob[index]).pow(-beta).float()
+
+    def minibatch(self, index: torch.Tensor | None) -> tuple[TensorDict, TensorDict | None]:
+        """The segments ``index`` names, ``[M, L]``, and their start states ``[M]`` (None when none are stored)."""
+        if index is None:
+            return self.data, self.start_states
+        return self.data[index], None if self.start_states is None else self.start_states[index]

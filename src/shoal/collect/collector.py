@@ -15,14 +15,17 @@ an episode) and the policies' per-row state are carried from step to step, acros
 through every backend.
 
 The true final observation of each truncated episode is kept in ``truncations`` (only those
-rows, so nothing is stored twice) for algorithms that bootstrap from it.
+rows, so nothing is stored twice) for algorithms that bootstrap from it, with the policies'
+state at that step. Given ``start_states`` (each policy's ``[N, K]`` state storage), the policies'
+state of every row is stored there at the start of each of its ``K`` segments of ``T / K`` steps,
+so a recurrent learner can replay each segment from where it began.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -35,18 +38,23 @@ from shoal.errors import ConfigError, EnvError
 from shoal.models.normalize import RewardScaler
 from shoal.vector.base import StepBatch, VecBackend
 
-_FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "valid", "policy_id")
+_FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "first", "valid", "policy_id")
 
 
 @dataclass
 class Truncations:
     """The truncated transitions of a rollout: ``row``, ``step`` and the true last observation
-    ``obs`` (and centralized-critic input) of each, ``[K, ...]``."""
+    ``obs`` (and centralized-critic input) of each, ``[K, ...]``; ``states``: each policy's state
+    of those rows after acting at that step (empty TensorDicts for feedforward policies), the
+    state a recurrent policy sees the last observation with. With next-step autoreset the last
+    observation is the rollout's next step (``next_step`` True), where the policies acted on it."""
 
     row: torch.Tensor
     step: torch.Tensor
     obs: torch.Tensor
     critic_obs: torch.Tensor | None
+    states: list[TensorDict]
+    next_step: bool = False
 
     def __len__(self) -> int:
         return len(self.row)
@@ -86,7 +94,7 @@ class Collector:
         self._views: dict[int, dict[str, Any]] = {}
         self._views_of: TensorDict | None = None
         self._raw_reward = torch.zeros(0, 0)  # [N, T+1] (sized in _views_for): the tracker reads unscaled rewards
-        self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None]] = []
+        self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None, list[TensorDict]]] = []
 
     def reset(self, seed: int | None) -> None:
         """Reset every env; all groups start parked on their first observation."""
@@ -95,7 +103,9 @@ class Collector:
         self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
 
-    def _views_for(self, rollout: TensorDict, batch: StepBatch) -> dict[str, Any]:
+    def _views_for(
+        self, rollout: TensorDict, batch: StepBatch, start_states: list[TensorDict] | None = None
+    ) -> dict[str, Any]:
         """Per-step views ``field[t] -> [rows of batch, ...]`` of the storage, made once."""
         if self._views_of is not rollout:
             self._views, self._views_of = {}, rollout
@@ -108,21 +118,28 @@ class Collector:
             views = {key: rollout[key][batch.rows].unbind(1) for key in keys}
             views["raw_reward"] = self._raw_reward[batch.rows].unbind(1)
             views["extras"] = rollout.select(*self.extras)[batch.rows].unbind(1)
-            views["first"] = self.first[batch.rows]
+            views["first_now"] = self.first[batch.rows]
+            views["start_states"] = [
+                (p, states[batch.rows].unbind(1))
+                for p, states in enumerate(start_states or [])
+                if list(states.keys())  # a feedforward policy stores no state
+            ]
             for key in ("terminated", "truncated", "valid"):  # numpy's any() costs a third of torch's
                 views[f"{key}_np"] = getattr(batch, key).numpy()
             self._views[id(batch)] = views
         return views
 
     @torch.inference_mode()
-    def collect(self, rollout: TensorDict) -> int:
-        """Fill ``rollout`` ([N, T+1]) with T steps of every row; returns the number of env steps
-        (agent steps divided by the agent rows per env)."""
+    def collect(self, rollout: TensorDict, start_states: list[TensorDict] | None = None) -> int:
+        """Fill ``rollout`` ([N, T+1]) with T steps of every row, and ``start_states`` (each
+        policy's ``[N, K]`` state storage, see the module docstring) when given; returns the number
+        of env steps (agent steps divided by the agent rows per env)."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
         start = time.perf_counter()
         backend, policies = self.backend, self.policies
         horizon = rollout.batch_size[1] - 1
+        segment = horizon // start_states[0].batch_size[1] if start_states else 0
         step_infos: StepInfos = {}  # step -> row -> info of an episode's last step
         ready, self._parked = self._parked, []
         num_groups = len(ready)
@@ -131,11 +148,11 @@ class Collector:
         while len(self._parked) < num_groups:
             if ready:  # parked since the last rollout: its obs is current, no step result to record
                 batch = ready.pop()
-                views = self._views_for(rollout, batch)
+                views = self._views_for(rollout, batch, start_states)
                 t = 0
             else:
                 batch = backend.recv()
-                views = self._views_for(rollout, batch)
+                views = self._views_for(rollout, batch, start_states)
                 t = int(self._position[batch.rows.start])
                 self._record_step(batch, views, t - 1, step_infos)
             # T steps taken: act on the current obs for its extras only (the bootstrap; the action is
@@ -146,9 +163,13 @@ class Collector:
             critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
             if not policies.single:
                 views["policy_id"][t].copy_(policies.row_policy[batch.rows])
+            views["first"][t].copy_(views["first_now"])
+            if segment and t % segment == 0 and t < horizon:
+                for p, stored in views["start_states"]:
+                    stored[t // segment].update_(policies.state(p, batch.rows))
             action, _ = policies.act(
                 obs,
-                views["first"],
+                views["first_now"],
                 mask,
                 batch.rows,
                 deterministic=parking,
@@ -193,32 +214,35 @@ class Collector:
         views["terminated"][t].copy_(batch.terminated)
         views["truncated"][t].copy_(batch.truncated)
         views["valid"][t].copy_(batch.valid)
-        mark_episode_starts(done, batch.valid, self.backend.autoreset, self.backend.rows_per_env, views["first"])
+        mark_episode_starts(done, batch.valid, self.backend.autoreset, self.backend.rows_per_env, views["first_now"])
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():
             rows = batch.truncated.nonzero().squeeze(-1)
             critic = None if self.critic is None else self.critic.final(batch, rows)
-            self._truncated.append((rows + batch.rows.start, t, batch.final_obs[rows].clone(), critic))
+            # the policies' state after acting at t: what a recurrent policy saw the last observation with
+            states = [state[rows + batch.rows.start] for state in self.policies.states]
+            self._truncated.append((rows + batch.rows.start, t, batch.final_obs[rows].clone(), critic, states))
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
 
     def _gather_truncations(self, rollout: TensorDict, horizon: int) -> Truncations:
         critic = rollout.get("critic_obs", None)
+        no_states = [state[:0] for state in self.policies.states]
         if self.backend.autoreset == "next_step":  # the true final obs is the next step's obs, already stored
             row, step = rollout["truncated"][:, :horizon].nonzero().unbind(1)
-            return Truncations(
-                row, step, rollout["obs"][row, step + 1], None if critic is None else critic[row, step + 1]
-            )
+            obs, critic_obs = rollout["obs"][row, step + 1], None if critic is None else critic[row, step + 1]
+            return Truncations(row, step, obs, critic_obs, no_states, next_step=True)
         if not self._truncated:
             none = torch.zeros(0, dtype=torch.long)
-            return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0])
-        rows, steps, obs, critics = zip(*self._truncated)
+            return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0], no_states)
+        rows, steps, obs, critics, states = zip(*self._truncated)
         return Truncations(
             torch.cat(rows),
             torch.cat([torch.full_like(r, t) for r, t in zip(rows, steps)]),
             torch.cat(obs),
             None if critic is None else torch.cat(critics),
+            [cast(TensorDict, torch.cat(per_policy)) for per_policy in zip(*states)],
         )
 
     def _start_episodes(self, batch: StepBatch, views: dict[str, Any]) -> None:

@@ -120,7 +120,8 @@ class PolicyMap:
             groups = self._groups[rows.start] = self.split(self.row_policy[rows])
         return groups
 
-    def _state(self, p: int, rows: slice) -> TensorDict:
+    def state(self, p: int, rows: slice) -> TensorDict:
+        """Policy ``p``'s state of the batch's ``rows`` (a view, made once)."""
         view = self._state_views.get((p, rows.start))
         if view is None:
             view = self._state_views[(p, rows.start)] = self.states[p][rows]
@@ -141,7 +142,7 @@ class PolicyMap:
         ``out`` when given). ``advance=False`` leaves the policy state as it was (acting on an
         observation that will be acted on again)."""
         if self.single:  # returns the policy's own (contiguous) action tensor, which backends take fastest
-            state = self._state(0, rows)
+            state = self.state(0, rows)
             action, extras, next_state = self.modules[0].act(
                 obs, state, first, action_mask, deterministic=deterministic, out=out, critic_obs=critic_obs
             )
@@ -150,7 +151,7 @@ class PolicyMap:
             return action, extras
         actions: torch.Tensor | None = None
         for p, idx in self._groups_for(rows):
-            state = self._state(p, rows)
+            state = self.state(p, rows)
             part = state[idx]
             a, extras, next_state = self.modules[p].act(
                 obs[idx],

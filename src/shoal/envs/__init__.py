@@ -1,5 +1,6 @@
 """Environment adapters: whatever the user passes becomes a source of gym.Env or a VectorEnv."""
 
+from shoal.envs import memory
 from shoal.envs.registry import check_env_id, env_creator, env_name, register_env, registered_envs
 from shoal.envs.spaces import ActionSpec, ObsSpec, action_spec, obs_spec
 
@@ -14,3 +15,5 @@ __all__ = [
     "register_env",
     "registered_envs",
 ]
+
+memory.register()  # CartPoleNoVel-v1

@@ -5,7 +5,8 @@
     model=MyModule / "pkg.mod:MyModule"   a torch.nn.Module of your own
 
 Built-in models read ``model_config`` keys (checked, with did-you-mean): ``hiddens``, ``activation``,
-``conv_filters``, ``shared_trunk``, ``channels``. A module of your own is built as
+``conv_filters``, ``shared_trunk``, ``channels``, and ``core`` / ``core_size`` for a recurrent core
+(``lstm`` or ``gru``) between the encoder and the heads (``shoal.models.recurrent``). A module of your own is built as
 ``MyModule(obs_space, action_space, num_outputs, **model_config)`` and must return, from
 ``forward(obs)``, a pair ``(dist_inputs [B, num_outputs], value [B])``: the action distribution's
 inputs (logits for Discrete, concatenated logits for MultiDiscrete, the mean for Box: the
@@ -31,9 +32,11 @@ from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec
 from shoal.models.distributions import make_distribution
 from shoal.models.encoders import is_image, make_encoder
+from shoal.models.layers import mlp
 from shoal.models.networks import EncoderModel, MLPModel
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
+from shoal.models.recurrent import RecurrentActorCriticPolicy, RecurrentModel
 
 if TYPE_CHECKING:  # shoal.config imports this module
     from shoal.config import TrainerConfig
@@ -59,6 +62,14 @@ class ModelConfig(BaseModel):
     """One trunk feeding both actor and critic heads (cnn), or a separate copy for the critic (mlp)."""
     channels: Literal["first", "last"] | None = None
     """Where an image's channels are; None: detected from the shape (first when the first dim is the smallest)."""
+    core: Literal["lstm", "gru"] | None = None
+    """A recurrent core after the encoder and hidden layers, shared by both heads; None: feedforward."""
+    core_size: int | None = Field(default=None, ge=1)
+    """Units of the recurrent core (default 128)."""
+
+    def check_core(self) -> None:
+        if self.core_size is not None and self.core is None:
+            raise ConfigError("model_config.core_size sizes a recurrent core; set core='lstm' or 'gru' too.")
 
 
 def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
@@ -78,6 +89,7 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
         first = e.errors()[0]
         key = str(first["loc"][0])
         raise ConfigError(f"bad value for 'model_config.{key}': {model_config.get(key)!r}: {first['msg']}.") from None
+    built.check_core()
     layers = [*(built.hiddens or []), *(v for f in built.conv_filters or [] for v in f)]
     if any(size < 1 for size in layers):
         key = "hiddens" if any(h < 1 for h in built.hiddens or []) else "conv_filters"
@@ -132,6 +144,8 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
         )
     hiddens = cfg.hiddens or ([512] if image else [64, 64])
     activation = cfg.activation or ("relu" if image else "tanh")
+    if cfg.core is not None:
+        return recurrent_model(kind, cfg, env, num_outputs, hiddens, activation)
     shared = cfg.shared_trunk if cfg.shared_trunk is not None else image
     if env.critic_dim and (image or shared):
         raise ConfigError("central_critic needs model='mlp' with separate actor and critic (shared_trunk false).")
@@ -149,6 +163,26 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
         )
     except ValueError as e:  # the encoder's checks of conv_filters and channels against the image
         raise ConfigError(f"model={kind!r} with model_config={model_config} does not fit '{env.name}': {e}") from None
+
+
+def recurrent_model(
+    kind: str, cfg: ModelConfig, env: EnvInfo, num_outputs: int, hiddens: list[int], activation: str
+) -> RecurrentModel:
+    """``encoder -> hidden layers -> core`` (``cfg.core``), the heads on the core's output."""
+    if env.critic_dim:
+        raise ConfigError(
+            f"central_critic is not supported with a recurrent core (model_config.core={cfg.core!r}); drop one of them."
+        )
+    if cfg.shared_trunk is False:
+        raise ConfigError("a recurrent core is shared by actor and critic; drop shared_trunk=false or the core.")
+    space = env.obs_spec.space
+    flat = gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
+    try:
+        encoder = make_encoder(space if kind == "cnn" else flat, cfg.conv_filters, cfg.channels)
+    except ValueError as e:
+        raise ConfigError(f"model={kind!r} with model_config={cfg} does not fit '{env.name}': {e}") from None
+    trunk = nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation))
+    return RecurrentModel(trunk, hiddens[-1], num_outputs, cfg.core or "lstm", cfg.core_size or 128)
 
 
 def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: EnvInfo, num_outputs: int) -> nn.Module:
@@ -217,4 +251,6 @@ def build_policy(config: TrainerConfig, env: EnvInfo) -> ActorCriticPolicy:
             )
         normalizer = ObsNormalizer(env.obs_spec.shape, config.clip_obs)
         critic_normalizer = ObsNormalizer((env.critic_dim,), config.clip_obs) if env.critic_dim else None
+    if isinstance(model, RecurrentModel):
+        return RecurrentActorCriticPolicy(model, env.act_spec, normalizer, config.log_std_init)
     return ActorCriticPolicy(model, env.act_spec, normalizer, critic_normalizer, config.log_std_init)

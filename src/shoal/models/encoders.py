@@ -148,7 +148,8 @@ class FlattenEncoder(Encoder):
         self.out_dim = int(out_dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.reshape(obs.shape[0], -1).float()
+        flat = obs.reshape(obs.shape[0], -1)
+        return flat if flat.is_floating_point() else flat.float()  # a float64 model keeps float64 inputs
 
 
 LeafPath = tuple[str | int, ...]  # Dict keys and Tuple indices from the root to a leaf

@@ -113,8 +113,11 @@ class ActorCriticPolicy(Policy):
         out: tuple[torch.Tensor, torch.Tensor] = self.model(obs) if critic_obs is None else self.model(obs, critic_obs)
         return out
 
-    def value(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> torch.Tensor:
-        """Values ``[B]`` of raw observations (e.g. to bootstrap a truncated episode)."""
+    def value(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None, state: TensorDict | None = None
+    ) -> torch.Tensor:
+        """Values ``[B]`` of raw observations (e.g. to bootstrap a truncated episode); ``state`` is
+        read by recurrent policies only."""
         return self.forward(obs, critic_obs)[1]
 
     def act(
@@ -132,19 +135,40 @@ class ActorCriticPolicy(Policy):
         are ``sample_log_prob`` and ``value``, written into ``out`` when given. Feedforward: the
         state passes through unchanged."""
         params, value = self.forward(obs, critic_obs)
+        action, logp = self.sample(params, action_mask, deterministic)
+        return action, self.write_extras(logp, value, out), state
+
+    def sample(
+        self, params: torch.Tensor, action_mask: torch.Tensor | None, deterministic: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions drawn from the distribution ``params`` describe (the most likely with
+        ``deterministic``), and their log-probabilities."""
         dist = self.dist
         if isinstance(dist, DiagGaussian):  # continuous
             if action_mask is not None:
                 raise ValueError(BOX_MASK_ERROR)
-            action, logp = dist.sample(params, self.log_std, deterministic)
-        else:
-            action, logp = dist.sample(params, deterministic, action_mask)
+            return dist.sample(params, self.log_std, deterministic)
+        return dist.sample(params, deterministic, action_mask)
+
+    def write_extras(self, logp: torch.Tensor, value: torch.Tensor, out: TensorDict | None) -> TensorDict:
+        """The per-step extras, written into ``out`` (the subset the algorithm stores) when given."""
         extras = {"sample_log_prob": logp, "value": value}
         if out is None:
-            return action, TensorDict(extras, batch_size=[obs.shape[0]]), state
+            return TensorDict(extras, batch_size=logp.shape[:1])
         for key, stored in out.items():  # the extras the algorithm stores: all of these, or some
             cast(torch.Tensor, stored).copy_(extras[key])  # flat: one tensor per extra
-        return action, out, state
+        return out
+
+    def score(
+        self, params: torch.Tensor, action: torch.Tensor, entropy: bool, action_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probability of ``action`` under ``params`` and the entropy (None when not asked for)."""
+        dist = self.dist
+        if isinstance(dist, DiagGaussian):  # continuous
+            if action_mask is not None:
+                raise ValueError(BOX_MASK_ERROR)
+            return dist.log_prob_entropy(params, self.log_std, action, entropy)
+        return dist.log_prob_entropy(params, action, entropy, action_mask)
 
     def evaluate(
         self,
@@ -157,11 +181,5 @@ class ActorCriticPolicy(Policy):
         """Log-probability of ``action`` under the current policy, its entropy (None when not
         asked for) and values."""
         params, value = self.forward(obs, critic_obs)
-        dist = self.dist
-        if isinstance(dist, DiagGaussian):  # continuous
-            if action_mask is not None:
-                raise ValueError(BOX_MASK_ERROR)
-            logp, ent = dist.log_prob_entropy(params, self.log_std, action, entropy)
-        else:
-            logp, ent = dist.log_prob_entropy(params, action, entropy, action_mask)
+        logp, ent = self.score(params, action, entropy, action_mask)
         return logp, ent, value

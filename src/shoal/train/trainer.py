@@ -17,6 +17,7 @@ import contextlib
 import json
 import random
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -24,11 +25,12 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from tensordict import TensorDict
 
 from shoal.algos.base import Algorithm
 from shoal.algos.registry import algorithm_class, algorithm_spec
@@ -163,7 +165,9 @@ class Trainer:
         collector = self.collector
         t0 = time.perf_counter()
         steps_before, sample_before = collector.env_steps, collector.sample_time_s
-        self.algorithm.progress = self.timesteps_total / max(1, self._schedule_end)
+        end = max(1, self._schedule_end)
+        self.algorithm.progress = self.timesteps_total / end
+        self.algorithm.progress_end = min(1.0, (self.timesteps_total + c.train_batch_size) / end)  # type: ignore[operator]
         stats = self.algorithm.training_step(collector)
         self._sync_weights()
         elapsed = time.perf_counter() - t0
@@ -223,6 +227,8 @@ class Trainer:
         start = self.timesteps_total
         self._schedule_end = start + total
         show = c.verbose > 0 if progress is None else progress
+        if show and self.iteration == 0 and (layout := self.algorithm.describe()):
+            print(layout, file=sys.stderr)  # beside the progress line, leaving stdout to results
         result: dict[str, Any] = {}
         with (
             self._stop_on_signals(),
@@ -395,21 +401,50 @@ class Trainer:
             )
         return self.policies[policy_id]
 
+    def initial_state(self, batch: int = 1, policy_id: str | None = None) -> TensorDict:
+        """The state of policy ``policy_id`` (default: the only one) for ``batch`` observations at an
+        episode start, to pass to ``compute_actions``: the recurrent core's zeros, or an empty
+        TensorDict for a feedforward policy."""
+        return self.get_policy(policy_id).initial_state(batch)
+
+    @overload
+    def compute_actions(
+        self, obs: Any, state: None = None, deterministic: bool = False, policy_id: str | None = None
+    ) -> npt.NDArray[Any] | np.generic: ...
+
+    @overload
+    def compute_actions(
+        self, obs: Any, state: TensorDict, deterministic: bool = False, policy_id: str | None = None
+    ) -> tuple[npt.NDArray[Any] | np.generic, TensorDict]: ...
+
     @torch.inference_mode()
     def compute_actions(
-        self, obs: Any, deterministic: bool = False, policy_id: str | None = None
-    ) -> npt.NDArray[Any] | np.generic:
+        self, obs: Any, state: TensorDict | None = None, deterministic: bool = False, policy_id: str | None = None
+    ) -> npt.NDArray[Any] | np.generic | tuple[npt.NDArray[Any] | np.generic, TensorDict]:
         """Actions of policy ``policy_id`` (default: the only one) for a batch of observations (or
         one: then its one action, a numpy scalar for a Discrete space), ready to pass to the env.
-        Each call acts from the policy's initial state, as at an episode start."""
+
+        Without ``state`` each call acts from the policy's initial state, as at an episode start.
+        With ``state`` (from ``initial_state`` at an episode start, then what the last call
+        returned) it returns ``(actions, next_state)``: a recurrent policy remembers the episode so
+        far. Keep one state row per observation row; give a row ``initial_state`` again when its
+        episode starts over."""
         x, single = prepare_obs(self.backend.obs_spec, obs, self.config.device)
         policy = self.get_policy(policy_id)
         rows = x.shape[0]
-        action, _, _ = policy.act(
-            x, policy.initial_state(rows), torch.ones(rows, dtype=torch.bool), deterministic=deterministic
-        )
+        given = state is not None
+        if state is None:
+            state = policy.initial_state(rows)
+        elif state.batch_size[:1] != torch.Size([rows]):
+            raise ConfigError(
+                f"compute_actions got a state for {state.batch_size[0] if state.batch_dims else 0} rows and "
+                f"{rows} observations; pass initial_state({rows}) at an episode start, then the state it returned."
+            )
+        first = torch.full((rows,), not given, dtype=torch.bool)
+        action, _, next_state = policy.act(x, state, first, deterministic=deterministic)
         actions = self.backend.env_actions(action.cpu())
-        return actions[0] if single else actions
+        out = actions[0] if single else actions
+        return (out, next_state) if given else out
 
     @torch.inference_mode()
     def evaluate(

@@ -1,0 +1,153 @@
+"""Recurrent policies: state carried through the collector, stored at segment starts, replayed by
+the learner exactly as the rollout computed it; compute_actions with state; evaluation."""
+
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.buffers import SegmentSampler, transition_view
+
+SHORT = dict(
+    env="CartPole-v1",
+    num_envs=4,
+    rollout_fragment_length=32,
+    bptt_horizon=8,
+    sgd_minibatch_size=32,
+    num_sgd_iter=2,
+    save_outputs=False,
+    verbose=0,
+    seed=0,
+)
+
+
+def _replay(algo):
+    """Collect one more rollout with the trained weights; return its segments and the training
+    forward's log-probs and values for them."""
+    alg = algo.algorithm
+    rollout = alg.buffer.start_rollout()
+    algo.collector.collect(rollout, alg.buffer.start_states)
+    sampler = SegmentSampler(transition_view(rollout).clone(), 8, 4, start_states=alg.buffer.start_states[0])
+    segments, states = sampler.minibatch(None)
+    policy = algo.get_policy()
+    with torch.no_grad():
+        logp, _, value = policy.evaluate_segments(
+            segments["obs"], segments["action"], segments["first"], states, entropy=False
+        )
+    return segments, states, logp, value
+
+
+@pytest.mark.parametrize(
+    "core,workers",
+    [
+        ("lstm", 0),
+        ("gru", 0),
+        pytest.param("lstm", 2, marks=pytest.mark.slow),
+        pytest.param("gru", 2, marks=pytest.mark.slow),
+    ],
+)
+def test_the_training_forward_of_a_segment_reproduces_the_rollout(core, workers):
+    with shoal.PPO(model_config={"core": core, "core_size": 16}, num_workers=workers, **SHORT) as algo:
+        algo.learn(3 * 128)  # weights away from their init, states far from zero
+        segments, states, logp, value = _replay(algo)
+        first = segments["first"]
+        assert first[:, 1:].any(), "no episode started inside a segment: the test would miss resets"
+        assert (states["h"].abs().sum(1) > 0).any(), "every stored start state is zero"
+        assert torch.allclose(logp, segments["sample_log_prob"], atol=1e-5), (
+            (logp - segments["sample_log_prob"]).abs().max()
+        )
+        assert torch.allclose(value, segments["value"], atol=1e-5), (value - segments["value"]).abs().max()
+        # the stored start states are what makes it so: replayed from zeros, segments that start
+        # mid-episode come out otherwise
+        zeros = algo.get_policy().initial_state(len(first))
+        with torch.no_grad():
+            _, _, from_zero = algo.get_policy().evaluate_segments(
+                segments["obs"], segments["action"], first, zeros, entropy=False
+            )
+        mid_episode = ~first[:, 0]
+        assert not torch.allclose(from_zero[mid_episode], segments["value"][mid_episode], atol=1e-4)
+
+
+def test_state_is_reset_where_an_episode_starts():
+    with shoal.PPO(model_config={"core": "gru", "core_size": 8}, **SHORT) as algo:
+        policy = algo.get_policy()
+        obs = torch.randn(3, 4)
+        state = policy.initial_state(3)
+        state["h"].normal_()
+        first = torch.tensor([True, False, True])
+        _, extras, nxt = policy.act(obs, state, first, deterministic=True)
+        _, fresh, _ = policy.act(obs, policy.initial_state(3), torch.zeros(3, dtype=torch.bool), deterministic=True)
+        assert torch.allclose(extras["value"][first], fresh["value"][first])
+        assert not torch.allclose(extras["value"][~first], fresh["value"][~first])
+        assert set(nxt.keys()) == {"h"} and not torch.equal(nxt["h"], state["h"])  # the input state is left alone
+
+
+def test_lstm_state_has_h_and_c_of_the_configured_size():
+    with shoal.PPO(model_config={"core": "lstm", "core_size": 24}, **SHORT) as algo:
+        state = algo.initial_state(5)
+        assert set(state.keys()) == {"h", "c"} and state["h"].shape == (5, 24) and not state["c"].any()
+        assert algo.initial_state(2).batch_size == (2,)
+
+
+def test_compute_actions_carries_the_state_it_is_given():
+    with shoal.PPO(model_config={"core": "lstm", "core_size": 16}, **SHORT) as algo:
+        algo.learn(256)
+        policy = algo.get_policy()
+        rng = np.random.default_rng(0)
+        obs = [rng.normal(size=(2, 4)).astype(np.float32) for _ in range(4)]
+        state = algo.initial_state(2)
+        ref = policy.initial_state(2)
+        for i, o in enumerate(obs):
+            actions, state = algo.compute_actions(o, state, deterministic=True)
+            with torch.no_grad():
+                want, _, ref = policy.act(torch.as_tensor(o), ref, torch.full((2,), i == 0), deterministic=True)
+            assert actions.tolist() == want.tolist()
+            assert torch.allclose(state["h"], ref["h"])
+        # without a state: acted on as an episode start, actions only
+        assert algo.compute_actions(obs[3], deterministic=True).shape == (2,)
+        with pytest.raises(shoal.ConfigError, match=r"state for 3 rows and 2 observations.*initial_state\(2\)"):
+            algo.compute_actions(obs[0], algo.initial_state(3))
+
+
+def test_feedforward_compute_actions_with_state_returns_it_unchanged():
+    with shoal.PPO(**SHORT) as algo:
+        state = algo.initial_state(2)
+        actions, nxt = algo.compute_actions(np.zeros((2, 4), np.float32), state)
+        assert actions.shape == (2,) and nxt.is_empty()
+
+
+def test_evaluation_and_video_run_recurrent_policies(tmp_path):
+    pytest.importorskip("imageio")
+    with shoal.PPO(model_config={"core": "gru", "core_size": 8}, **SHORT) as algo:
+        out = algo.evaluate(2, video_dir=tmp_path)
+        assert out["episodes"] == 2 and len(out["videos"]) == 2
+        assert all((tmp_path / p).stat().st_size > 0 for p in out["videos"])
+
+
+def test_truncated_episodes_bootstrap_with_the_state_the_policy_had():
+    """CartPole cut at 5 steps: each truncation's final value is the value of the true last
+    observation seen from the row's state at that step, not from zeros."""
+    kw = SHORT | dict(env_config={"max_episode_steps": 5}, num_sgd_iter=1)
+    with shoal.PPO(model_config={"core": "lstm", "core_size": 16}, **kw) as algo:
+        algo.learn(256)
+        alg = algo.algorithm
+        rollout = alg.buffer.start_rollout()
+        algo.collector.collect(rollout, alg.buffer.start_states)
+        cut = algo.collector.truncations
+        assert len(cut) > 0
+        alg.bootstrap_truncations(rollout, cut)
+        policy = algo.get_policy()
+        with torch.no_grad():
+            want = policy.value(cut.obs, None, cut.states[0])
+            from_zero = policy.value(cut.obs)
+        got = rollout["final_value"][cut.row, cut.step]
+        assert torch.allclose(got, want) and not torch.allclose(got, from_zero, atol=1e-4)
+
+
+def test_recurrent_core_config_errors():
+    with pytest.raises(shoal.ConfigError, match=r"bad value for 'model_config.core': 'rnn'"):
+        shoal.PPO(model_config={"core": "rnn"}, **SHORT)
+    with pytest.raises(shoal.ConfigError, match=r"core_size sizes a recurrent core; set core"):
+        shoal.PPO(model_config={"core_size": 32}, **SHORT)
+    with pytest.raises(shoal.ConfigError, match=r"recurrent core is shared by actor and critic"):
+        shoal.PPO(model_config={"core": "gru", "shared_trunk": False}, **SHORT)
