@@ -3,7 +3,7 @@
 from shoal.algos import Algorithm, register_algorithm
 from shoal.collect.episodes import Episode
 from shoal.collect.policies import EpisodeStart
-from shoal.config import PPOConfig, TrainerConfig
+from shoal.config import GRPOConfig, PPOConfig, TrainerConfig
 from shoal.envs import register_env
 from shoal.envs.multi_agent import MultiAgentEnv
 from shoal.envs.native import AgentEnv
@@ -11,7 +11,7 @@ from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, EnvError, ShoalError
 from shoal.models.policy import ActorCriticPolicy, Policy
 from shoal.models.recurrent import RecurrentActorCriticPolicy
-from shoal.presets import PPO
+from shoal.presets import GRPO, PPO
 from shoal.train import Trainer
 from shoal.train.callbacks import Callback
 from shoal.train.checkpoint import CheckpointError
@@ -20,6 +20,7 @@ from shoal.vector import make_backend
 __version__ = "0.1.0"
 
 __all__ = [
+    "GRPO",
     "PPO",
     "ActorCriticPolicy",
     "AgentEnv",
@@ -31,6 +32,7 @@ __all__ = [
     "EnvInfo",
     "Episode",
     "EpisodeStart",
+    "GRPOConfig",
     "MultiAgentEnv",
     "PPOConfig",
     "Policy",

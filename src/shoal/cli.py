@@ -27,7 +27,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="YAML file of config keys (its 'env' key may replace ENV)")
     train.add_argument(
         "--algo",
-        help="algorithm: a name (ppo), or 'package.module:Class' of your own (the same as the key algo=; default ppo)",
+        help="algorithm: a name (ppo, grpo), or 'package.module:Class' of your own (the key algo=; default ppo)",
     )
     train.add_argument("--run-dir", help="where outputs go (default runs/<name>)")
     train.add_argument(

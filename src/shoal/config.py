@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
+import gymnasium as gym
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -40,7 +41,7 @@ class TrainerConfig(BaseModel):
     )
 
     algo: Any = "ppo"
-    """The algorithm: a registered name (`ppo`, or one given to `shoal.register_algorithm`), a `shoal.Algorithm`
+    """The algorithm: a registered name (`ppo`, `grpo`, or one given to `shoal.register_algorithm`), a `shoal.Algorithm`
     subclass, or `'package.module:Class'`."""
     env: Any = "CartPole-v1"
     """The environment: a Gymnasium id, `'module:EnvId'`, a name given to `shoal.register_env`,
@@ -400,8 +401,43 @@ class TrainerConfig(BaseModel):
         return not isinstance(self.env, str)
 
 
-class PPOConfig(TrainerConfig):
-    """PPO's keys. Defaults solve CartPole-v1 in well under 100k steps (rl-baselines3-zoo's CartPole settings)."""
+class SurrogateConfig(TrainerConfig):
+    """Keys of the algorithms that learn with PPO's clipped surrogate objective in epochs of minibatch
+    steps (PPO and GRPO share them)."""
+
+    sgd_minibatch_size: int = Field(default=256, ge=1)
+    """Agent steps per minibatch (also written `minibatch_size`); must divide the agent steps of an iteration (with
+    several policies, each policy's steps are split into near-equal minibatches of about this size)."""
+    num_sgd_iter: int = Field(default=20, ge=1)
+    """Epochs of minibatch steps over each iteration's batch (also written `update_epochs`)."""
+    adam_eps: float = Field(default=1e-5, gt=0.0)
+    """Adam's epsilon."""
+    clip_coef: float = Field(default=0.2, gt=0.0)
+    """Clip range of the policy ratio in the surrogate objective: `[1 - clip_coef, 1 + clip_coef]`."""
+    ent_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the entropy bonus."""
+    max_grad_norm: float | None = Field(default=0.5, gt=0.0)
+    """Clip the global norm of each step's gradient to this; None: no clipping."""
+    target_kl: float | None = Field(default=None, gt=0.0)
+    """Stop an update's epochs early once an epoch's mean approximate KL exceeds this; None: run all `num_sgd_iter`
+    epochs."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (
+        *TrainerConfig.POLICY_KEYS,
+        "adam_eps",
+        "clip_coef",
+        "ent_coef",
+        "max_grad_norm",
+        "target_kl",
+        "num_sgd_iter",
+        "sgd_minibatch_size",
+    )
+    ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size", "update_epochs": "num_sgd_iter"}
+
+
+class PPOConfig(SurrogateConfig):
+    """PPO's keys (and those it shares with GRPO, `SurrogateConfig`). Defaults solve CartPole-v1 in well under 100k
+    steps (rl-baselines3-zoo's CartPole settings)."""
 
     advantage_estimator: str = "gae"
     """The advantage function: `gae`, `vtrace` (V-trace-adjusted GAE, recomputed for each minibatch with the current
@@ -414,11 +450,6 @@ class PPOConfig(TrainerConfig):
     fused_update: bool = True
     """Learn with the hand-fused step when the policy is the plain built-in MLP (the same numbers, faster); False:
     always autograd."""
-    sgd_minibatch_size: int = Field(default=256, ge=1)
-    """Agent steps per minibatch (also written `minibatch_size`); must divide the agent steps of an iteration (with
-    several policies, each policy's steps are split into near-equal minibatches of about this size)."""
-    num_sgd_iter: int = Field(default=20, ge=1)
-    """Epochs of minibatch steps over each iteration's batch (also written `update_epochs`)."""
     bptt_horizon: int | None = Field(default=None, ge=1)
     """Steps per training segment: the learner views the rollout as `[segments, bptt_horizon]` and a recurrent model
     backpropagates through each segment from its stored start state. Must divide `rollout_fragment_length` and
@@ -434,24 +465,13 @@ class PPOConfig(TrainerConfig):
     by the end."""
     gae_lambda: float = Field(default=0.8, ge=0.0, le=1.0)
     """GAE's lambda: 0 gives one-step TD errors, 1 Monte Carlo returns minus the value."""
-    adam_eps: float = Field(default=1e-5, gt=0.0)
-    """Adam's epsilon."""
-    clip_coef: float = Field(default=0.2, gt=0.0)
-    """Clip range of the policy ratio in the surrogate objective: `[1 - clip_coef, 1 + clip_coef]`."""
     vf_clip_coef: float | None = Field(default=None, gt=0.0)
     """Clip new values to within this distance of the values at collection time in the value loss; None: no value
     clipping."""
     vf_coef: float = Field(default=1.0, ge=0.0)
     """Weight of the value loss, 0.5 x squared error (so 1.0 weighs it as SB3's `vf_coef=0.5` on plain MSE)."""
-    ent_coef: float = Field(default=0.0, ge=0.0)
-    """Weight of the entropy bonus."""
-    max_grad_norm: float | None = Field(default=0.5, gt=0.0)
-    """Clip the global norm of each step's gradient to this; None: no clipping."""
     norm_adv: bool = True
     """Normalize advantages to mean 0 and std 1 within each minibatch."""
-    target_kl: float | None = Field(default=None, gt=0.0)
-    """Stop an update's epochs early once an epoch's mean approximate KL exceeds this; None: run all `num_sgd_iter`
-    epochs."""
 
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
         *TrainerConfig.POLICY_KEYS,
@@ -467,7 +487,6 @@ class PPOConfig(TrainerConfig):
         "num_sgd_iter",
         "sgd_minibatch_size",
     )
-    ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size", "update_epochs": "num_sgd_iter"}
 
     @model_validator(mode="after")
     def _check_estimator(self) -> PPOConfig:
@@ -551,6 +570,73 @@ class PPOConfig(TrainerConfig):
                 f"minibatches of an epoch ({batch} agent steps / sgd_minibatch_size={mb}). "
                 f"Try accumulate_minibatches={near}."
             )
+
+
+class GRPOConfig(SurrogateConfig):
+    """GRPO's keys (and those it shares with PPO, `SurrogateConfig`). Group Relative Policy Optimization has no
+    critic: each iteration resets `num_envs / group_size` groups of `group_size` envs, each group from one seed, and
+    every step of an env's first episode gets that episode's return normalized within its group. Defaults (8 envs in
+    one group) solve CartPole-v1 within 300k steps (benchmarks/grpo_cartpole.py)."""
+
+    group_size: int = Field(default=8, ge=2)
+    """Episodes per group, G: the envs of a group reset with the same seed, and each episode's return is compared
+    with the others' of its group. `num_envs` must be a multiple of it."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the KL penalty `KL(pi || pi_ref)` to a frozen reference policy (the k3 estimator on the sampled
+    actions); 0: no penalty, and no reference copy is kept."""
+    ref_update_interval: int | None = Field(default=None, ge=1)
+    """With `kl_coef`: iterations between refreshes of the reference policy (a copy of the policy); None: it stays
+    the policy training started from."""
+    adv_eps: float = Field(default=1e-4, gt=0.0)
+    """Added to the group's return std: the advantage is `(R - mean) / (std + adv_eps)` (0 for a group whose
+    episodes all return the same)."""
+    sgd_minibatch_size: int = Field(default=512, ge=1)
+    """Steps per minibatch (also written `minibatch_size`): an iteration's first-episode steps, whose number varies,
+    are split into near-equal minibatches of about this size."""
+    num_sgd_iter: int = Field(default=4, ge=1)
+    """Epochs of minibatch steps over each iteration's first-episode steps (also written `update_epochs`)."""
+    rollout_fragment_length: int | None = Field(default=None, ge=1)
+    """Most steps per env per iteration (an iteration ends as soon as every env's first episode has ended); None:
+    the env's `max_episode_steps` when it declares one (its Gymnasium spec, or `env_config`), else 500. An episode
+    still running at the end counts with the return it reached."""
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> GRPOConfig:
+        n, g = self.num_envs, self.group_size
+        if n % g:
+            lo = n // g * g
+            envs = f"{lo} or {lo + g}" if lo else f"{g}"
+            sizes = [d for d in range(2, n + 1) if n % d == 0]
+            other = f", or group_size={_nearest(sizes, g)}" if sizes else ""
+            raise ConfigError(
+                f"num_envs={n} must be a multiple of group_size={g}: the envs form num_envs / group_size groups "
+                f"of group_size episodes. Try num_envs={envs}{other}."
+            )
+        if self.normalize_reward:
+            raise ConfigError(
+                "normalize_reward=true has no use with GRPO, which normalizes each group's returns itself; "
+                "leave it false."
+            )
+        return self
+
+    def _fill_rollout_shape(self) -> None:
+        if self.rollout_fragment_length is None and self.train_batch_size is None:
+            self.rollout_fragment_length = declared_episode_steps(self.env, self.env_config) or 500
+        super()._fill_rollout_shape()
+
+
+def declared_episode_steps(env: Any, env_config: dict[str, Any]) -> int | None:
+    """The step limit of ``env``'s episodes when it declares one, without making the env:
+    ``max_episode_steps`` in ``env_config`` (``gym.make``'s keyword), else that of the spec of a
+    registered Gymnasium id or of an env instance; None otherwise."""
+    limit = env_config.get("max_episode_steps")
+    if limit is None:
+        if isinstance(env, str):
+            spec = gym.registry.get(env) or gym.registry.get(env.partition(":")[2])
+        else:
+            spec = getattr(env, "spec", None)
+        limit = getattr(spec, "max_episode_steps", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 def _nearest(options: list[int], target: int) -> int:

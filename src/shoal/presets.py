@@ -1,4 +1,5 @@
-"""The algorithms users construct by name: ``shoal.PPO(env=...)`` is ``shoal.Trainer(algo="ppo", env=...)``."""
+"""The algorithms users construct by name: ``shoal.PPO(env=...)`` is ``shoal.Trainer(algo="ppo", env=...)``,
+``shoal.GRPO(env=...)`` is ``shoal.Trainer(algo="grpo", env=...)``."""
 
 from __future__ import annotations
 
@@ -14,3 +15,15 @@ class PPO(Trainer):
     """
 
     algo = "ppo"
+
+
+class GRPO(Trainer):
+    """Group Relative Policy Optimization: critic-free, each episode's return compared with those of
+    its group (episodes from the same reset seed).
+
+    >>> algo = shoal.GRPO(env="CartPole-v1", seed=1)
+    >>> algo.learn(300_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "grpo"

@@ -1,5 +1,5 @@
-"""Advantage estimators as pure functions, checked against slow loops in tests/test_advantages.py and
-tests/test_vtrace.py."""
+"""Advantage estimators as pure functions, checked against slow loops in tests/test_advantages.py,
+tests/test_vtrace.py and tests/test_grpo.py (the group-relative one)."""
 
 from __future__ import annotations
 
@@ -253,6 +253,25 @@ def rollout_vtrace(
         c_clip,
         valid_t=None if bool(valid.all()) else valid,
     )
+
+
+def group_relative(
+    reward: torch.Tensor, done: torch.Tensor, valid: torch.Tensor, group_size: int, eps: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GRPO's advantages (Shao et al. 2024, arXiv:2402.03300) over rows ``[N, T]`` in which each
+    ``group_size`` consecutive rows form a group (envs reset from one seed).
+
+    A row's first episode is its valid steps up to and including its first ``done`` (all of them
+    when it has none: an episode the rollout cut, counted with the return it reached). Its return
+    ``R`` is the undiscounted sum of its rewards, and each of its steps gets
+    ``(R - mean_g(R)) / (std_g(R) + eps)`` over the row's group (Bessel-corrected std); every other
+    step gets 0. Returns ``(advantage [N, T], first_episode [N, T] bool, R [N])``."""
+    ended_before = (done.cumsum(1) - done.long()) > 0  # a done at an earlier step of the row
+    first = valid & ~ended_before
+    returns = torch.where(first, reward, 0.0).sum(1)
+    grouped = returns.view(-1, group_size)
+    relative = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + eps)
+    return torch.where(first, relative.reshape(-1, 1), 0.0), first, returns
 
 
 AdvantageFn = Callable[[TensorDict, float, float], torch.Tensor]  # (rollout, gamma, gae_lambda) -> [N, T]

@@ -26,6 +26,7 @@ per-step ``extras`` the policies' ``act`` returns (the default actor-critic poli
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
@@ -50,10 +51,18 @@ class Collector(Protocol):
     """The last rollout's truncated steps and the true final observation of each (None before the
     first ``collect``)."""
 
-    def collect(self, rollout: TensorDict, start_states: list[TensorDict] | None = None) -> int:
+    def collect(
+        self, rollout: TensorDict, start_states: list[TensorDict] | None = None, until_done: bool = False
+    ) -> int:
         """Fill the ``[N, T+1]`` rollout in place (env fields and the algorithm's extras), and each
         policy's state at every segment start into ``start_states`` (``[N, K]`` each) when given;
-        returns the env steps taken."""
+        returns the env steps taken. ``until_done``: each group of envs stops as soon as every env in
+        it has ended an episode, and its unfilled steps are padding (``valid`` False)."""
+        ...
+
+    def reset(self, seed: int | Sequence[int] | None) -> None:
+        """Reset every env: one seed (env ``i`` gets ``seed + i``), one per env, or None; the
+        episodes under way are abandoned."""
         ...
 
 

@@ -8,6 +8,9 @@
 ``mean_w`` is the mean over valid rows (``mask``; None = all rows). tests/test_losses.py checks
 the value and gradients against a per-element Python loop; the hand-fused learn step
 (``shoal.algos.ppo_fused``) writes the same gradient out and is tested against this.
+
+GRPO takes the clipped surrogate alone (``clipped_surrogate``) and adds ``kl_coef`` times the k3
+estimate of the KL divergence to a reference policy (``kl_k3``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,24 @@ def normalize_advantage(
     return (adv - mean) / (std + eps)
 
 
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor | None, clip_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate policy loss ``mean_w[max(-A r, -A clip(r, 1-c, 1+c))]`` and the ratio
+    ``r = exp(logp - old_logp)`` (PPO and GRPO)."""
+    ratio = (logp - old_logp).exp()
+    pg_loss = masked_mean(torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)), mask)
+    return pg_loss, ratio
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``KL(pi || pi_ref)`` from the log-probabilities of sampled actions under both, with the
+    unbiased low-variance estimator k3: ``mean_w[exp(ref - logp) - (ref - logp) - 1]`` (each term is
+    non-negative; GRPO's penalty)."""
+    log_ratio = ref_logp - logp
+    return masked_mean(log_ratio.exp() - log_ratio - 1.0, mask)
+
+
 def ppo_loss(
     logp: torch.Tensor,
     value: torch.Tensor,
@@ -68,8 +89,7 @@ def ppo_loss(
     """PPO's total loss; also returns the ratio, the policy loss and the value loss (detached).
 
     ``entropy`` may be None when ``ent_coef`` is 0."""
-    ratio = (logp - old_logp).exp()
-    pg_loss = masked_mean(torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)), mask)
+    pg_loss, ratio = clipped_surrogate(logp, old_logp, adv, mask, clip_coef)
     err = (value - returns).square()
     if vf_clip_coef is not None:
         clipped = old_value + (value - old_value).clamp(-vf_clip_coef, vf_clip_coef)

@@ -5,7 +5,9 @@ groups; one when synchronous). Every agent row keeps its own write position, so 
 trajectory is whole however the groups interleave. A group that has taken its ``T`` steps is
 *parked*: its latest observation goes in slot ``T``, the policy's extras for it (the bootstrap
 value, for PPO) are written there, and the group waits, not stepping, until the next rollout
-starts from exactly that observation.
+starts from exactly that observation. With ``collect(..., until_done=True)`` a group is parked as
+soon as every env in it has ended an episode (GRPO's rollouts: each row's first episode whole);
+its latest observation goes in its next slot and the rest of its fragment is padding.
 
 Per batch it does one forward per policy over the rows that policy owns (``PolicyMap``) and a
 fixed handful of copies into views of the preallocated storage (made once per rollout storage
@@ -36,7 +38,7 @@ from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, 
 from shoal.collect.policies import PolicyMap
 from shoal.errors import ConfigError, EnvError
 from shoal.models.normalize import RewardScaler
-from shoal.vector.base import StepBatch, VecBackend
+from shoal.vector.base import Seed, StepBatch, VecBackend
 
 _FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "first", "valid", "policy_id")
 
@@ -96,9 +98,11 @@ class Collector:
         self._raw_reward = torch.zeros(0, 0)  # [N, T+1] (sized in _views_for): the tracker reads unscaled rewards
         self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None, list[TensorDict]]] = []
 
-    def reset(self, seed: int | None) -> None:
-        """Reset every env; all groups start parked on their first observation."""
+    def reset(self, seed: Seed) -> None:
+        """Reset every env (``seed``: one int, one per env, or None); all groups start parked on
+        their first observation, and the episodes under way are abandoned (the tracker forgets them)."""
         self.backend.reset(seed)
+        self.tracker.reset_episodes()
         self.first.fill_(True)
         self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
@@ -130,10 +134,18 @@ class Collector:
         return views
 
     @torch.inference_mode()
-    def collect(self, rollout: TensorDict, start_states: list[TensorDict] | None = None) -> int:
+    def collect(
+        self, rollout: TensorDict, start_states: list[TensorDict] | None = None, until_done: bool = False
+    ) -> int:
         """Fill ``rollout`` ([N, T+1]) with T steps of every row, and ``start_states`` (each
         policy's ``[N, K]`` state storage, see the module docstring) when given; returns the number
-        of env steps (agent steps divided by the agent rows per env)."""
+        of env steps taken (agent steps divided by the agent rows per env).
+
+        ``until_done``: a group is also parked as soon as every env in it has ended an episode since
+        the rollout started (each row's first episode is then whole, as GRPO needs); its latest
+        observation and the extras for it go in its next slot, and the slots it leaves unfilled are
+        padding: ``valid`` False, no episode flags, zero reward. The count returned is the steps
+        the groups took."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
         start = time.perf_counter()
@@ -145,6 +157,7 @@ class Collector:
         num_groups = len(ready)
         self._position[:] = 0
         self._truncated.clear()
+        ended = torch.zeros(backend.num_rows, dtype=torch.bool) if until_done else None  # env ended an episode
         while len(self._parked) < num_groups:
             if ready:  # parked since the last rollout: its obs is current, no step result to record
                 batch = ready.pop()
@@ -155,9 +168,12 @@ class Collector:
                 views = self._views_for(rollout, batch, start_states)
                 t = int(self._position[batch.rows.start])
                 self._record_step(batch, views, t - 1, step_infos)
-            # T steps taken: act on the current obs for its extras only (the bootstrap; the action is
-            # not taken, so it is not sampled: no random draw is spent) and park until the next rollout
-            parking = t == horizon
+                if ended is not None:
+                    self._mark_ended(ended[batch.rows], views, t - 1)
+            # T steps taken (or, until_done, every env of the group has ended an episode): act on the
+            # current obs for its extras only (the bootstrap; the action is not taken, so it is not
+            # sampled: no random draw is spent) and park until the next rollout
+            parking = t == horizon or (ended is not None and t > 0 and bool(ended[batch.rows].all()))
             obs = views["obs"][t].copy_(batch.obs)
             mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
             critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
@@ -179,6 +195,8 @@ class Collector:
             )
             if parking:
                 self._parked.append(batch)
+                if t < horizon:
+                    self._pad(rollout, batch.rows, t, horizon)
                 continue
             views["action"][t].copy_(action)
             backend.send(action, batch)
@@ -192,7 +210,7 @@ class Collector:
             rollout["policy_id"].numpy()[:, :horizon].T,
         )
         self._check_rewards(rollout, horizon)
-        steps = backend.num_envs * horizon
+        steps = backend.num_envs * horizon if ended is None else int(self._position.sum()) // backend.rows_per_env
         self.env_steps += steps
         self.sample_time_s += time.perf_counter() - start
         return steps
@@ -225,6 +243,24 @@ class Collector:
             self._truncated.append((rows + batch.rows.start, t, batch.final_obs[rows].clone(), critic, states))
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
+
+    def _mark_ended(self, ended: torch.Tensor, views: dict[str, Any], t: int) -> None:
+        """Set ``ended`` (a batch's rows) where the row's env ended an episode at step ``t``: every
+        agent still acting is done (one done row, for single-agent envs)."""
+        k = self.backend.rows_per_env
+        if k == 1:
+            ended.logical_or_(views["done"][t])
+            return
+        envs = env_episode_ends(views["done"][t].numpy(), views["valid_np"], k)
+        ended.logical_or_(torch.from_numpy(envs).repeat_interleave(k))
+
+    def _pad(self, rollout: TensorDict, rows: slice, t: int, horizon: int) -> None:
+        """Slots ``t..T-1`` of ``rows`` were not stepped: padding, masked from every loss and from the
+        episode statistics (no flags, zero reward)."""
+        for key in ("valid", "done", "terminated", "truncated"):
+            rollout[key][rows, t:horizon] = False
+        rollout["reward"][rows, t:horizon] = 0.0
+        self._raw_reward[rows, t:horizon] = 0.0
 
     def _gather_truncations(self, rollout: TensorDict, horizon: int) -> Truncations:
         critic = rollout.get("critic_obs", None)

@@ -71,6 +71,8 @@ class Trainer:
         if env is not None:
             settings["env"] = env
         algo_cls = self._algorithm_class(settings)
+        if self.algo is not None:
+            settings.setdefault("algo", self.algo)  # the preset's algorithm, as config.yaml and checkpoints record it
         self.config = algo_cls.config_class.build(**settings)
         """The validated config (the algorithm's config class)."""
         c = self.config
@@ -317,8 +319,7 @@ class Trainer:
                 f"the resumed run starts new episodes instead of continuing them.",
                 stacklevel=2,
             )
-            self.collector.reset(self.config.seed + self.iteration)
-            self.tracker.reset_episodes()
+            self.collector.reset(self.config.seed + self.iteration)  # the tracker forgets the episodes too
         rng = state["rng"]
         random.setstate(rng["python"])
         np.random.set_state(decode(rng["numpy"]))

@@ -20,7 +20,7 @@ import torch
 
 from shoal.envs.spaces import ActionSpec, ObsSpec
 from shoal.errors import EnvError, ShoalError
-from shoal.vector.base import Buffers, StepBatch, VecBackend
+from shoal.vector.base import Buffers, Seed, StepBatch, VecBackend, env_seeds
 
 
 class RowLayout(Protocol):
@@ -103,10 +103,11 @@ class AgentEnvBackend(VecBackend):
         for i, env in enumerate(self.envs):
             env.bind({key: buf[i * k : (i + 1) * k] for key, buf in self._buffers.items()})
 
-    def reset(self, seed: int | None = None) -> None:
-        for i, env in enumerate(self.envs):
+    def reset(self, seed: Seed = None) -> None:
+        seeds = env_seeds(seed, self.num_envs, self.first_env_id, self.name)
+        for i, (env, s) in enumerate(zip(self.envs, seeds)):
             try:
-                env.reset(None if seed is None else seed + self.first_env_id + i)
+                env.reset(s)
             except ShoalError:
                 raise
             except Exception as e:

@@ -4,9 +4,9 @@ A backend steps ``num_envs`` environments and shows them as ``num_rows`` agent r
 for single-agent Gymnasium). Its fields are preallocated tensors that share memory with numpy
 arrays the backend writes in place; the collector reads them without copies.
 
-Protocol: ``reset(seed)``, then ``recv()`` once per group to get each group's first batch, then
-repeat ``send(actions, batch)`` and ``batch = recv()``. A backend steps its envs in
-``async_factor`` fixed groups; ``recv()`` returns whichever group finished first, and
+Protocol: ``reset(seed)`` (one int for all envs, or one per env), then ``recv()`` once per group
+to get each group's first batch, then repeat ``send(actions, batch)`` and ``batch = recv()``. A
+backend steps its envs in ``async_factor`` fixed groups; ``recv()`` returns whichever group finished first, and
 ``batch.rows`` (a slice, so the batch is a view of the shared arrays) and ``batch.env_id`` say
 which agent rows and envs it covers. Synchronous backends have one group covering every row.
 
@@ -19,7 +19,7 @@ not a transition, and the backend marks its rows ``valid=False`` so every loss s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,7 +30,7 @@ import torch
 
 from shoal.envs.snapshot import env_state, load_env_state
 from shoal.envs.spaces import ActionSpec, ObsSpec
-from shoal.errors import EnvError
+from shoal.errors import ConfigError, EnvError
 
 
 class EnvStepError(EnvError):
@@ -59,8 +59,28 @@ class StepBatch:
     rows: slice  # agent rows this batch covers
 
 
+Seed = int | Sequence[int] | None
+"""What ``reset`` takes: one int (env ``i`` gets ``seed + i``), one int per env of the backend, or
+None (unseeded)."""
 Buffers = dict[str, npt.NDArray[Any]]  # the flat-batch arrays by field name, [rows, ...] each
 Allocator = Callable[[tuple[int, ...], npt.DTypeLike], npt.NDArray[Any]]  # (shape, dtype) -> zeroed array
+
+
+def env_seeds(seed: Seed, num_envs: int, first_env_id: int, name: str) -> list[int | None]:
+    """The reset seed of each of ``num_envs`` envs: ``seed + first_env_id + i`` for an int (each env
+    its own stream), the list as given for a list (``num_envs`` of them, e.g. the same seed for a
+    group of envs that must start alike), None for each when None."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, int):
+        return [seed + first_env_id + i for i in range(num_envs)]
+    seeds = list(seed)
+    if len(seeds) != num_envs or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(
+            f"env '{name}': reset(seed) got {len(seeds)} seeds ({seeds[:4]}{'...' if len(seeds) > 4 else ''}); "
+            f"a list of seeds must hold one int per env ({num_envs})."
+        )
+    return [int(s) for s in seeds]
 
 
 def allocate_buffers(num_rows: int, obs: ObsSpec, alloc: Allocator, mask_size: int = 0, state_size: int = 0) -> Buffers:
@@ -158,7 +178,9 @@ class VecBackend:
             actions = torch.maximum(torch.minimum(actions, self._act_high), self._act_low)
         return actions.numpy()
 
-    def reset(self, seed: int | None = None) -> None:
+    def reset(self, seed: Seed = None) -> None:
+        """Reset every env: ``seed`` an int (env ``i`` of the backend gets ``seed + i``), a list of
+        one int per env, or None."""
         raise NotImplementedError
 
     def recv(self) -> StepBatch:

@@ -11,8 +11,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from shoal.envs.spaces import action_spec, obs_spec
-from shoal.errors import EnvError
-from shoal.vector.base import Buffers, StepBatch, VecBackend
+from shoal.errors import ConfigError, EnvError
+from shoal.vector.base import Buffers, Seed, StepBatch, VecBackend, env_seeds
 
 
 class GymVectorBackend(VecBackend):
@@ -44,10 +44,25 @@ class GymVectorBackend(VecBackend):
             )
         buf[...] = value
 
-    def reset(self, seed: int | None = None) -> None:
-        obs, _ = self.venv.reset(seed=seed)
-        if seed is not None:
-            self.venv.action_space.seed(seed)
+    def reset(self, seed: Seed = None) -> None:
+        """An int or None goes to the vector env as it is; a list of one seed per env too (sync and
+        async vector envs reset env i with seeds[i]; natively vectorized ones, with one random
+        stream for all their envs, refuse it)."""
+        if seed is None or isinstance(seed, int):
+            obs, _ = self.venv.reset(seed=seed)
+            if seed is not None:
+                self.venv.action_space.seed(seed)
+        else:
+            seeds = env_seeds(seed, self.num_envs, 0, self.name)
+            try:
+                obs, _ = self.venv.reset(seed=seeds)  # type: ignore[arg-type]  # sync / async take a list; the stub says int
+            except (gym.error.Error, TypeError, ValueError) as e:
+                raise ConfigError(
+                    f"vector env '{self.name}' ({type(self.venv).__name__}) cannot reset each env with its "
+                    f"own seed ({e}); per-env seeds need envs made one by one (leave vectorization_mode "
+                    f"unset, or use 'sync' / 'async')."
+                ) from None
+            self.venv.action_space.seed(seeds[0])  # a batched space takes one int
         self._write("observations", self._obs, obs)
         self._prev_done[:] = False
         self._valid[:] = True

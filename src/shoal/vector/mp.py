@@ -40,7 +40,16 @@ import torch
 
 from shoal.errors import EnvError
 from shoal.vector.agents import AgentEnvBackend
-from shoal.vector.base import Buffers, EnvStepError, StepBatch, VecBackend, allocate_buffers, batch_view
+from shoal.vector.base import (
+    Buffers,
+    EnvStepError,
+    Seed,
+    StepBatch,
+    VecBackend,
+    allocate_buffers,
+    batch_view,
+    env_seeds,
+)
 from shoal.vector.serial import SerialBackend
 
 # what each worker runs over its envs: a serial backend of gym envs or of multi-agent adapters
@@ -242,9 +251,13 @@ class MultiprocessBackend(VecBackend):
         for w in range(self.num_workers):
             self._receive(w)
 
-    def reset(self, seed: int | None = None) -> None:
-        for conn in self._conns:
-            conn.send_bytes(_RESET + pickle.dumps(seed))
+    def reset(self, seed: Seed = None) -> None:
+        """Reset every env: an int (or None) goes to every worker, which adds its envs' ids; a list
+        of one seed per env is cut into each worker's slice."""
+        per_env = None if seed is None or isinstance(seed, int) else env_seeds(seed, self.num_envs, 0, self.name)
+        for w, conn in enumerate(self._conns):
+            first, last = self._worker_envs[w]
+            conn.send_bytes(_RESET + pickle.dumps(seed if per_env is None else per_env[first : last + 1]))
         for infos in self._group_infos:
             infos.clear()
         self._receive_all()

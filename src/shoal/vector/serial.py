@@ -15,7 +15,7 @@ import torch
 
 from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError, ShoalError
-from shoal.vector.base import Buffers, StepBatch, VecBackend
+from shoal.vector.base import Buffers, Seed, StepBatch, VecBackend, env_seeds
 
 
 class SerialBackend(VecBackend):
@@ -48,9 +48,9 @@ class SerialBackend(VecBackend):
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
 
-    def reset(self, seed: int | None = None) -> None:
-        for i, env in enumerate(self.envs):
-            s = None if seed is None else seed + self.first_env_id + i
+    def reset(self, seed: Seed = None) -> None:
+        seeds = env_seeds(seed, self.num_envs, self.first_env_id, self.name)
+        for i, (env, s) in enumerate(zip(self.envs, seeds)):
             try:
                 obs, _ = env.reset(seed=s)
             except ShoalError:

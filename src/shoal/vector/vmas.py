@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import traceback
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -150,7 +151,13 @@ class VmasBackend(VecBackend):
             return torch.clamp(actions, self._act_low, self._act_high, out=out)
         return out.copy_(actions)
 
-    def reset(self, seed: int | None = None) -> None:
+    def reset(self, seed: int | Sequence[int] | None = None) -> None:
+        if seed is not None and not isinstance(seed, int):
+            raise ConfigError(
+                f"env '{self.name}' is a VMAS scenario: all its envs are reset from one random stream, "
+                f"so it cannot reset each env with a seed of its own (as GRPO's groups need); use "
+                f"Gymnasium or PettingZoo envs for that."
+            )
         # VMAS draws from its own random stream (saved and restored around each call), so this
         # seeds the envs without touching the global torch RNG the policy samples from.
         torch.stack(self.env.reset(seed=seed), dim=1, out=self._obs3)
