@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("no_flush_denormal")
 # what the tests pass themselves (shoal.PPO(env=..., save_outputs=False, verbose=0, **config))
 FIXED = {"env": "CartPole-v1", "save_outputs": False, "verbose": 0}
 FIELDS = {field.alias or name: field for name, field in PPOConfig.model_fields.items()}
-KEYS = list(FIELDS)  # the other names of keys (PPOConfig.ALIASES) are tested in test_config.py
+KEYS = list(FIELDS)  # the other names of keys (PPOConfig.ALIASES) are tested in test_segments.py
 
 
 def non_none(annotation: Any) -> tuple[Any, bool]:

@@ -151,3 +151,15 @@ def test_recurrent_core_config_errors():
         shoal.PPO(model_config={"core_size": 32}, **SHORT)
     with pytest.raises(shoal.ConfigError, match=r"recurrent core is shared by actor and critic"):
         shoal.PPO(model_config={"core": "gru", "shared_trunk": False}, **SHORT)
+
+
+def test_a_core_goes_behind_the_cnn_and_dict_encoders():
+    """SideSwitch observes a Dict of an image and a vector: the CNN per key, then the core; a
+    rollout replays exactly through it too."""
+    kw = SHORT | dict(env="shoal.envs.examples:SideSwitch-v0", model="cnn", rollout_fragment_length=16)
+    with shoal.PPO(model_config={"core": "gru", "core_size": 16, "hiddens": [32]}, **kw) as algo:
+        assert algo.get_policy().model.trunk[0].__class__.__name__ == "DictEncoder"
+        algo.learn(2 * 64)
+        segments, _, logp, value = _replay(algo)
+        assert torch.allclose(logp, segments["sample_log_prob"], atol=1e-5)
+        assert torch.allclose(value, segments["value"], atol=1e-5)

@@ -134,7 +134,7 @@ class PPOAlgorithm(Algorithm):
             mine = (owner == index).nonzero().squeeze(1)
             if len(mine):
                 critic = None if truncations.critic_obs is None else truncations.critic_obs[mine]
-                state = truncations.states[index][mine]
+                state = truncations.states[index][mine] if truncations.states else None
                 value = cast(ActorCriticPolicy, policy).value(truncations.obs[mine], critic, state)
                 rollout["final_value"][row[mine], step[mine]] = value
 
@@ -247,7 +247,7 @@ class PPOLearner:
             sampler: FlatSampler | SegmentSampler = SegmentSampler(
                 data, length, max(1, c.sgd_minibatch_size // length), self.generator, select, start_states
             )
-            if self.vtrace:  # each segment's ratios as last seen (1: not yet)
+            if self.vtrace and c.prio_alpha > 0:  # each segment's ratios as last seen (1: not yet), for priorities
                 sampler.data["ratio"] = torch.ones_like(sampler.data["value"])
         else:
             sampler = FlatSampler(data, c.sgd_minibatch_size, self.generator, select)
@@ -355,7 +355,9 @@ class PPOLearner:
                     ratio = (logp - data["sample_log_prob"]).exp()
                     adv = self._segment_vtrace(data, ratio)
                     returns = adv + data["value"]
-                    segments["ratio"][cast(torch.Tensor, mb.segment_index)] = ratio  # for the next epoch's priorities
+                    if "ratio" in segments.keys():  # noqa: SIM118 (a TensorDict): kept for the next epoch's priorities
+                        index = slice(None) if mb.segment_index is None else mb.segment_index
+                        segments["ratio"][index] = ratio
             if c.norm_adv and not normalized:
                 adv = normalize_advantage(adv, mask, stats=stats)
             if mb.weights is not None:

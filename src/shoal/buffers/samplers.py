@@ -86,7 +86,9 @@ class SegmentSampler:
         if t % segment_length:
             raise ValueError(f"segment_length={segment_length} must divide the {t} steps of each row")
         shape = (n * t // segment_length, segment_length)
-        segments = data.reshape(*shape)  # a copy: the storage is left as it is
+        # A view of contiguous data (the learner's own gathered copy), else a copy; either way only
+        # new keys and the boolean-indexed copy below are written, never the caller's tensors.
+        segments = data.reshape(*shape)
         states = None if start_states is None else start_states.reshape(-1)
         if select is not None:
             steps = select.reshape(shape)

@@ -47,8 +47,8 @@ _FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "first"
 class Truncations:
     """The truncated transitions of a rollout: ``row``, ``step`` and the true last observation
     ``obs`` (and centralized-critic input) of each, ``[K, ...]``; ``states``: each policy's state
-    of those rows after acting at that step (empty TensorDicts for feedforward policies), the
-    state a recurrent policy sees the last observation with. With next-step autoreset the last
+    of those rows after acting at that step, the state a recurrent policy sees the last
+    observation with (an empty list when no policy keeps state). With next-step autoreset the last
     observation is the rollout's next step (``next_step`` True), where the policies acted on it."""
 
     row: torch.Tensor
@@ -239,7 +239,9 @@ class Collector:
             rows = batch.truncated.nonzero().squeeze(-1)
             critic = None if self.critic is None else self.critic.final(batch, rows)
             # the policies' state after acting at t: what a recurrent policy saw the last observation with
-            states = [state[rows + batch.rows.start] for state in self.policies.states]
+            states = (
+                [state[rows + batch.rows.start] for state in self.policies.states] if self.policies.stateful else []
+            )
             self._truncated.append((rows + batch.rows.start, t, batch.final_obs[rows].clone(), critic, states))
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
@@ -264,14 +266,13 @@ class Collector:
 
     def _gather_truncations(self, rollout: TensorDict, horizon: int) -> Truncations:
         critic = rollout.get("critic_obs", None)
-        no_states = [state[:0] for state in self.policies.states]
         if self.backend.autoreset == "next_step":  # the true final obs is the next step's obs, already stored
             row, step = rollout["truncated"][:, :horizon].nonzero().unbind(1)
             obs, critic_obs = rollout["obs"][row, step + 1], None if critic is None else critic[row, step + 1]
-            return Truncations(row, step, obs, critic_obs, no_states, next_step=True)
+            return Truncations(row, step, obs, critic_obs, [], next_step=True)
         if not self._truncated:
             none = torch.zeros(0, dtype=torch.long)
-            return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0], no_states)
+            return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0], [])
         rows, steps, obs, critics, states = zip(*self._truncated)
         return Truncations(
             torch.cat(rows),

@@ -1,0 +1,251 @@
+"""The algorithms' configs: the keys PPO and GRPO share (``SurrogateConfig``), and each one's own."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, cast
+
+import gymnasium as gym
+from pydantic import Field, model_validator
+
+from shoal.config.layout import BatchLayout
+from shoal.config.trainer import TrainerConfig, nearest
+from shoal.errors import ConfigError, did_you_mean
+from shoal.imports import import_spec, is_spec
+
+
+class SurrogateConfig(TrainerConfig):
+    """Keys of the algorithms that learn with PPO's clipped surrogate objective in epochs of minibatch
+    steps (PPO and GRPO share them)."""
+
+    sgd_minibatch_size: int = Field(default=256, ge=1)
+    """Agent steps per minibatch (also written `minibatch_size`); must divide the agent steps of an iteration (with
+    several policies, each policy's steps are split into near-equal minibatches of about this size)."""
+    num_sgd_iter: int = Field(default=20, ge=1)
+    """Epochs of minibatch steps over each iteration's batch (also written `update_epochs`)."""
+    adam_eps: float = Field(default=1e-5, gt=0.0)
+    """Adam's epsilon."""
+    clip_coef: float = Field(default=0.2, gt=0.0)
+    """Clip range of the policy ratio in the surrogate objective: `[1 - clip_coef, 1 + clip_coef]`."""
+    ent_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the entropy bonus."""
+    max_grad_norm: float | None = Field(default=0.5, gt=0.0)
+    """Clip the global norm of each step's gradient to this; None: no clipping."""
+    target_kl: float | None = Field(default=None, gt=0.0)
+    """Stop an update's epochs early once an epoch's mean approximate KL exceeds this; None: run all `num_sgd_iter`
+    epochs."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (
+        *TrainerConfig.POLICY_KEYS,
+        "adam_eps",
+        "clip_coef",
+        "ent_coef",
+        "max_grad_norm",
+        "target_kl",
+        "num_sgd_iter",
+        "sgd_minibatch_size",
+    )
+    ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size", "update_epochs": "num_sgd_iter"}
+
+
+class PPOConfig(SurrogateConfig):
+    """PPO's keys (and those it shares with GRPO, `SurrogateConfig`). Defaults solve CartPole-v1 in well under 100k
+    steps (rl-baselines3-zoo's CartPole settings)."""
+
+    advantage_estimator: str = "gae"
+    """The advantage function: `gae`, `vtrace` (V-trace-adjusted GAE, recomputed for each minibatch with the current
+    policy's importance ratios), or `'package.module:function'` taking `(rollout, gamma, gae_lambda)` and returning
+    advantages `[N, T]`."""
+    vtrace_rho_clip: float = Field(default=1.0, gt=0.0)
+    """V-trace's clip of the importance ratio that weighs each TD error (rho-bar)."""
+    vtrace_c_clip: float = Field(default=1.0, gt=0.0)
+    """V-trace's clip of the importance ratio that carries the trace on (c-bar)."""
+    fused_update: bool = True
+    """Learn with the hand-fused step when the policy is the plain built-in MLP (the same numbers, faster); False:
+    always autograd."""
+    bptt_horizon: int | None = Field(default=None, ge=1)
+    """Steps per training segment: the learner views the rollout as `[segments, bptt_horizon]` and a recurrent model
+    backpropagates through each segment from its stored start state. Must divide `rollout_fragment_length` and
+    `sgd_minibatch_size`; None: the whole fragment for a recurrent model, single steps otherwise."""
+    accumulate_minibatches: int = Field(default=1, ge=1)
+    """Minibatches whose gradients add up to one optimizer step (the same step as one minibatch that many times as
+    large); must divide the number of minibatches."""
+    prio_alpha: float = Field(default=0.0, ge=0.0)
+    """Prioritized minibatches: segments are drawn with probability proportional to (sum of their absolute
+    advantages) ** prio_alpha, with importance weights; 0: every segment once per epoch, uniformly shuffled."""
+    prio_beta0: float = Field(default=0.6, ge=0.0, le=1.0)
+    """The importance-weight exponent of prioritized minibatches at the start of `learn()`; it rises linearly to 1
+    by the end."""
+    gae_lambda: float = Field(default=0.8, ge=0.0, le=1.0)
+    """GAE's lambda: 0 gives one-step TD errors, 1 Monte Carlo returns minus the value."""
+    vf_clip_coef: float | None = Field(default=None, gt=0.0)
+    """Clip new values to within this distance of the values at collection time in the value loss; None: no value
+    clipping."""
+    vf_coef: float = Field(default=1.0, ge=0.0)
+    """Weight of the value loss, 0.5 x squared error (so 1.0 weighs it as SB3's `vf_coef=0.5` on plain MSE)."""
+    norm_adv: bool = True
+    """Normalize advantages to mean 0 and std 1 within each minibatch."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (
+        *TrainerConfig.POLICY_KEYS,
+        "gae_lambda",
+        "adam_eps",
+        "clip_coef",
+        "vf_clip_coef",
+        "vf_coef",
+        "ent_coef",
+        "max_grad_norm",
+        "norm_adv",
+        "target_kl",
+        "num_sgd_iter",
+        "sgd_minibatch_size",
+    )
+
+    @model_validator(mode="after")
+    def _check_estimator(self) -> PPOConfig:
+        from shoal.algos.advantages import ESTIMATORS  # here: shoal.algos imports this module
+
+        spec = self.advantage_estimator
+        if spec not in ESTIMATORS:
+            if not is_spec(spec):
+                raise ConfigError(
+                    f"advantage_estimator='{spec}' is not one of {list(ESTIMATORS)} nor a "
+                    f"'package.module:function'.{did_you_mean(spec, ESTIMATORS)}"
+                )
+            import_spec(spec, "advantage_estimator")
+        return self
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether a policy has a recurrent core (``model_config`` ``core``)."""
+        overrides = cast("dict[str, dict[str, Any]]", self.policies or {}).values()
+        configs = (self.model_options, *(o.get("model_config") or {} for o in overrides))
+        return any(isinstance(cfg, dict) and cfg.get("core") for cfg in configs)
+
+    @property
+    def segment_length(self) -> int:
+        """``bptt_horizon``, or its default: the whole fragment for a recurrent model or V-trace
+        (which runs its traces along segments), else 1."""
+        if self.bptt_horizon is not None:
+            return self.bptt_horizon
+        whole = self.recurrent or self.advantage_estimator == "vtrace"
+        return cast(int, self.rollout_fragment_length) if whole else 1  # filled when validated
+
+    def layout(self, agents_per_env: int = 1) -> BatchLayout:
+        """What the batch keys add up to with ``agents_per_env`` agents in each env."""
+        return BatchLayout(
+            self.num_envs,
+            agents_per_env,
+            self.async_factor,
+            self.num_workers,
+            cast(int, self.rollout_fragment_length),  # filled when validated
+            self.sgd_minibatch_size,
+            self.segment_length,
+            self.accumulate_minibatches,
+            self.num_sgd_iter,
+        )
+
+    def check_batch(self, agents_per_env: int = 1) -> None:
+        """The learner sees ``batch_size`` agent steps per iteration (``train_batch_size x
+        agents_per_env``); checked once the env's agent count is known: the minibatches divide it,
+        segments fit in each row's fragment and in each minibatch, and the accumulated minibatches
+        divide an epoch."""
+        super().check_batch(agents_per_env)
+        layout = self.layout(agents_per_env)
+        frag, bptt = layout.rollout_fragment_length, layout.bptt_horizon
+        if frag % bptt:
+            fits = [d for d in range(1, frag + 1) if frag % d == 0]
+            raise ConfigError(
+                f"bptt_horizon={bptt} must divide rollout_fragment_length={frag}: each row's fragment is cut "
+                f"into segments of bptt_horizon steps. Try bptt_horizon={nearest(fits, bptt)}."
+            )
+        batch, mb = layout.agent_steps, self.sgd_minibatch_size
+        if mb % bptt:
+            raise ConfigError(
+                f"sgd_minibatch_size={mb} must be a multiple of bptt_horizon={bptt}: a minibatch is whole "
+                f"segments. Try sgd_minibatch_size={nearest([mb // bptt * bptt or bptt, -(-mb // bptt) * bptt], mb)}."
+            )
+        if self.policies and len(self.policies) > 1:
+            return  # each policy's share of the batch is split into near-equal minibatches instead
+        if mb > batch or batch % mb:
+            near = nearest([d for d in range(bptt, batch + 1, bptt) if batch % d == 0], mb)
+            agents = f" x {agents_per_env} agents" if agents_per_env > 1 else ""
+            raise ConfigError(
+                f"sgd_minibatch_size={mb} must divide the {batch} agent steps of an iteration "
+                f"(train_batch_size={self.train_batch_size} = num_envs={self.num_envs} x rollout_fragment_length="
+                f"{self.rollout_fragment_length}{agents}). Try sgd_minibatch_size={near}."
+            )
+        if layout.num_minibatches % self.accumulate_minibatches:
+            fits = [d for d in range(1, layout.num_minibatches + 1) if layout.num_minibatches % d == 0]
+            near = nearest(fits, self.accumulate_minibatches)
+            raise ConfigError(
+                f"accumulate_minibatches={self.accumulate_minibatches} must divide the {layout.num_minibatches} "
+                f"minibatches of an epoch ({batch} agent steps / sgd_minibatch_size={mb}). "
+                f"Try accumulate_minibatches={near}."
+            )
+
+
+class GRPOConfig(SurrogateConfig):
+    """GRPO's keys (and those it shares with PPO, `SurrogateConfig`). Group Relative Policy Optimization has no
+    critic: each iteration resets `num_envs / group_size` groups of `group_size` envs, each group from one seed, and
+    every step of an env's first episode gets that episode's return normalized within its group. Defaults (8 envs in
+    one group) solve CartPole-v1 within 300k steps (benchmarks/grpo_cartpole.py)."""
+
+    group_size: int = Field(default=8, ge=2)
+    """Episodes per group, G: the envs of a group reset with the same seed, and each episode's return is compared
+    with the others' of its group. `num_envs` must be a multiple of it."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the KL penalty `KL(pi || pi_ref)` to a frozen reference policy (the k3 estimator on the sampled
+    actions); 0: no penalty, and no reference copy is kept."""
+    ref_update_interval: int | None = Field(default=None, ge=1)
+    """With `kl_coef`: iterations between refreshes of the reference policy (a copy of the policy); None: it stays
+    the policy training started from."""
+    adv_eps: float = Field(default=1e-4, gt=0.0)
+    """Added to the group's return std: the advantage is `(R - mean) / (std + adv_eps)` (0 for a group whose
+    episodes all return the same)."""
+    sgd_minibatch_size: int = Field(default=512, ge=1)
+    """Steps per minibatch (also written `minibatch_size`): an iteration's first-episode steps, whose number varies,
+    are split into near-equal minibatches of about this size."""
+    num_sgd_iter: int = Field(default=4, ge=1)
+    """Epochs of minibatch steps over each iteration's first-episode steps (also written `update_epochs`)."""
+    rollout_fragment_length: int | None = Field(default=None, ge=1)
+    """Most steps per env per iteration (an iteration ends as soon as every env's first episode has ended); None:
+    the env's `max_episode_steps` when it declares one (its Gymnasium spec, or `env_config`), else 500. An episode
+    still running at the end counts with the return it reached."""
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> GRPOConfig:
+        n, g = self.num_envs, self.group_size
+        if n % g:
+            lo = n // g * g
+            envs = f"{lo} or {lo + g}" if lo else f"{g}"
+            sizes = [d for d in range(2, n + 1) if n % d == 0]
+            other = f", or group_size={nearest(sizes, g)}" if sizes else ""
+            raise ConfigError(
+                f"num_envs={n} must be a multiple of group_size={g}: the envs form num_envs / group_size groups "
+                f"of group_size episodes. Try num_envs={envs}{other}."
+            )
+        if self.normalize_reward:
+            raise ConfigError(
+                "normalize_reward=true has no use with GRPO, which normalizes each group's returns itself; "
+                "leave it false."
+            )
+        return self
+
+    def _fill_rollout_shape(self) -> None:
+        if self.rollout_fragment_length is None and self.train_batch_size is None:
+            self.rollout_fragment_length = declared_episode_steps(self.env, self.env_config) or 500
+        super()._fill_rollout_shape()
+
+
+def declared_episode_steps(env: Any, env_config: dict[str, Any]) -> int | None:
+    """The step limit of ``env``'s episodes when it declares one, without making the env:
+    ``max_episode_steps`` in ``env_config`` (``gym.make``'s keyword), else that of the spec of a
+    registered Gymnasium id or of an env instance; None otherwise."""
+    limit = env_config.get("max_episode_steps")
+    if limit is None:
+        if isinstance(env, str):
+            spec = gym.registry.get(env) or gym.registry.get(env.partition(":")[2])
+        else:
+            spec = getattr(env, "spec", None)
+        limit = getattr(spec, "max_episode_steps", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
