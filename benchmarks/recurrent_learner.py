@@ -4,10 +4,11 @@ the rollout, the model and the interpreter.
     python benchmarks/recurrent_learner.py [--quick] [--repeats 3] [--threads N] [--obs-dim 32]
 
 The configuration the project quotes: a batch of 65,536 agent steps (``--envs`` 1,024 rows x
-``--length`` 64 steps), ``sgd_minibatch_size`` 4,096, ``bptt_horizon`` 16, one epoch, the MLP
-trunk ``[128]`` feeding an LSTM core of 128 units, a Box of ``--obs-dim`` floats observed and
-Discrete(4) actions. The rollout is random (about 2% of steps terminate, the next step is an
-episode start; every step is valid) with random segment start states. Each row of the table
+``--length`` 64 steps), ``sgd_minibatch_size`` 4,096, ``bptt_horizon`` 16, one epoch, one MLP
+trunk ``[128]`` feeding one LSTM core of 128 units for both heads (``shared_trunk``), a Box of
+``--obs-dim`` floats observed and Discrete(4) actions. The rollout is random (about 2% of steps
+terminate, the next step is an episode start; every step is valid) with random segment start
+states. Each row of the table
 times ``PPOLearner.update`` (the segment path: ``SegmentSampler`` minibatches of 256 segments
 replayed from their start states) ``--repeats`` times after a warm-up call; learner samples/s is
 agent steps x epochs / seconds. Rows: the LSTM, a GRU core, ``advantage_estimator="vtrace"``
@@ -69,7 +70,7 @@ def build(
         sgd_minibatch_size=MINIBATCH,
         bptt_horizon=BPTT,
         num_sgd_iter=1,
-        model_config={"core": core, "core_size": CORE_SIZE, "hiddens": HIDDENS},
+        model_config={"core": core, "core_size": CORE_SIZE, "hiddens": HIDDENS, "shared_trunk": True},
         seed=seed,
         **keys,
     )

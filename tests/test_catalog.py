@@ -110,7 +110,10 @@ def test_a_users_module_that_breaks_the_contract_is_named_with_what_it_returned(
     [
         (dict(model_config={"hiddens": [0]}), r"'model_config.hiddens': \[0\]: every layer size.*positive integer"),
         (dict(model_config={"hiddens": [64, -1]}), r"'model_config.hiddens': \[64, -1\]: every layer size"),
-        (dict(model_config={"hiddens": []}), r"'model_config.hiddens': \[\]: List should have at least 1 item"),
+        (
+            dict(model_config={"hiddens": []}),
+            r"'model_config.hiddens': \[\]: no hidden layers is only for a recurrent core",
+        ),
         (dict(model_config={"conv_filters": [[16, 0, 1]]}), r"'model_config.conv_filters'.*positive integer"),
         (
             dict(model_config={"hidens": [8]}),

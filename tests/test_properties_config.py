@@ -320,7 +320,7 @@ def field_mistakes(draw) -> tuple[dict[str, Any], str]:
     if kind == "unknown":
         key = draw(
             st.text(string.ascii_lowercase + "_", min_size=1, max_size=20).filter(
-                lambda k: k not in KEYS and k not in FIXED
+                lambda k: k not in KEYS and k not in FIXED and k not in PPOConfig.ALIASES
             )
         )
         cfg[key] = draw(st.integers() | st.text(max_size=5) | st.none())

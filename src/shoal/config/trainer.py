@@ -116,7 +116,7 @@ class TrainerConfig(BaseModel):
     # another name because pydantic reserves model_config for itself.
     model_options: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     """Settings of the model: the built-in models' keys (`hiddens`, `activation`, `conv_filters`, `shared_trunk`,
-    `channels`), or keyword arguments of your own module."""
+    `channels`, `core`, `core_size`, `head_hiddens`), or keyword arguments of your own module."""
     log_std_init: float = 0.0
     """Initial log standard deviation of the Gaussian over Box actions (a learned parameter)."""
     normalize_obs: bool = False

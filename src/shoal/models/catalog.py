@@ -5,12 +5,12 @@
     model=MyModule / "pkg.mod:MyModule"   a torch.nn.Module of your own
 
 Built-in models read ``model_config`` keys (checked, with did-you-mean): ``hiddens``, ``activation``,
-``conv_filters``, ``shared_trunk``, ``channels``, and ``core`` / ``core_size`` for a recurrent core
-(``lstm`` or ``gru``) between the encoder and the heads (``shoal.models.recurrent``). A module of your own is built as
-``MyModule(obs_space, action_space, num_outputs, **model_config)`` and must return, from
-``forward(obs)``, a pair ``(dist_inputs [B, num_outputs], value [B])``: the action distribution's
-inputs (logits for Discrete, concatenated logits for MultiDiscrete, the mean for Box: the
-log-std is the policy's own parameter) and the state value. ``obs`` is the raw batch
+``conv_filters``, ``shared_trunk``, ``channels``, and ``core`` / ``core_size`` / ``head_hiddens`` for
+a recurrent core (``lstm`` or ``gru``) between the encoder and the heads (``shoal.models.recurrent``).
+A module of your own is built as ``MyModule(obs_space, action_space, num_outputs, **model_config)``
+and must return, from ``forward(obs)``, a pair ``(dist_inputs [B, num_outputs], value [B])``: the
+action distribution's inputs (logits for Discrete, concatenated logits for MultiDiscrete, the mean
+for Box: the log-std is the policy's own parameter) and the state value. ``obs`` is the raw batch
 ``[B, *obs_shape]`` in the stored dtype (uint8 images stay uint8: scale them yourself), or
 normalized float32 with ``normalize_obs``. ``check_user_model`` runs it once on sample
 observations and says exactly what does not fit.
@@ -49,8 +49,9 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hiddens: list[int] | None = Field(default=None, min_length=1)
-    """Hidden layer sizes: of each MLP (mlp: `[64, 64]`), or after the convolutions (cnn: `[512]`)."""
+    hiddens: list[int] | None = None
+    """Hidden layer sizes: of each MLP (mlp: `[64, 64]`), or after the convolutions (cnn: `[512]`). `[]` (with a
+    recurrent core only) feeds the core the encoder's output directly."""
     activation: Literal["tanh", "relu"] | None = None
     """Activation of the hidden layers (mlp: `tanh`; cnn: `relu`)."""
     conv_filters: list[tuple[int, int, int]] | None = Field(
@@ -66,10 +67,19 @@ class ModelConfig(BaseModel):
     """A recurrent core after the encoder and hidden layers, shared by both heads; None: feedforward."""
     core_size: int | None = Field(default=None, ge=1)
     """Units of the recurrent core (default 128)."""
+    head_hiddens: list[int] | None = Field(default=None, min_length=1)
+    """Hidden layers between a recurrent core and each head (with `activation`); None: the heads read the core
+    directly."""
 
     def check_core(self) -> None:
-        if self.core_size is not None and self.core is None:
-            raise ConfigError("model_config.core_size sizes a recurrent core; set core='lstm' or 'gru' too.")
+        if self.hiddens == [] and self.core is None:
+            raise ConfigError(
+                "bad value for 'model_config.hiddens': []: no hidden layers is only for a recurrent core (core='lstm' "
+                "or 'gru'), which then reads the encoder's output; give at least one size, e.g. hiddens=[64]."
+            )
+        for key in ("core_size", "head_hiddens"):
+            if getattr(self, key) is not None and self.core is None:
+                raise ConfigError(f"model_config.{key} shapes a recurrent core; set core='lstm' or 'gru' too.")
 
 
 def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
@@ -90,13 +100,17 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
         key = str(first["loc"][0])
         raise ConfigError(f"bad value for 'model_config.{key}': {model_config.get(key)!r}: {first['msg']}.") from None
     built.check_core()
-    layers = [*(built.hiddens or []), *(v for f in built.conv_filters or [] for v in f)]
-    if any(size < 1 for size in layers):
-        key = "hiddens" if any(h < 1 for h in built.hiddens or []) else "conv_filters"
-        raise ConfigError(
-            f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
-            f"stride must be a positive integer, e.g. hiddens=[64, 64] or conv_filters=[[16, 3, 1]]."
-        )
+    sizes = {
+        "hiddens": built.hiddens or [],
+        "head_hiddens": built.head_hiddens or [],
+        "conv_filters": [v for f in built.conv_filters or [] for v in f],
+    }
+    for key, values in sizes.items():
+        if any(v < 1 for v in values):
+            raise ConfigError(
+                f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
+                f"stride must be a positive integer, e.g. hiddens=[64, 64] or conv_filters=[[16, 3, 1]]."
+            )
 
 
 def resolve_model(model: Any) -> str | type[nn.Module]:
@@ -142,7 +156,7 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
             f"Dict/Tuple holding one); "
             f"'{env.name}' observes {space}. Use model='mlp'."
         )
-    hiddens = cfg.hiddens or ([512] if image else [64, 64])
+    hiddens = cfg.hiddens if cfg.hiddens is not None else ([512] if image else [64, 64])
     activation = cfg.activation or ("relu" if image else "tanh")
     if cfg.core is not None:
         return recurrent_model(kind, cfg, env, num_outputs, hiddens, activation)
@@ -168,21 +182,30 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
 def recurrent_model(
     kind: str, cfg: ModelConfig, env: EnvInfo, num_outputs: int, hiddens: list[int], activation: str
 ) -> RecurrentModel:
-    """``encoder -> hidden layers -> core`` (``cfg.core``), the heads on the core's output."""
+    """``encoder -> hidden layers -> core`` (``cfg.core``) -> the heads (each behind ``head_hiddens``),
+    with a second tower for the critic unless the trunk is shared."""
     if env.critic_dim:
         raise ConfigError(
             f"central_critic is not supported with a recurrent core (model_config.core={cfg.core!r}); drop one of them."
         )
-    if cfg.shared_trunk is False:
-        raise ConfigError("a recurrent core is shared by actor and critic; drop shared_trunk=false or the core.")
-    space = env.obs_spec.space
-    flat = gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
+    space = (
+        env.obs_spec.space if kind == "cnn" else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
+    )
+    shared = cfg.shared_trunk if cfg.shared_trunk is not None else kind == "cnn"
     try:
-        encoder = make_encoder(space if kind == "cnn" else flat, cfg.conv_filters, cfg.channels)
+        encoders = [make_encoder(space, cfg.conv_filters, cfg.channels) for _ in range(1 if shared else 2)]
     except ValueError as e:
         raise ConfigError(f"model={kind!r} with model_config={cfg} does not fit '{env.name}': {e}") from None
-    trunk = nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation))
-    return RecurrentModel(trunk, hiddens[-1], num_outputs, cfg.core or "lstm", cfg.core_size or 128)
+    trunks = [nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation)) for encoder in encoders]
+    return RecurrentModel(
+        trunks,
+        hiddens[-1] if hiddens else encoders[0].out_dim,
+        num_outputs,
+        cfg.core or "lstm",
+        cfg.core_size or 128,
+        cfg.head_hiddens,
+        activation,
+    )
 
 
 def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: EnvInfo, num_outputs: int) -> nn.Module:

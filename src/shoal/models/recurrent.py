@@ -1,9 +1,9 @@
-"""Recurrent actor-critics: ``encoder -> LSTM or GRU core -> policy and value heads``.
+"""Recurrent actor-critics: ``encoder -> hiddens -> LSTM or GRU core -> head_hiddens -> heads``.
 
 ``model_config={"core": "lstm", "core_size": 128}`` puts a recurrent core behind any encoder (the
-MLP over flat observations, the CNN, one encoder per key of a Dict). The core's state is one
-TensorDict row per agent (``h``, and ``c`` for an LSTM), carried by the collector from step to step
-and zeroed where an episode starts.
+MLP over flat observations, the CNN, one encoder per key of a Dict), shared by both heads or, with
+a separate critic, one per head. The core's state is one TensorDict row per agent (``h``, and
+``c`` for an LSTM), carried by the collector from step to step and zeroed where an episode starts.
 
 Acting runs the core one step at a time; learning replays each ``[segments, bptt_horizon]``
 segment from the state stored at its start, zeroing it again at every episode start inside the
@@ -13,6 +13,7 @@ use the same cell (``nn.LSTMCell`` / ``nn.GRUCell``), one step per time step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -20,7 +21,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from shoal.envs.spaces import ActionSpec
-from shoal.models.layers import linear_head
+from shoal.models.layers import linear_head, mlp
 from shoal.models.networks import POLICY_GAIN, VALUE_GAIN
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
@@ -29,42 +30,59 @@ Core = Literal["lstm", "gru"]
 
 
 class RecurrentModel(nn.Module):
-    """``trunk`` (observations ``[B, ...]`` to features ``[B, feature_dim]``) feeding a recurrent
-    core of ``size`` units, whose output feeds both heads."""
+    """One tower ``trunk -> core`` (a trunk maps observations ``[B, ...]`` to features ``[B,
+    feature_dim]``, the core has ``size`` units) whose output feeds both heads; or, given two
+    trunks, a second tower for the value head, so the critic's memory neither shares the actor's
+    units nor pulls on them. Each head can have hidden layers (``head_hiddens``) between the core
+    and its output.
 
-    def __init__(self, trunk: nn.Module, feature_dim: int, num_outputs: int, core: Core, size: int):
+    The state of two towers is the actor's and the critic's side by side (``h`` and ``c`` of
+    ``2 * size`` units): to the collector and the learner it is one state like any other."""
+
+    def __init__(
+        self,
+        trunks: Sequence[nn.Module],
+        feature_dim: int,
+        num_outputs: int,
+        core: Core,
+        size: int,
+        head_hiddens: list[int] | None = None,
+        activation: str = "tanh",
+    ):
         super().__init__()
-        self.trunk = trunk
-        self.core, self.size = core, size
-        self.cell: nn.LSTMCell | nn.GRUCell = (
-            nn.LSTMCell(feature_dim, size) if core == "lstm" else nn.GRUCell(feature_dim, size)
-        )
-        for name, param in self.cell.named_parameters():
-            if name.startswith("weight"):
-                nn.init.orthogonal_(param)
-            else:
-                nn.init.zeros_(param)
+        if len(trunks) not in (1, 2):
+            raise ValueError(f"a recurrent model has one trunk (shared) or two (actor, critic), got {len(trunks)}")
+        self.trunks = nn.ModuleList(trunks)
+        self.cells = nn.ModuleList(make_cell(core, feature_dim, size) for _ in trunks)
+        self.core, self.size, self.width = core, size, size * len(trunks)
         self.state_keys = ("h", "c") if core == "lstm" else ("h",)
-        self.policy_head = linear_head(size, num_outputs, POLICY_GAIN)
-        self.value_head = linear_head(size, 1, VALUE_GAIN)
+        hiddens = head_hiddens or []
+        head_in = hiddens[-1] if hiddens else size
+        self.policy_head = nn.Sequential(mlp(size, hiddens, activation), linear_head(head_in, num_outputs, POLICY_GAIN))
+        self.value_head = nn.Sequential(mlp(size, hiddens, activation), linear_head(head_in, 1, VALUE_GAIN))
 
     def initial_state(self, rows: int, device: torch.device | str = "cpu") -> TensorDict:
         """Zeros: the state of ``rows`` agent rows at an episode start."""
         return TensorDict(
-            {key: torch.zeros(rows, self.size, device=device) for key in self.state_keys},
+            {key: torch.zeros(rows, self.width, device=device) for key in self.state_keys},
             batch_size=[rows],
             device=device,
         )
 
-    def cell_step(self, features: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """One step of the core: the new state (its first tensor is the output)."""
-        if isinstance(self.cell, nn.LSTMCell):
-            h, c = self.cell(features, (state[0], state[1]))
-            return h, c
-        return (self.cell(features, state[0]),)
+    def cell_step(self, features: list[torch.Tensor], state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """One step of the core(s): the new state (its first tensor is the output)."""
+        if len(self.cells) == 1:
+            return cell_step(self.cells[0], features[0], state)
+        halves = [s.chunk(2, dim=-1) for s in state]
+        towers = [
+            cell_step(cell, x, tuple(h[i] for h in halves)) for i, (cell, x) in enumerate(zip(self.cells, features))
+        ]
+        return tuple(torch.cat(parts, dim=-1) for parts in zip(*towers))
 
     def heads(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.policy_head(out), self.value_head(out).squeeze(-1)
+        """Distribution inputs from the actor's units, values from the critic's (the same units
+        with one tower)."""
+        return self.policy_head(out[..., : self.size]), self.value_head(out[..., -self.size :]).squeeze(-1)
 
     def forward(
         self, obs: torch.Tensor, state: TensorDict, first: torch.Tensor | None = None
@@ -75,7 +93,7 @@ class RecurrentModel(nn.Module):
         if first is not None:
             reset = first.unsqueeze(1)
             prev = tuple(x.masked_fill(reset, 0.0) for x in prev)
-        nxt = self.cell_step(self.trunk(obs), prev)
+        nxt = self.cell_step([trunk(obs) for trunk in self.trunks], prev)
         return (*self.heads(nxt[0]), nxt)
 
     def forward_sequence(
@@ -84,14 +102,37 @@ class RecurrentModel(nn.Module):
         """Segments ``obs [S, L, ...]`` replayed from ``start_state [S]``, zeroing the state where
         ``first [S, L]`` is True: distribution inputs ``[S, L, P]`` and values ``[S, L]``."""
         segments, length = first.shape
-        features = self.trunk(obs.flatten(0, 1)).unflatten(0, (segments, length))  # the encoder at once
-        state = tuple(start_state[key] for key in self.state_keys)
         resets = first.unsqueeze(2).unbind(1)
-        outputs = []
-        for t, x in enumerate(features.unbind(1)):
-            state = self.cell_step(x, tuple(s.masked_fill(resets[t], 0.0) for s in state))
-            outputs.append(state[0])
-        return self.heads(torch.stack(outputs, dim=1))
+        towers = []
+        # each tower whole: its trunk over every step at once, then its core one step at a time
+        for i, (trunk, cell) in enumerate(zip(self.trunks, self.cells)):
+            features = trunk(obs.flatten(0, 1)).unflatten(0, (segments, length)).unbind(1)
+            state = tuple(start_state[key][:, i * self.size : (i + 1) * self.size] for key in self.state_keys)
+            outputs = []
+            for t in range(length):
+                state = cell_step(cell, features[t], tuple(s.masked_fill(resets[t], 0.0) for s in state))
+                outputs.append(state[0])
+            towers.append(torch.stack(outputs, dim=1))
+        return self.heads(towers[0] if len(towers) == 1 else torch.cat(towers, dim=-1))
+
+
+def make_cell(core: Core, feature_dim: int, size: int) -> nn.LSTMCell | nn.GRUCell:
+    """An LSTM or GRU cell with orthogonal weights and zero biases."""
+    cell: nn.LSTMCell | nn.GRUCell = nn.LSTMCell(feature_dim, size) if core == "lstm" else nn.GRUCell(feature_dim, size)
+    for name, param in cell.named_parameters():
+        if name.startswith("weight"):
+            nn.init.orthogonal_(param)
+        else:
+            nn.init.zeros_(param)
+    return cell
+
+
+def cell_step(cell: nn.Module, features: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """One step of ``cell``: the new state (``(h, c)`` for an LSTM, ``(h,)`` for a GRU)."""
+    if isinstance(cell, nn.LSTMCell):
+        h, c = cell(features, (state[0], state[1]))
+        return h, c
+    return (cell(features, state[0]),)
 
 
 class RecurrentActorCriticPolicy(ActorCriticPolicy):
@@ -110,7 +151,7 @@ class RecurrentActorCriticPolicy(ActorCriticPolicy):
         super().__init__(model, action, obs_normalizer, None, log_std_init)
 
     def initial_state(self, rows: int) -> TensorDict:
-        return self.model.initial_state(rows, self.model.policy_head.weight.device)
+        return self.model.initial_state(rows, next(self.model.parameters()).device)
 
     def act(
         self,
