@@ -1,8 +1,8 @@
 """GRPO against PPO on CartPole-v1, both with the library defaults. For each algorithm and seed:
 train for --steps env steps (every step the envs took counts, GRPO's waiting steps too), evaluate
-10 deterministic episodes every --eval-every steps along the way (the learning curve), then 20 at
-the end; solved means a final mean return >= 475. The table also gives the env steps at which an
-evaluation first reached 475, and from which every later one did.
+10 deterministic episodes every --eval-every steps along the way (the learning curve, printed
+after the table), then 20 at the end; solved means a final mean return >= 475. The table also
+gives the env steps at which an evaluation first reached 475, and from which every later one did.
 
     python benchmarks/grpo_cartpole.py [--seeds 1 2 3] [--steps 300000] [--plot curves.png] [key=value ...]
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, seed_sweep_args
+from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, print_curves, seed_sweep_args
 
 
 def main() -> int:
@@ -34,6 +34,7 @@ def main() -> int:
             results[name].append(out)
             ok &= out["eval"] >= 475 or name == "PPO"
             print(curve_row(name, seed, out, 475), flush=True)
+    print_curves(results, args.seeds)
     if args.plot:
         plot_curves(results, args.plot, "CartPole-v1: GRPO vs PPO, library defaults", 475)
         print(f"plot: {args.plot}")

@@ -1,16 +1,17 @@
 """Memory: a recurrent PPO policy against a feedforward one on CartPoleNoVel-v1 (CartPole that
 observes the cart position and pole angle, not their velocities, so acting well needs memory).
 For each model and seed: train for --steps env steps, evaluate 10 deterministic episodes every
---eval-every steps along the way (the learning curve), then 20 at the end; solved means a final
-mean return >= 475.
+--eval-every steps along the way (the learning curve, printed after the table), then 20 at the
+end; solved means a final mean return >= 475.
 
     python benchmarks/memory_cartpole.py [--seeds 1 2 3] [--steps 200000] [--jobs 2] [--plot curves.png] [key=value ...]
 
 Both models share the PPO settings of ``SETTINGS`` (the rest are PPO's defaults); ``lstm`` reads
 the observation with a 64-unit LSTM core (the actor's and the critic's own), then one 64-unit
 ReLU layer before each head; ``mlp`` is the default two-layer MLP. ``key=value`` overrides go to
-both. --jobs runs that many trainings at once (one torch thread each); wall times are then those
-of runs sharing the machine. --plot writes both learning curves to a PNG.
+both (``gamma=0.98``; ``model_config.activation=tanh`` changes that key of each model's config).
+--jobs runs that many trainings at once (one torch thread each); wall times are then those of
+runs sharing the machine. --plot writes both learning curves to a PNG.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, seed_sweep_args
+from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, print_curves, seed_sweep_args
+from shoal.config import merge_settings
 
 ENV = "CartPoleNoVel-v1"
 SETTINGS = {
@@ -47,7 +49,7 @@ def main() -> int:
             pool.submit(
                 learning_curve,
                 shoal.PPO,
-                {**SETTINGS, "seed": seed, "model_config": MODELS[name], **overrides},
+                merge_settings({**SETTINGS, "seed": seed, "model_config": MODELS[name]}, overrides),
                 args.steps,
                 args.eval_every,
                 475,
@@ -60,6 +62,7 @@ def main() -> int:
             out = future.result()
             results[name].append(out)
             print(curve_row(name, seed, out, 475), flush=True)
+    print_curves(results, args.seeds)
     if args.plot:
         plot_curves(results, args.plot, f"{ENV}: LSTM vs MLP PPO", 475)
         print(f"plot: {args.plot}")

@@ -105,14 +105,11 @@ class EvalCurve(Callback):
         self.every, self.next, self.episodes, self.seconds = every, every, episodes, 0.0
         self.curve: Curve = []
 
-    def evaluate(self, trainer: Trainer) -> None:
-        start = time.perf_counter()
-        self.curve.append((trainer.timesteps_total, trainer.evaluate(self.episodes)["episode_reward_mean"]))
-        self.seconds += time.perf_counter() - start
-
     def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> None:
         if trainer.timesteps_total >= self.next:
-            self.evaluate(trainer)
+            start = time.perf_counter()
+            self.curve.append((trainer.timesteps_total, trainer.evaluate(self.episodes)["episode_reward_mean"]))
+            self.seconds += time.perf_counter() - start
             self.next += self.every
 
 
@@ -125,7 +122,7 @@ def learning_curve(
     later one did."""
     curve = EvalCurve(eval_every)
     with preset(**settings, save_outputs=False, verbose=0, callbacks=[curve]) as algo:
-        curve.evaluate(algo)
+        curve.curve.append((0, algo.evaluate(curve.episodes)["episode_reward_mean"]))  # before the clock starts
         start = time.perf_counter()
         algo.learn(steps)
         wall = time.perf_counter() - start - curve.seconds
@@ -167,6 +164,15 @@ def curve_row(name: str, seed: int, out: dict[str, Any], level: float) -> str:
     return " ".join(f"{c:>{w}}" for c, w in zip(cells, CURVE_WIDTHS)) + f"  {solved}"
 
 
+def print_curves(results: dict[str, list[dict[str, Any]]], seeds: list[int]) -> None:
+    """Every run's evaluation curve as one line of ``env steps: mean return`` points."""
+    print("curves (env steps: deterministic evaluation return):")
+    for name, runs in results.items():
+        for seed, out in zip(seeds, runs):
+            points = "  ".join(f"{steps:,}: {ret:.0f}" for steps, ret in out["curve"])
+            print(f"  {name} seed {seed}: {points}")
+
+
 def held_from(curve: Curve, level: float) -> int | None:
     """The env steps from which every evaluation of ``curve`` reached ``level`` (None: not at the end)."""
     held = None
@@ -199,7 +205,7 @@ def plot_curves(results: dict[str, list[dict[str, Any]]], path: str, title: str,
         ax.fill_between(grid, stack.min(0), stack.max(0), color=line.get_color(), alpha=0.2)
     ax.axhline(level, color="gray", linestyle=":", linewidth=1)
     ax.set_xlabel("env steps")
-    ax.set_ylabel("deterministic evaluation return (10 episodes)")
+    ax.set_ylabel("deterministic evaluation return")
     ax.set_title(title)
     ax.set_ylim(0, level * 1.1)
     ax.legend(loc="lower right")

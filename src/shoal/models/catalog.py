@@ -60,13 +60,14 @@ class ModelConfig(BaseModel):
     """The CNN's conv layers as `[out_channels, kernel, stride]` each; None: by image size (the Nature-DQN stack from
     36 px up, one 16x3x3 conv below)."""
     shared_trunk: bool | None = None
-    """One trunk feeding both actor and critic heads (cnn), or a separate copy for the critic (mlp)."""
+    """One trunk feeding both actor and critic heads (cnn), or a separate copy for the critic (mlp); with a
+    recurrent core, the critic's copy has a core of its own too."""
     channels: Literal["first", "last"] | None = None
     """Where an image's channels are; None: detected from the shape (first when the first dim is the smallest)."""
     core: Literal["lstm", "gru"] | None = None
-    """A recurrent core after the encoder and hidden layers, shared by both heads; None: feedforward."""
+    """A recurrent core after the encoder and hidden layers (one per trunk: see `shared_trunk`); None: feedforward."""
     core_size: int | None = Field(default=None, ge=1)
-    """Units of the recurrent core (default 128)."""
+    """Units of each recurrent core (default 128); with a separate critic the state holds twice as many."""
     head_hiddens: list[int] | None = Field(default=None, min_length=1)
     """Hidden layers between a recurrent core and each head (with `activation`); None: the heads read the core
     directly."""
@@ -107,9 +108,10 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
     }
     for key, values in sizes.items():
         if any(v < 1 for v in values):
+            example = "[[16, 3, 1]]" if key == "conv_filters" else "[64, 64]"
             raise ConfigError(
                 f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
-                f"stride must be a positive integer, e.g. hiddens=[64, 64] or conv_filters=[[16, 3, 1]]."
+                f"stride must be a positive integer, e.g. {key}={example}."
             )
 
 
@@ -158,16 +160,17 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
         )
     hiddens = cfg.hiddens if cfg.hiddens is not None else ([512] if image else [64, 64])
     activation = cfg.activation or ("relu" if image else "tanh")
-    if cfg.core is not None:
-        return recurrent_model(kind, cfg, env, num_outputs, hiddens, activation)
     shared = cfg.shared_trunk if cfg.shared_trunk is not None else image
-    if env.critic_dim and (image or shared):
-        raise ConfigError("central_critic needs model='mlp' with separate actor and critic (shared_trunk false).")
-    if not image and not shared:
-        return MLPModel(int(np.prod(env.obs_spec.shape)), num_outputs, hiddens, activation, env.critic_dim)
+    if cfg.core is None:
+        if env.critic_dim and (image or shared):
+            raise ConfigError("central_critic needs model='mlp' with separate actor and critic (shared_trunk false).")
+        if not image and not shared:
+            return MLPModel(int(np.prod(env.obs_spec.shape)), num_outputs, hiddens, activation, env.critic_dim)
     # model='mlp' reads any observation flat (images too); 'cnn' encodes it by its structure
     encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
     try:
+        if cfg.core is not None:
+            return recurrent_model(cfg, env, num_outputs, encoder_space, hiddens, activation, shared)
         return EncoderModel(
             lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels),
             num_outputs,
@@ -180,22 +183,21 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
 
 
 def recurrent_model(
-    kind: str, cfg: ModelConfig, env: EnvInfo, num_outputs: int, hiddens: list[int], activation: str
+    cfg: ModelConfig,
+    env: EnvInfo,
+    num_outputs: int,
+    space: gym.Space[Any],
+    hiddens: list[int],
+    activation: str,
+    shared: bool,
 ) -> RecurrentModel:
     """``encoder -> hidden layers -> core`` (``cfg.core``) -> the heads (each behind ``head_hiddens``),
-    with a second tower for the critic unless the trunk is shared."""
+    with a second encoder, hidden layers and core for the critic unless ``shared``."""
     if env.critic_dim:
         raise ConfigError(
             f"central_critic is not supported with a recurrent core (model_config.core={cfg.core!r}); drop one of them."
         )
-    space = (
-        env.obs_spec.space if kind == "cnn" else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
-    )
-    shared = cfg.shared_trunk if cfg.shared_trunk is not None else kind == "cnn"
-    try:
-        encoders = [make_encoder(space, cfg.conv_filters, cfg.channels) for _ in range(1 if shared else 2)]
-    except ValueError as e:
-        raise ConfigError(f"model={kind!r} with model_config={cfg} does not fit '{env.name}': {e}") from None
+    encoders = [make_encoder(space, cfg.conv_filters, cfg.channels) for _ in range(1 if shared else 2)]
     trunks = [nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation)) for encoder in encoders]
     return RecurrentModel(
         trunks,

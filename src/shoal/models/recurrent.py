@@ -54,6 +54,7 @@ class RecurrentModel(nn.Module):
             raise ValueError(f"a recurrent model has one trunk (shared) or two (actor, critic), got {len(trunks)}")
         self.trunks = nn.ModuleList(trunks)
         self.cells = nn.ModuleList(make_cell(core, feature_dim, size) for _ in trunks)
+        # size: units of each core; width: of the state, the towers' units side by side
         self.core, self.size, self.width = core, size, size * len(trunks)
         self.state_keys = ("h", "c") if core == "lstm" else ("h",)
         hiddens = head_hiddens or []
@@ -69,13 +70,17 @@ class RecurrentModel(nn.Module):
             device=device,
         )
 
-    def cell_step(self, features: list[torch.Tensor], state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """One step of the core(s): the new state (its first tensor is the output)."""
+    def tower_state(self, state: tuple[torch.Tensor, ...], tower: int) -> tuple[torch.Tensor, ...]:
+        """Tower ``tower``'s part (0: the actor's, 1: the critic's) of each tensor of ``state``."""
+        return tuple(s[..., tower * self.size : (tower + 1) * self.size] for s in state)
+
+    def core_step(self, features: list[torch.Tensor], state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """One step of the core(s) on each tower's ``features``: the new state (its first tensor is
+        the output)."""
         if len(self.cells) == 1:
-            return cell_step(self.cells[0], features[0], state)
-        halves = [s.chunk(2, dim=-1) for s in state]
+            return step_cell(self.cells[0], features[0], state)
         towers = [
-            cell_step(cell, x, tuple(h[i] for h in halves)) for i, (cell, x) in enumerate(zip(self.cells, features))
+            step_cell(cell, x, self.tower_state(state, i)) for i, (cell, x) in enumerate(zip(self.cells, features))
         ]
         return tuple(torch.cat(parts, dim=-1) for parts in zip(*towers))
 
@@ -93,7 +98,7 @@ class RecurrentModel(nn.Module):
         if first is not None:
             reset = first.unsqueeze(1)
             prev = tuple(x.masked_fill(reset, 0.0) for x in prev)
-        nxt = self.cell_step([trunk(obs) for trunk in self.trunks], prev)
+        nxt = self.core_step([trunk(obs) for trunk in self.trunks], prev)
         return (*self.heads(nxt[0]), nxt)
 
     def forward_sequence(
@@ -103,14 +108,16 @@ class RecurrentModel(nn.Module):
         ``first [S, L]`` is True: distribution inputs ``[S, L, P]`` and values ``[S, L]``."""
         segments, length = first.shape
         resets = first.unsqueeze(2).unbind(1)
+        start = tuple(start_state[key] for key in self.state_keys)
         towers = []
-        # each tower whole: its trunk over every step at once, then its core one step at a time
+        # each tower whole: its trunk over every step at once, then its core one step at a time (a
+        # second tower doubles the Python steps, but joins the towers' outputs once, not per step)
         for i, (trunk, cell) in enumerate(zip(self.trunks, self.cells)):
             features = trunk(obs.flatten(0, 1)).unflatten(0, (segments, length)).unbind(1)
-            state = tuple(start_state[key][:, i * self.size : (i + 1) * self.size] for key in self.state_keys)
+            state = self.tower_state(start, i)
             outputs = []
             for t in range(length):
-                state = cell_step(cell, features[t], tuple(s.masked_fill(resets[t], 0.0) for s in state))
+                state = step_cell(cell, features[t], tuple(s.masked_fill(resets[t], 0.0) for s in state))
                 outputs.append(state[0])
             towers.append(torch.stack(outputs, dim=1))
         return self.heads(towers[0] if len(towers) == 1 else torch.cat(towers, dim=-1))
@@ -127,7 +134,7 @@ def make_cell(core: Core, feature_dim: int, size: int) -> nn.LSTMCell | nn.GRUCe
     return cell
 
 
-def cell_step(cell: nn.Module, features: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def step_cell(cell: nn.Module, features: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """One step of ``cell``: the new state (``(h, c)`` for an LSTM, ``(h,)`` for a GRU)."""
     if isinstance(cell, nn.LSTMCell):
         h, c = cell(features, (state[0], state[1]))
