@@ -18,9 +18,14 @@ import numpy.typing as npt
 import torch
 
 from shoal.collect.episodes import mark_episode_starts
+from shoal.config import TrainerConfig
+from shoal.envs.registry import config_creator
 from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
+from shoal.models.policy import Policy
+from shoal.train import setup
 from shoal.vector import SerialBackend, VecBackend
+from shoal.vector.vmas import is_vmas
 
 if TYPE_CHECKING:  # imageio is an optional extra
     from imageio.core.format import Format
@@ -171,3 +176,47 @@ def prepare_obs(spec: ObsSpec, obs: Any, device: str) -> tuple[torch.Tensor, boo
                 f"[batch, {', '.join(map(str, spec.shape))}] or one observation of shape {spec.shape}."
             )
     return torch.as_tensor(arr, device=device), single
+
+
+def evaluate_policies(
+    config: TrainerConfig,
+    policies: dict[str, Policy],
+    env_name: str,
+    num_episodes: int,
+    deterministic: bool,
+    seed: int,
+    video: tuple[Path, str] | None,
+    policy_mapping_fn: Any,
+) -> dict[str, Any]:
+    """``Trainer.evaluate``: ``num_episodes`` fresh episodes of ``config``'s env, one per env copy,
+    acted by ``policies`` (mapped by ``policy_mapping_fn``), with ``video`` (a directory and a
+    file name prefix) each filmed to an mp4. The training's random state is left as it was."""
+    filmers: list[Filmer] = []
+    if video is not None and is_vmas(config.env):
+        raise ConfigError(
+            f"video needs Gymnasium envs that render rgb_array frames; '{env_name}' is a VMAS "
+            f"scenario, which shoal does not film yet."
+        )
+    if video is None:
+        backend = setup.build_backend(config, num_episodes, evaluation=True)
+    else:
+        creator = config_creator(config.env, evaluation=True)
+        backend, filmers = filmed_backend(creator, config.env_config, num_episodes, *video, env_name)
+    try:
+        policy_map = setup.policy_map(policies, backend, policy_mapping_fn)
+        policy_map.start_episodes(range(backend.num_envs))
+        rows = slice(0, backend.num_rows)
+
+        def act(obs: torch.Tensor, action_mask: torch.Tensor | None, first: torch.Tensor) -> torch.Tensor:
+            return policy_map.act(obs, first, action_mask, rows, deterministic)[0]
+
+        with torch.random.fork_rng(devices=[]):
+            row_policy = None if policy_map.single else (policy_map.ids, policy_map.row_policy.numpy())
+            out = run_episodes(backend, act, seed, row_policy)
+    finally:
+        for filmer in filmers:
+            filmer.stop()
+        backend.close()
+    if filmers:
+        out["videos"] = [str(f.path) for f in filmers]
+    return out

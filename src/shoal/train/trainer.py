@@ -38,7 +38,7 @@ from shoal.collect import Collector, EpisodeTracker
 from shoal.collect.episodes import Episode
 from shoal.config import TrainerConfig
 from shoal.envs.atari import is_atari_id
-from shoal.envs.registry import config_creator, env_name
+from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import importable, is_spec
@@ -48,8 +48,7 @@ from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train import setup
 from shoal.train.callbacks import CallbackList
-from shoal.train.evaluation import Filmer, filmed_backend, prepare_obs, run_episodes
-from shoal.vector.vmas import is_vmas
+from shoal.train.evaluation import evaluate_policies, prepare_obs
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -467,47 +466,16 @@ class Trainer:
         policy's mean agent return.
         """
         c = self.config
-        n = num_episodes or c.evaluation_num_episodes
-        deterministic = c.evaluation_deterministic if deterministic is None else deterministic
-        filmers: list[Filmer] = []
-        if video_dir is not None and is_vmas(c.env):
-            raise ConfigError(
-                f"video needs Gymnasium envs that render rgb_array frames; '{self.env_name}' is a VMAS "
-                f"scenario, which shoal does not film yet."
-            )
-        if video_dir is None:
-            backend = setup.build_backend(c, n, evaluation=True)
-        else:
-            backend, filmers = filmed_backend(
-                config_creator(c.env, evaluation=True),
-                c.env_config,
-                n,
-                Path(video_dir),
-                f"iter{self.iteration:06d}_",
-                self.env_name,
-            )
-        try:
-            policies = setup.policy_map(self.policies, backend, policy_mapping_fn or c.policy_mapping_fn)
-            policies.start_episodes(range(backend.num_envs))
-            rows = slice(0, backend.num_rows)
-
-            def act(obs: torch.Tensor, action_mask: torch.Tensor | None, first: torch.Tensor) -> torch.Tensor:
-                return policies.act(obs, first, action_mask, rows, deterministic)[0]
-
-            with torch.random.fork_rng(devices=[]):
-                out = run_episodes(
-                    backend,
-                    act,
-                    c.seed + 10_000 if seed is None else seed,
-                    None if policies.single else (policies.ids, policies.row_policy.numpy()),
-                )
-        finally:
-            for filmer in filmers:
-                filmer.stop()
-            backend.close()
-        if filmers:
-            out["videos"] = [str(f.path) for f in filmers]
-        return out
+        return evaluate_policies(
+            c,
+            self.policies,
+            self.env_name,
+            num_episodes or c.evaluation_num_episodes,
+            c.evaluation_deterministic if deterministic is None else deterministic,
+            c.seed + 10_000 if seed is None else seed,
+            None if video_dir is None else (Path(video_dir), f"iter{self.iteration:06d}_"),
+            policy_mapping_fn or c.policy_mapping_fn,
+        )
 
     def close(self) -> None:
         """Close the envs (and their worker processes) and the loggers; ``with`` calls it on exit."""
