@@ -97,3 +97,26 @@ def mlp_policy(
     spec = action_spec(space)
     model = MLPModel(obs_dim, make_distribution(spec).param_dim, list(hiddens), activation, critic_dim)
     return ActorCriticPolicy(model, spec, log_std_init=log_std_init)
+
+
+def folded_decisions(row, reward, value, terminated, truncated, final_value, valid):
+    """The reference loops' reading of one row with non-decision steps (``valid`` False): each
+    decision d as ``(d, folded reward, bootstrap value, cut)``, its reward plus those of the
+    non-decision steps after it up to the next decision, a done or the rollout's end (added
+    undiscounted), the value that follows (0 after a termination, the final value after a
+    truncation, the next decision's, or the tail value at the end) and whether the recursion is
+    cut after it."""
+    t = reward.shape[1]
+    for d in np.flatnonzero(valid[row]):
+        total, s = reward[row, d], d
+        while not (terminated[row, s] or truncated[row, s]) and s + 1 < t and not valid[row, s + 1]:
+            s += 1
+            total += reward[row, s]
+        if terminated[row, s]:
+            yield d, total, 0.0, True
+        elif truncated[row, s]:
+            yield d, total, final_value[row, s], True
+        elif s + 1 < t:  # s + 1 is the next decision
+            yield d, total, value[row, s + 1], False
+        else:  # no later decision: the tail value, and the recursion ends
+            yield d, total, value[row, t], True

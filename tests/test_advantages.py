@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from shoal.algos.advantages import gae
+from tests.conftest import folded_decisions
 
 
 def slow_gae(reward, value, terminated, truncated, final_value, gamma, lam):
@@ -95,22 +96,10 @@ def slow_folded_gae(reward, value, terminated, truncated, final_value, valid, ga
     n, t = reward.shape
     adv = np.zeros((n, t))
     for i in range(n):
-        decisions = []  # (step, folded reward, own value, bootstrap value, recursion cut after it)
-        for d in np.flatnonzero(valid[i]):
-            total, s = reward[i, d], d
-            # walk the non-decision steps after d until the next decision, a done or the rollout end
-            while not (terminated[i, s] or truncated[i, s]) and s + 1 < t and not valid[i, s + 1]:
-                s += 1
-                total += reward[i, s]
-            if terminated[i, s]:
-                next_v, cut = 0.0, True
-            elif truncated[i, s]:
-                next_v, cut = final_value[i, s], True
-            elif s + 1 < t:  # s + 1 is the next decision
-                next_v, cut = value[i, s + 1], False
-            else:  # no later decision: the tail value
-                next_v, cut = value[i, t], True
-            decisions.append((d, total, value[i, d], next_v, cut))
+        decisions = [
+            (d, total, value[i, d], next_v, cut)
+            for d, total, next_v, cut in folded_decisions(i, reward, value, terminated, truncated, final_value, valid)
+        ]
         running = 0.0
         for d, total, v, next_v, cut in reversed(decisions):
             delta = total + gamma * next_v - v

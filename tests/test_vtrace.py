@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.algos.advantages import ESTIMATORS, gae, rollout_vtrace, vtrace
+from tests.conftest import folded_decisions
 
 # (gamma, lambda, rho_clip, c_clip): the defaults; clips on either side of 1; clips above every
 # ratio drawn (plain importance sampling); lambda 0 (one-step, only rho matters)
@@ -61,19 +62,7 @@ def slow_folded_vtrace(reward, value, terminated, truncated, final_value, ratio,
     adv = np.zeros((n, t))
     for i in range(n):
         steps, deltas, ratios, cuts = [], [], [], []
-        for d in np.flatnonzero(valid[i]):
-            total, s = reward[i, d], d
-            while not (terminated[i, s] or truncated[i, s]) and s + 1 < t and not valid[i, s + 1]:
-                s += 1
-                total += reward[i, s]
-            if terminated[i, s]:
-                next_v, cut = 0.0, True
-            elif truncated[i, s]:
-                next_v, cut = final_value[i, s], True
-            elif s + 1 < t:  # the next decision
-                next_v, cut = value[i, s + 1], False
-            else:  # no decision follows in the rollout: the tail value, and the trace ends
-                next_v, cut = value[i, t], True
+        for d, total, next_v, cut in folded_decisions(i, reward, value, terminated, truncated, final_value, valid):
             steps.append(d)
             deltas.append(total + gamma * next_v - value[i, d])
             ratios.append(ratio[i, d])

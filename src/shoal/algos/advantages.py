@@ -213,46 +213,41 @@ def _backward_scan(delta: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
     return advantage.t()
 
 
-def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.Tensor:
-    """``gae`` over a ``[N, T+1]`` rollout's fields; non-decision steps are folded only when the
-    rollout has any (padding rows and next-step resets exist only with some backends)."""
+RolloutTerms = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _rollout_terms(rollout: TensorDict) -> tuple[RolloutTerms, torch.Tensor | None]:
+    """A ``[N, T+1]`` rollout's ``(reward_t, value_t, terminated_t, truncated_t, final_value_t)``
+    as the estimators take them, and ``valid_t``: None when every step is a decision (padding rows
+    and next-step resets exist only with some backends), so nothing needs folding."""
     valid = rollout["valid"][:, :-1]
-    return gae(
+    terms = (
         rollout["reward"][:, :-1],
         rollout["value"],
         rollout["terminated"][:, :-1],
         rollout["truncated"][:, :-1],
         rollout["final_value"][:, :-1],
-        gamma,
-        gae_lambda,
-        valid_t=None if bool(valid.all()) else valid,
     )
+    return terms, None if bool(valid.all()) else valid
+
+
+def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.Tensor:
+    """``gae`` over a ``[N, T+1]`` rollout's fields."""
+    terms, valid = _rollout_terms(rollout)
+    return gae(*terms, gamma, gae_lambda, valid_t=valid)
 
 
 def rollout_vtrace(
     rollout: TensorDict, gamma: float, gae_lambda: float, rho_clip: float = 1.0, c_clip: float = 1.0
 ) -> torch.Tensor:
     """``vtrace`` over a ``[N, T+1]`` rollout's fields, with the importance ratios of its float
-    field ``ratio`` (pi/mu recomputed by the learner, 1 where unknown), folding as ``rollout_gae``.
+    field ``ratio`` (pi/mu recomputed by the learner, 1 where unknown).
 
     A rollout without ``ratio`` has not been learnt from yet: its policy is the one that collected
     it, every ratio is 1 and the advantages are GAE's."""
-    valid = rollout["valid"][:, :-1]
-    reward = rollout["reward"][:, :-1]
-    ratio = rollout["ratio"][:, :-1] if "ratio" in rollout.keys() else torch.ones_like(reward)  # noqa: SIM118 (a TensorDict)
-    return vtrace(
-        reward,
-        rollout["value"],
-        rollout["terminated"][:, :-1],
-        rollout["truncated"][:, :-1],
-        rollout["final_value"][:, :-1],
-        ratio,
-        gamma,
-        gae_lambda,
-        rho_clip,
-        c_clip,
-        valid_t=None if bool(valid.all()) else valid,
-    )
+    terms, valid = _rollout_terms(rollout)
+    ratio = rollout["ratio"][:, :-1] if "ratio" in rollout.keys() else torch.ones_like(terms[0])  # noqa: SIM118 (a TensorDict)
+    return vtrace(*terms, ratio, gamma, gae_lambda, rho_clip, c_clip, valid_t=valid)
 
 
 def group_relative(
