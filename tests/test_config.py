@@ -120,10 +120,13 @@ def test_yaml_is_loaded_safely(tmp_path):
 def test_shipped_configs_are_valid():
     from pathlib import Path
 
+    from shoal.algos import algorithm_class
+
     files = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
     assert len(files) >= 4
     for path in files:
-        c = PPOConfig.build(**load_yaml(path))
+        data = load_yaml(path)
+        c = algorithm_class(data.get("algo", "ppo")).config_class.build(**data)
         assert c.total_timesteps >= 100_000, path.name
 
 

@@ -11,7 +11,8 @@ from tensordict import TensorDict
 
 import shoal
 from shoal.algos.losses import ppo_loss
-from shoal.algos.ppo import AutogradOptimizer, PPOLearner
+from shoal.algos.optim import AutogradOptimizer
+from shoal.algos.ppo import PPOLearner
 from shoal.algos.ppo_fused import (
     FusedPPOStep,
     _categorical_forward,

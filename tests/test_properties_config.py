@@ -441,7 +441,7 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
             st.sampled_from(
                 [
                     ("ppo2", r"unknown algo 'ppo2'\. Did you mean 'ppo'\?"),
-                    ("dqn", r"unknown algo 'dqn'\. Known: ppo"),
+                    ("sac2", r"unknown algo 'sac2'\. Known: ppo"),
                     ("no_such_module:Algo", r"algo 'no_such_module:Algo' cannot be imported"),
                     (5, r"algo must be an algorithm name .* got 5"),
                 ]

@@ -3,7 +3,7 @@
 from shoal.algos import Algorithm, register_algorithm
 from shoal.collect.episodes import Episode
 from shoal.collect.policies import EpisodeStart
-from shoal.config import GRPOConfig, PPOConfig, TrainerConfig
+from shoal.config import DQNConfig, GRPOConfig, PPOConfig, TrainerConfig
 from shoal.envs import register_env
 from shoal.envs.multi_agent import MultiAgentEnv
 from shoal.envs.native import AgentEnv
@@ -11,7 +11,7 @@ from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, EnvError, ShoalError
 from shoal.models.policy import ActorCriticPolicy, Policy
 from shoal.models.recurrent import RecurrentActorCriticPolicy
-from shoal.presets import GRPO, PPO
+from shoal.presets import DQN, GRPO, PPO
 from shoal.train import Trainer
 from shoal.train.callbacks import Callback
 from shoal.train.checkpoint import CheckpointError
@@ -20,6 +20,7 @@ from shoal.vector import make_backend
 __version__ = "0.1.0"
 
 __all__ = [
+    "DQN",
     "GRPO",
     "PPO",
     "ActorCriticPolicy",
@@ -28,6 +29,7 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "ConfigError",
+    "DQNConfig",
     "EnvError",
     "EnvInfo",
     "Episode",

@@ -1,5 +1,5 @@
 """The algorithms users construct by name: ``shoal.PPO(env=...)`` is ``shoal.Trainer(algo="ppo", env=...)``,
-``shoal.GRPO(env=...)`` is ``shoal.Trainer(algo="grpo", env=...)``."""
+and likewise ``shoal.GRPO`` and ``shoal.DQN``."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ class GRPO(Trainer):
     """
 
     algo = "grpo"
+
+
+class DQN(Trainer):
+    """Deep Q-learning for Discrete actions, with double Q, dueling heads, n-step returns and
+    prioritized replay on request.
+
+    >>> algo = shoal.DQN(env="CartPole-v1", seed=1)
+    >>> algo.learn(50_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "dqn"

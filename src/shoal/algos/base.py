@@ -66,12 +66,6 @@ class Collector(Protocol):
         ...
 
 
-class _KeepsObsStats(Protocol):
-    """A policy with observation statistics (``ActorCriticPolicy``'s ``update_obs_stats``)."""
-
-    def update_obs_stats(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> None: ...
-
-
 class Algorithm:
     """Base class of every learning algorithm: it owns its policies, optimizers, storage and
     schedules, and the trainer calls ``training_step(collector)`` once per iteration.
@@ -113,6 +107,12 @@ class Algorithm:
         self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
         """The ids of the policies that learn (``policies_to_train``; all by default)."""
 
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps a ``training_step`` collects (``train_batch_size`` unless the algorithm says
+        otherwise), which the trainer's ``progress_end`` counts on."""
+        return cast(int, self.config.train_batch_size)  # filled when the config is validated
+
     def make_policy(self, policy_id: str, config: TrainerConfig) -> Policy:
         """The policy ``policy_id`` (``config`` has its overrides): by default the actor-critic
         that ``model`` and ``model_config`` describe."""
@@ -143,12 +143,11 @@ class Algorithm:
         valid = steps["valid"]
         owner = steps["policy_id"]
         for index, policy in enumerate(self.policies.values()):
-            if getattr(policy, "obs_normalizer", None) is None:
+            if policy.obs_normalizer is None:
                 continue
             keep = valid if len(self.policies) == 1 else valid & (owner == index)
             critic_obs = steps.get("critic_obs", None)
-            stats = cast(_KeepsObsStats, policy)  # a policy with an obs_normalizer updates it
-            stats.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])
+            policy.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])
 
     def describe(self) -> str:
         """What the trainer prints when a run starts (nothing by default)."""

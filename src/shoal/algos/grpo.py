@@ -35,7 +35,7 @@ from tensordict import TensorDict
 from shoal.algos.advantages import group_relative
 from shoal.algos.base import SCALAR, Algorithm, Collector
 from shoal.algos.losses import clipped_surrogate, kl_k3, policy_stats
-from shoal.algos.ppo import AutogradOptimizer
+from shoal.algos.optim import AutogradOptimizer
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.config import GRPOConfig, TrainerConfig
 from shoal.envs.spaces import EnvInfo

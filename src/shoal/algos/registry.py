@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.algos.base import Algorithm
+from shoal.algos.dqn import DQNAlgorithm
 from shoal.algos.grpo import GRPOAlgorithm
 from shoal.algos.ppo import PPOAlgorithm
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec, spec_of
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPOAlgorithm, "grpo": GRPOAlgorithm}
+ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPOAlgorithm, "grpo": GRPOAlgorithm, "dqn": DQNAlgorithm}
 
 
 def register_algorithm(name: str, cls: type[Algorithm]) -> None:

@@ -1,10 +1,14 @@
-"""Experience storage and the samplers that draw minibatches from it."""
+"""Experience storage (on-policy rollouts, replay buffers) and the samplers that draw minibatches from it."""
 
+from shoal.buffers.prioritized import PrioritizedReplayBuffer
+from shoal.buffers.replay import ReplayBuffer
 from shoal.buffers.rollout import RolloutBuffer, env_fields, torch_dtype, transition_view
 from shoal.buffers.samplers import FlatSampler, SegmentSampler, num_minibatches
 
 __all__ = [
     "FlatSampler",
+    "PrioritizedReplayBuffer",
+    "ReplayBuffer",
     "RolloutBuffer",
     "SegmentSampler",
     "env_fields",

@@ -36,6 +36,7 @@ from shoal.models.layers import mlp
 from shoal.models.networks import EncoderModel, MLPModel
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
+from shoal.models.qpolicy import QPolicy
 from shoal.models.recurrent import RecurrentActorCriticPolicy, RecurrentModel
 
 if TYPE_CHECKING:  # shoal.config imports this module
@@ -267,15 +268,50 @@ def build_policy(config: TrainerConfig, env: EnvInfo) -> ActorCriticPolicy:
             stacklevel=2,
         )
     model = build_model(config.model, config.model_options, env, num_outputs)
-    normalizer = critic_normalizer = None
-    if config.normalize_obs:
-        if env.obs_spec.dtype != np.float32:
-            raise ConfigError(
-                f"normalize_obs=True normalizes float observations; '{env.name}' observes "
-                f"{env.obs_spec.dtype} {list(env.obs_spec.shape)} (images are scaled inside the CNN)."
-            )
-        normalizer = ObsNormalizer(env.obs_spec.shape, config.clip_obs)
-        critic_normalizer = ObsNormalizer((env.critic_dim,), config.clip_obs) if env.critic_dim else None
+    normalizer, critic_normalizer = obs_normalizers(config, env)
     if isinstance(model, RecurrentModel):
         return RecurrentActorCriticPolicy(model, env.act_spec, normalizer, config.log_std_init)
     return ActorCriticPolicy(model, env.act_spec, normalizer, critic_normalizer, config.log_std_init)
+
+
+def obs_normalizers(config: TrainerConfig, env: EnvInfo) -> tuple[ObsNormalizer | None, ObsNormalizer | None]:
+    """The observation (and centralized critic input) statistics ``normalize_obs`` asks for."""
+    if not config.normalize_obs:
+        return None, None
+    if env.obs_spec.dtype != np.float32:
+        raise ConfigError(
+            f"normalize_obs=True normalizes float observations; '{env.name}' observes "
+            f"{env.obs_spec.dtype} {list(env.obs_spec.shape)} (images are scaled inside the CNN)."
+        )
+    normalizer = ObsNormalizer(env.obs_spec.shape, config.clip_obs)
+    return normalizer, ObsNormalizer((env.critic_dim,), config.clip_obs) if env.critic_dim else None
+
+
+# Q-networks default to one trunk (the heads share it: dueling's value and advantage streams) of
+# two 256-unit ReLU layers, the size rl-baselines3-zoo's DQN settings use on classic control, and
+# keep torch's default layer init: the orthogonal init with a tiny head that suits policy
+# gradients held DQN on CartPole-v1 far below the same network with torch's init.
+Q_NETWORK_DEFAULTS = {"shared_trunk": True, "hiddens": [256, 256], "activation": "relu"}
+
+
+def build_q_policy(config: TrainerConfig, env: EnvInfo, dueling: bool) -> QPolicy:
+    """The Q-network policy of one policy (``config`` has its overrides): ``model`` with one output
+    per action; built-in models take ``Q_NETWORK_DEFAULTS`` for the ``model_config`` keys not given."""
+    spec = env.act_spec
+    if spec.kind != "discrete":
+        raise ConfigError(
+            f"Q-learning needs Discrete actions; '{env.name}' acts in {spec.space}. For Box actions use "
+            f"algo=sac or algo=td3 (MultiDiscrete: algo=ppo)."
+        )
+    options = config.model_options
+    if isinstance(config.model, str) and config.model in BUILT_IN and env.critic_dim == 0:
+        image_defaults = {"shared_trunk": True} if config.model == "cnn" else Q_NETWORK_DEFAULTS
+        options = image_defaults | options
+    model = build_model(config.model, options, env, spec.nvec[0])
+    if isinstance(model, RecurrentModel):
+        raise ConfigError("DQN takes feedforward models only; drop model_config 'core'.")
+    if options is not config.model_options:  # a built-in model: torch's default layer init, see Q_NETWORK_DEFAULTS
+        for layer in model.modules():
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                layer.reset_parameters()
+    return QPolicy(model, spec.nvec[0], obs_normalizers(config, env)[0], dueling)

@@ -36,6 +36,32 @@ class Policy(nn.Module):
 
     extras: tuple[str, ...] = ()
     """The per-step fields ``act`` fills (e.g. ``sample_log_prob``, ``value``)."""
+    obs_normalizer: ObsNormalizer | None
+    """Running statistics that normalize observations before the model sees them (None: raw)."""
+    critic_normalizer: ObsNormalizer | None
+    """The same for a centralized critic's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.obs_normalizer = self.critic_normalizer = None
+
+    def normalize(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's inputs: ``(obs, critic_obs)`` normalized when the policy keeps statistics."""
+        if self.obs_normalizer is not None:
+            obs = self.obs_normalizer.normalize(obs)
+        if critic_obs is not None and self.critic_normalizer is not None:
+            critic_obs = self.critic_normalizer.normalize(critic_obs)
+        return obs, critic_obs
+
+    @torch.no_grad()
+    def update_obs_stats(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> None:
+        """Fold a batch of raw observations into the normalization statistics (a no-op without them)."""
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.stats.update(obs)
+        if critic_obs is not None and self.critic_normalizer is not None:
+            self.critic_normalizer.stats.update(critic_obs)
 
     def initial_state(self, rows: int) -> TensorDict:
         """The state of ``rows`` agent rows at an episode start (empty: feedforward)."""
@@ -88,24 +114,6 @@ class ActorCriticPolicy(Policy):
         self.obs_normalizer, self.critic_normalizer = obs_normalizer, critic_normalizer
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((self.dist.param_dim,), float(log_std_init)))
-
-    def normalize(
-        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The model's inputs: ``(obs, critic_obs)`` normalized when the policy keeps statistics."""
-        if self.obs_normalizer is not None:
-            obs = self.obs_normalizer.normalize(obs)
-        if critic_obs is not None and self.critic_normalizer is not None:
-            critic_obs = self.critic_normalizer.normalize(critic_obs)
-        return obs, critic_obs
-
-    @torch.no_grad()
-    def update_obs_stats(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> None:
-        """Fold a batch of raw observations into the normalization statistics (a no-op without them)."""
-        if self.obs_normalizer is not None:
-            self.obs_normalizer.stats.update(obs)
-        if critic_obs is not None and self.critic_normalizer is not None:
-            self.critic_normalizer.stats.update(critic_obs)
 
     def forward(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution inputs ``[B, P]`` and values ``[B]`` of raw observations."""

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, ClassVar, cast, overload
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -168,8 +168,7 @@ class Trainer:
         steps_before, sample_before = collector.env_steps, collector.sample_time_s
         end = max(1, self._schedule_end)
         self.algorithm.progress = self.timesteps_total / end
-        steps_per_iteration = cast(int, c.train_batch_size)  # filled when the config is validated
-        self.algorithm.progress_end = min(1.0, (self.timesteps_total + steps_per_iteration) / end)
+        self.algorithm.progress_end = min(1.0, (self.timesteps_total + self.algorithm.steps_per_iteration) / end)
         stats = self.algorithm.training_step(collector)
         self._sync_weights()
         elapsed = time.perf_counter() - t0

@@ -1,0 +1,156 @@
+"""The loop every replay learner shares: collect a phase, store it, learn from replay.
+
+    training_step: phases until timesteps_per_iteration env steps are in, each:
+        collect [N, T+1] (T = train_freq) -> replay.add -> after learning_starts:
+        gradient_steps x (each trained policy: sample its rows -> learner.learn -> priorities)
+
+An algorithm subclasses ``OffPolicyAlgorithm`` with its learner (one per trained policy: the
+networks, targets and optimizers of one policy, and ``learn(batch, weights)``) and, when it
+needs them, hooks before each phase (DQN's epsilon) and after it (DQN's target updates).
+Minibatches are drawn from the steps of the learner's own policy, so in multi-agent runs the one
+buffer serves as one buffer per policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, cast
+
+import torch
+from tensordict import TensorDict
+
+from shoal.algos.base import Algorithm, Collector
+from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
+from shoal.config import OffPolicyConfig
+from shoal.envs.spaces import EnvInfo
+
+
+class Learner(Protocol):
+    """One trained policy's learning: its networks, targets and optimizers."""
+
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One minibatch step on ``batch`` (``ReplayBuffer.gather``'s fields) with importance
+        ``weights`` (None: uniform); returns the step's statistics (``STAT_NAMES`` order) and each
+        step's absolute TD error, the new priorities."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class OffPolicyAlgorithm(Algorithm):
+    """Base of the replay learners: the phase loop, the replay buffer, per-policy learners."""
+
+    config_class = OffPolicyConfig
+    extras: ClassVar[tuple[str, ...] | None] = ()  # the buffer keeps the env fields only
+    STAT_NAMES: ClassVar[tuple[str, ...]] = ()
+    """The statistics each learner's ``learn`` returns, averaged over an iteration's steps."""
+
+    config: OffPolicyConfig  # built from config_class by the trainer
+
+    def __init__(self, config: OffPolicyConfig, env: EnvInfo):
+        super().__init__(config, env)
+        horizon = cast(int, config.rollout_fragment_length)  # filled when validated
+        self.rollout = RolloutBuffer(env, horizon, self.extra_fields(), config.device)
+        fields, size = self.extra_fields(), config.buffer_size
+        self.replay = (
+            PrioritizedReplayBuffer(
+                env, size, fields, config.device, config.prioritized_replay_alpha, len(config.policy_ids)
+            )
+            if config.prioritized_replay
+            else ReplayBuffer(env, size, fields, config.device)
+        )
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.learners: dict[str, Learner] = {
+            pid: self.make_learner(pid, cast(OffPolicyConfig, self.policy_configs[pid]))
+            for pid in self.trained_policy_ids
+        }
+        self.timesteps = 0
+        """Env steps collected so far (``learning_starts`` and the target schedule count them)."""
+        self.gradient_steps = 0
+        """Minibatch steps taken so far (per trained policy)."""
+
+    def make_learner(self, policy_id: str, config: OffPolicyConfig) -> Learner:
+        raise NotImplementedError(f"{type(self).__name__} must implement make_learner(policy_id, config)")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.config.phases * cast(int, self.config.train_batch_size)
+
+    def phase_progress(self, steps: int) -> float:
+        """How far the ``learn()`` call has gone ``steps`` env steps into this iteration (between
+        ``progress`` and ``progress_end``), for schedules that move within an iteration."""
+        share = min(steps / self.steps_per_iteration, 1.0)
+        return self.progress + (self.progress_end - self.progress) * share
+
+    def before_phase(self, progress: float) -> None:
+        """Called before each collection phase (e.g. to set the exploration rate)."""
+
+    def after_phase(self, steps_before: int) -> None:
+        """Called after each phase is stored, with the env step count before it (e.g. for targets)."""
+
+    def training_step(self, collector: Collector) -> dict[str, Any]:
+        c = self.config
+        totals: dict[str, torch.Tensor] = {}
+        collected = count = 0
+        for _ in range(c.phases):
+            self.before_phase(self.phase_progress(collected))
+            rollout = self.rollout.start_rollout()
+            steps = collector.collect(rollout)
+            self.rollout.add(rollout)
+            self.update_obs_stats(rollout)
+            self.replay.add(rollout, collector.truncations)
+            before = self.timesteps
+            self.timesteps += steps
+            collected += steps
+            self.after_phase(before)
+            if self.timesteps < c.learning_starts or not self.learners:
+                continue
+            beta = c.prioritized_replay_beta + (1.0 - c.prioritized_replay_beta) * self.phase_progress(collected)
+            for _ in range(c.gradient_steps if c.gradient_steps > 0 else steps):
+                for pid, out in self.learn_step(beta):
+                    totals[pid] = totals[pid] + out if pid in totals else out
+                count += 1
+        self.gradient_steps += count
+        stats: dict[str, Any] = {"replay_size": len(self.replay), "num_gradient_steps": self.gradient_steps}
+        single = len(self.policies) == 1
+        per_policy = {pid: dict(zip(self.STAT_NAMES, (total / count).tolist())) for pid, total in totals.items()}
+        if single:
+            return stats | next(iter(per_policy.values()), {})
+        return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
+
+    def learn_step(self, beta: float) -> list[tuple[str, torch.Tensor]]:
+        """One minibatch step of each trained policy, on steps of its own rows."""
+        c = self.config
+        ids = list(self.policies)
+        out = []
+        for pid, learner in self.learners.items():
+            owner = None if len(ids) == 1 else ids.index(pid)
+            index = self.replay.sample(c.sgd_minibatch_size, self.generator, owner)
+            weights = None
+            if isinstance(self.replay, PrioritizedReplayBuffer):
+                weights = self.replay.importance_weights(index, beta, owner)
+            stats, td_error = learner.learn(self.replay.gather(index, c.n_step, c.gamma), weights)
+            if isinstance(self.replay, PrioritizedReplayBuffer):
+                self.replay.update_priorities(index, td_error + c.prioritized_replay_eps, owner)
+            out.append((pid, stats))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "learners": {pid: learner.state_dict() for pid, learner in self.learners.items()},
+            "generator": self.generator.get_state(),
+            "timesteps": self.timesteps,
+            "gradient_steps": self.gradient_steps,
+            "replay": self.replay.state_dict() if self.config.store_buffer_in_checkpoints else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for pid, learner in self.learners.items():
+            learner.load_state_dict(state["learners"][pid])
+        self.generator.set_state(state["generator"])
+        self.timesteps, self.gradient_steps = state["timesteps"], state["gradient_steps"]
+        if state["replay"] is not None:
+            self.replay.load_state_dict(state["replay"])

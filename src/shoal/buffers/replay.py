@@ -1,0 +1,230 @@
+"""Replay storage for off-policy learners: a preallocated circular TensorDict ``[N, C]``.
+
+It is fed with the collector's ``[N, T+1]`` rollouts, so replay learners share the on-policy
+data path: every agent row keeps ``C`` columns that advance together, and a step's next
+observation is the next column of its row, not a second copy. Each ``add`` writes the ``T``
+steps at the head and the rollout's slot ``T`` (the observation the next rollout starts from)
+one column further, so the newest steps can be sampled at once; that column becomes the next
+rollout's first step.
+
+Episode ends need care where the next column does not hold the next observation:
+
+- with same-step autoreset (shoal's backends) the step after a truncated episode's last one
+  already belongs to the next episode, so the true final observation goes into a small circular
+  side table (``final_obs_capacity`` entries, a few percent of the buffer). When an entry is
+  overwritten before its step leaves the buffer, that step stops being sampleable;
+- with next-step autoreset (Gymnasium's vector envs) the next column is that final observation,
+  and the reset step after it is not a transition (``valid`` False), so it is never sampled;
+- a terminated step needs no next observation: nothing is bootstrapped after it.
+
+Observations keep their own dtype (uint8 images stay uint8), so a million 84x84 frames take
+little more than their raw bytes (``benchmarks/replay_buffer.py`` measures it).
+
+``sample`` draws stored steps uniformly (of one policy's rows when asked: the buffer serves as
+one buffer per policy in multi-agent runs, without copying rows apart); ``gather`` reads them
+with their n-step returns: rewards summed over up to ``n`` steps, stopping at the episode's end
+(no bootstrap after a terminal step, a bootstrap from the true final observation after a
+truncated one) or at the newest stored step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from shoal.buffers.rollout import FieldSpec, env_fields
+from shoal.envs.spaces import EnvInfo
+
+FINAL_OBS_SHARE = 64  # the side table of truncated episodes' final observations: capacity / 64 entries
+
+
+class ReplayBuffer:
+    """Circular ``[N, C]`` storage of the env fields (and ``fields``) of ``capacity`` agent steps
+    in all: ``N`` agent rows, ``C = capacity // N`` columns each."""
+
+    def __init__(
+        self,
+        env: EnvInfo,
+        capacity: int,
+        fields: dict[str, FieldSpec] | None = None,
+        device: str | torch.device = "cpu",
+        final_obs_capacity: int | None = None,
+    ):
+        n = env.num_rows
+        if capacity < 2 * n:
+            raise ValueError(f"a replay buffer of capacity {capacity} cannot hold two steps of each of {n} agent rows")
+        self.num_rows, self.columns = n, capacity // n
+        specs = env_fields(env) | (fields or {})
+        self.storage = TensorDict(
+            {
+                key: torch.zeros(n, self.columns, *shape, dtype=dtype, device=device)
+                for key, (shape, dtype) in specs.items()
+            },
+            batch_size=[n, self.columns],
+            device=device,
+        )
+        """The stored steps ``[N, C]``, chronological along each row from the head (wrapping)."""
+        self.sampleable = torch.zeros(n, self.columns, dtype=torch.bool, device=device)
+        """Which stored steps are whole transitions that ``sample`` may draw."""
+        self.head = 0
+        """The column holding the newest observation, where the next ``add`` writes its first step."""
+        self.size = 0
+        """Columns of each row holding stored steps (at most ``C - 1``: the head is not a step yet)."""
+        side = final_obs_capacity or max(n, capacity // FINAL_OBS_SHARE)
+        obs_shape, obs_dtype = specs["obs"]
+        self.final_obs = torch.zeros(side, *obs_shape, dtype=obs_dtype, device=device)
+        """True final observations of truncated episodes (same-step autoreset), a circular table."""
+        self.final_owner = torch.full((side,), -1, dtype=torch.long, device=device)  # flat step index of each entry
+        self.final_slot = torch.full((n, self.columns), -1, dtype=torch.long, device=device)  # entry of each step
+        self._final_next = 0  # the side table entry written next
+        self._finals_kept = False  # same-step autoreset: final observations live in the side table
+
+    @property
+    def capacity(self) -> int:
+        return self.num_rows * self.columns
+
+    def __len__(self) -> int:
+        """Stored agent steps (sampleable or not)."""
+        return self.num_rows * self.size
+
+    def add(self, rollout: TensorDict, truncations: Any = None) -> torch.Tensor:
+        """Store a collected ``[N, T+1]`` rollout (``T < C``) and, with same-step autoreset, the
+        final observations of its truncated episodes (the collector's ``truncations``); returns the
+        flat indices (``row * C + column``) of the steps whose sampleability may have changed."""
+        horizon = rollout.batch_size[1] - 1
+        c = self.columns
+        if horizon >= c:
+            raise ValueError(f"a rollout of {horizon} steps per row does not fit {c} replay columns per row")
+        cols = (self.head + torch.arange(horizon + 1, device=self.sampleable.device)) % c
+        # A rollout that does not go on from the stored head (the envs were reset in between) leaves
+        # the step before it without its next observation.
+        previous = (self.head - 1) % c
+        broken = rollout["first"][:, 0] & ~self.storage["done"][:, previous] if self.size else None
+        for key, stored in self.storage.items():
+            if key in rollout.keys():  # noqa: SIM118 (a TensorDict)
+                stored[:, cols] = rollout[key]
+        self.sampleable[:, cols[:horizon]] = rollout["valid"][:, :horizon]
+        self.sampleable[:, cols[horizon]] = False
+        self.final_slot[:, cols] = -1
+        changed = [(torch.arange(self.num_rows).unsqueeze(1) * c + cols).reshape(-1)]
+        if broken is not None and bool(broken.any()):
+            rows = broken.nonzero().squeeze(1)
+            self.sampleable[rows, previous] = False
+            changed.append(rows * c + previous)
+        self._finals_kept = truncations is not None and not truncations.next_step
+        if self._finals_kept and len(truncations):
+            changed.append(self._store_final_obs(truncations.row, cols[truncations.step], truncations.obs))
+        self.head = int(cols[horizon])
+        self.size = min(self.size + horizon, c - 1)
+        return torch.cat(changed)
+
+    def _store_final_obs(self, rows: torch.Tensor, cols: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Put truncated steps' final observations into the side table; the steps whose entries they
+        overwrite stop being sampleable (returned as flat indices)."""
+        side = len(self.final_obs)
+        flat = rows * self.columns + cols
+        lost = flat[: max(len(flat) - side, 0)]  # more truncations in one rollout than entries: keep the newest
+        self.sampleable.view(-1)[lost] = False
+        flat, obs = flat[len(lost) :], obs[len(lost) :]
+        entries = (self._final_next + torch.arange(len(flat))) % side
+        owners = self.final_owner[entries]
+        old = owners[owners >= 0]
+        evicted = old[self.final_slot.view(-1)[old] == entries[owners >= 0]]  # still pointing here
+        self.sampleable.view(-1)[evicted] = False
+        self.final_slot.view(-1)[evicted] = -1
+        self.final_obs[entries] = obs
+        self.final_owner[entries] = flat
+        self.final_slot.view(-1)[flat] = entries
+        self._final_next = int((self._final_next + len(flat)) % side)
+        return torch.cat((lost, evicted))
+
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None, policy: int | None = None
+    ) -> torch.Tensor:
+        """Flat indices of ``batch_size`` stored steps drawn uniformly with replacement (of policy
+        ``policy``'s rows only, when given)."""
+        found: list[torch.Tensor] = []
+        need = batch_size
+        for attempt in range(24):  # each attempt draws more: a policy may own few of the rows
+            index = self._candidates((2 * need + 16) << min(attempt, 10), generator)
+            keep = self.sampleable.view(-1)[index]
+            if policy is not None:
+                keep &= self.storage["policy_id"].view(-1)[index] == policy
+            index = index[keep][:need]
+            found.append(index)
+            need -= len(index)
+            if not need:
+                return torch.cat(found)
+        whose = "" if policy is None else f" of policy {policy}"
+        raise RuntimeError(f"the replay buffer holds no steps{whose} to sample ({len(self)} stored)")
+
+    def _candidates(self, count: int, generator: torch.Generator | None) -> torch.Tensor:
+        """Random flat indices among the stored columns of every row."""
+        if not self.size:
+            raise RuntimeError("sample() called on an empty replay buffer; add() a rollout first")
+        draw = torch.randint(self.num_rows * self.size, (count,), generator=generator)
+        row, age = draw // self.size, draw % self.size
+        return row * self.columns + (self.head - 1 - age) % self.columns
+
+    def gather(self, index: torch.Tensor, n_step: int = 1, gamma: float = 0.99) -> TensorDict:
+        """The steps at flat ``index`` with what learning from them needs: ``obs``, ``action`` (and
+        every other stored field at the step), ``reward``: the discounted sum of up to ``n_step``
+        rewards, stopping at an episode end or the newest stored step; ``next_obs``: the
+        observation after the last of them (a truncated episode's true final observation);
+        ``discount``: ``gamma ** k`` for the ``k`` rewards summed, 0 after a terminal step (nothing
+        to bootstrap); ``next_action_mask`` when the env masks actions (all legal after a
+        truncation, whose final observation comes with no mask)."""
+        c = self.columns
+        flat = self.storage.view(-1)
+        batch: TensorDict = flat[index]
+        row, col = index // c, index % c
+        reward = torch.zeros(len(index), device=index.device)
+        discount = torch.ones(len(index), device=index.device)
+        running = torch.ones(len(index), dtype=torch.bool, device=index.device)
+        step = index.clone()  # the flat index of the last step summed, per sample
+        for k in range(n_step):
+            at = row * c + (col + k) % c
+            if k and self._finals_kept:  # a window stops before a truncated step whose final obs is gone
+                running &= ~(flat["truncated"][at] & (self.final_slot.view(-1)[at] < 0))
+            step = torch.where(running, at, step)
+            reward += torch.where(running, discount * flat["reward"][at], 0.0)
+            discount = torch.where(running, discount * gamma, discount)
+            running &= ~(flat["done"][at] | ((col + k + 1) % c == self.head))
+            if not bool(running.any()):
+                break
+        terminated = flat["terminated"][step]
+        truncated = flat["truncated"][step] & (self.final_slot.view(-1)[step] >= 0)
+        next_index = row * c + (step % c + 1) % c
+        next_obs = flat["obs"][next_index]
+        if bool(truncated.any()):
+            which = truncated.nonzero().squeeze(1)
+            next_obs[which] = self.final_obs[self.final_slot.view(-1)[step[which]]]
+        batch["reward"] = reward
+        batch["next_obs"] = next_obs
+        batch["discount"] = torch.where(terminated, 0.0, discount)
+        if "action_mask" in flat.keys():  # noqa: SIM118 (a TensorDict)
+            batch["next_action_mask"] = flat["action_mask"][next_index] | truncated.unsqueeze(1)
+        return batch
+
+    # ----- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "storage": self.storage.to_dict(),
+            "sampleable": self.sampleable,
+            "head": self.head,
+            "size": self.size,
+            "final_obs": self.final_obs,
+            "final_owner": self.final_owner,
+            "final_slot": self.final_slot,
+            "final_next": self._final_next,
+            "finals_kept": self._finals_kept,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.storage.update_(state["storage"])
+        for key in ("sampleable", "final_obs", "final_owner", "final_slot"):
+            getattr(self, key).copy_(state[key])
+        self.head, self.size, self._final_next = state["head"], state["size"], state["final_next"]
+        self._finals_kept = state["finals_kept"]

@@ -1,0 +1,121 @@
+"""The off-policy algorithms' configs: the replay keys they share (``OffPolicyConfig``), and each one's own."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from shoal.config.trainer import TrainerConfig
+from shoal.errors import ConfigError
+
+
+class OffPolicyConfig(TrainerConfig):
+    """Keys of the algorithms that learn from a replay buffer. Each iteration runs collection phases of
+    `rollout_fragment_length` (also written `train_freq`) steps of every env, each followed by `gradient_steps`
+    minibatch steps, until `timesteps_per_iteration` env steps are in."""
+
+    buffer_size: int = Field(default=1_000_000, ge=2)
+    """Agent steps the replay buffer holds (split evenly over the agent rows); the oldest are overwritten."""
+    learning_starts: int = Field(default=100, ge=0)
+    """Env steps collected before the first gradient step (the buffer fills with them first)."""
+    rollout_fragment_length: int | None = Field(default=1, ge=1)
+    """Steps of every env per collection phase (also written `train_freq`): each phase is followed by
+    `gradient_steps` minibatch steps."""
+    gradient_steps: int = Field(default=1, ge=-1)
+    """Minibatch steps after each collection phase; -1: as many as the env steps the phase collected."""
+    sgd_minibatch_size: int = Field(default=256, ge=1)
+    """Agent steps per minibatch drawn from the buffer (also written `minibatch_size`; SB3's `batch_size`)."""
+    timesteps_per_iteration: int = Field(default=1000, ge=1)
+    """Env steps per iteration (one logged result): whole collection phases until at least this many."""
+    n_step: int = Field(default=1, ge=1)
+    """Rewards summed per learning target (n-step returns); a sum stops at an episode's end."""
+    tau: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Target network update: `target <- tau * online + (1 - tau) * target`; 1.0 copies (a hard update)."""
+    max_grad_norm: float | None = Field(default=10.0, gt=0.0)
+    """Clip the global norm of each step's gradient to this; None: no clipping."""
+    adam_eps: float = Field(default=1e-8, gt=0.0)
+    """Adam's epsilon."""
+    prioritized_replay: bool = False
+    """Draw minibatches by priority, the TD error of each step (Schaul et al. 2016), with importance weights."""
+    prioritized_replay_alpha: float = Field(default=0.6, ge=0.0)
+    """How strongly priorities skew sampling: probability proportional to priority ** alpha (0: uniform)."""
+    prioritized_replay_beta: float = Field(default=0.4, ge=0.0, le=1.0)
+    """The importance-weight exponent at the start of `learn()`; it rises linearly to 1 by the end."""
+    prioritized_replay_eps: float = Field(default=1e-6, gt=0.0)
+    """Added to each absolute TD error, so no step's priority is 0."""
+    store_buffer_in_checkpoints: bool = False
+    """Write the replay buffer into checkpoints (large; needed for a resume that continues bit for bit)."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """`constant`: keep the step size; `linear`: anneal it linearly to 0 over each `learn()` call."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*TrainerConfig.POLICY_KEYS, "max_grad_norm", "adam_eps")
+    ALIASES: ClassVar[dict[str, str]] = {
+        "train_freq": "rollout_fragment_length",
+        "minibatch_size": "sgd_minibatch_size",
+    }
+
+    @model_validator(mode="after")
+    def _check_gradient_steps(self) -> OffPolicyConfig:
+        if self.gradient_steps == 0:
+            raise ConfigError("gradient_steps=0 would never learn; give a positive count, or -1 (one per env step).")
+        return self
+
+    @property
+    def phases(self) -> int:
+        """Collection phases per iteration."""
+        batch = int(self.train_batch_size or 1)  # filled when validated
+        return max(1, -(-self.timesteps_per_iteration // batch))
+
+    def check_batch(self, agents_per_env: int = 1) -> None:
+        """The buffer must hold more than a collection phase of every agent row."""
+        super().check_batch(agents_per_env)
+        rows = self.num_envs * agents_per_env
+        frag = int(self.rollout_fragment_length or 1)
+        if self.buffer_size // rows <= frag:
+            raise ConfigError(
+                f"buffer_size={self.buffer_size} holds {self.buffer_size // rows} steps of each of the {rows} agent "
+                f"rows, not more than a collection phase (rollout_fragment_length={frag}); "
+                f"try buffer_size={rows * (frag + 1) * 10}."
+            )
+
+
+class DQNConfig(OffPolicyConfig):
+    """DQN's keys (and the replay keys of `OffPolicyConfig`). Defaults are rl-baselines3-zoo's CartPole-v1
+    settings, which solve it within 50k steps: one env, 256-step phases each followed by 128 minibatch steps of 64,
+    a 2-layer 256-unit ReLU Q-network, epsilon from 1 to 0.04 over the first 16% of the run."""
+
+    double_q: bool = False
+    """Double DQN: the online network picks the next action and the target network values it (van Hasselt et al.
+    2016); False: the target network's max, as the tuned settings the defaults come from."""
+    dueling: bool = False
+    """Dueling heads: `Q = V + A - mean(A)` from the model's value and action outputs (Wang et al. 2016)."""
+    exploration_fraction: float = Field(default=0.16, ge=0.0, le=1.0)
+    """Share of each `learn()` call over which epsilon falls linearly from `exploration_initial_eps` to
+    `exploration_final_eps`."""
+    exploration_initial_eps: float = Field(default=1.0, ge=0.0, le=1.0)
+    """The probability of a random action at the start."""
+    exploration_final_eps: float = Field(default=0.04, ge=0.0, le=1.0)
+    """The probability of a random action once the exploration fraction has passed."""
+    num_envs: int = Field(default=1, ge=1)
+    """Environments stepped together; each brings its agents as rows of the batch."""
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    """Discount factor of future rewards."""
+    learning_rate: float = Field(default=2.3e-3, gt=0.0)
+    """Adam's step size (annealed as `lr_schedule` says)."""
+    buffer_size: int = Field(default=100_000, ge=2)
+    """Agent steps the replay buffer holds (split evenly over the agent rows); the oldest are overwritten."""
+    learning_starts: int = Field(default=1000, ge=0)
+    """Env steps collected before the first gradient step (the buffer fills with them first)."""
+    rollout_fragment_length: int | None = Field(default=256, ge=1)
+    """Steps of every env per collection phase (also written `train_freq`): each phase is followed by
+    `gradient_steps` minibatch steps."""
+    gradient_steps: int = Field(default=128, ge=-1)
+    """Minibatch steps after each collection phase; -1: as many as the env steps the phase collected."""
+    sgd_minibatch_size: int = Field(default=64, ge=1)
+    """Agent steps per minibatch drawn from the buffer (also written `minibatch_size`; SB3's `batch_size`)."""
+    target_update_interval: int = Field(default=10, ge=1)
+    """Env steps between target network updates (several due in one phase compound into one update with
+    `1 - (1 - tau) ** k`)."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "double_q", "dueling")

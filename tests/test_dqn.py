@@ -1,0 +1,176 @@
+"""DQN: its targets against a hand computation, the epsilon and target schedules, action masks,
+one buffer per policy, clear config errors, exact resume, and a CartPole run that learns."""
+
+import copy
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import shoal
+from shoal.config import DQNConfig
+from shoal.errors import ConfigError
+from shoal.models.qpolicy import QPolicy, greedy
+
+QUIET = dict(save_outputs=False, verbose=0)
+SMALL = dict(
+    env="CartPole-v1",
+    rollout_fragment_length=16,
+    gradient_steps=4,
+    learning_starts=64,
+    timesteps_per_iteration=64,
+    buffer_size=2000,
+    sgd_minibatch_size=32,
+    **QUIET,
+)
+
+
+def _weights(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
+    algo = shoal.DQN(double_q=double_q, dueling=True, **SMALL)
+    learner = algo.algorithm.learners["default_policy"]
+    policy = algo.get_policy()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # make the target network differ from the online one
+        for p in learner.target.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    batch = TensorDict(
+        {
+            "obs": torch.randn(8, 4, generator=generator),
+            "action": torch.randint(2, (8,), generator=generator),
+            "reward": torch.randn(8, generator=generator),
+            "next_obs": torch.randn(8, 4, generator=generator),
+            "discount": torch.tensor([0.99, 0.0, 0.9801, 0.99, 0.99, 0.0, 0.99, 0.99]),
+        },
+        batch_size=[8],
+    )
+    before = copy.deepcopy(policy)
+    with torch.no_grad():
+        expected = []
+        for i in range(8):  # one sample at a time, the textbook way
+            nxt = batch["next_obs"][i : i + 1]
+            q_target = before.q_values(nxt, learner.target)[0]
+            pick = before.q_values(nxt)[0].argmax() if double_q else q_target.argmax()
+            expected.append(batch["reward"][i] + batch["discount"][i] * q_target[pick])
+        q = before.q_values(batch["obs"]).gather(1, batch["action"].unsqueeze(1)).squeeze(1)
+    stats, td_error = learner.learn(batch, None)
+    torch.testing.assert_close(td_error, (q - torch.stack(expected)).abs())
+    assert stats[0].item() == pytest.approx(torch.nn.functional.smooth_l1_loss(q, torch.stack(expected)).item())
+    assert not torch.equal(_weights(policy), _weights(before)), "the step moved the network"
+
+
+def test_dueling_heads_combine_value_and_centred_advantages():
+    algo = shoal.DQN(dueling=True, **SMALL)
+    policy = algo.get_policy()
+    obs = torch.randn(5, 4)
+    advantage, value = policy.model(obs)
+    torch.testing.assert_close(policy.q_values(obs), value[:, None] + advantage - advantage.mean(1, keepdim=True))
+
+
+def test_epsilon_falls_linearly_over_the_exploration_fraction():
+    algo = shoal.DQN(exploration_fraction=0.5, exploration_final_eps=0.1, **SMALL)
+    first = algo.train()["epsilon"]
+    algo.learn(64 * 10)
+    assert first > 0.99  # the last phase of the first iteration, just past the start
+    assert algo.algorithm.epsilon == pytest.approx(0.1)
+    assert algo.get_policy().epsilon == pytest.approx(0.1)
+    fresh = shoal.DQN(exploration_fraction=0.5, exploration_final_eps=0.1, **SMALL)
+    fresh.algorithm.progress = fresh.algorithm.progress_end = 0.25
+    fresh.algorithm.before_phase(0.25)
+    assert fresh.algorithm.epsilon == pytest.approx(1.0 - 0.5 * 0.9)
+
+
+def test_target_updates_due_in_a_phase_compound():
+    algo = shoal.DQN(tau=0.1, target_update_interval=4, **SMALL)
+    dqn = algo.algorithm
+    learner = dqn.learners["default_policy"]
+    with torch.no_grad():
+        for p in learner.target.parameters():
+            p.zero_()
+    dqn.timesteps = 16  # four updates due since step 0: one update with 1 - 0.9 ** 4
+    dqn.after_phase(0)
+    online = _weights(algo.get_policy().model)
+    torch.testing.assert_close(_weights(learner.target), (1 - 0.9**4) * online)
+    dqn.after_phase(16)  # none due
+    torch.testing.assert_close(_weights(learner.target), (1 - 0.9**4) * online)
+
+
+def test_masked_actions_are_never_taken_greedy_or_random():
+    q = torch.tensor([[5.0, 1.0, 0.0], [0.0, 9.0, 1.0]])
+    mask = torch.tensor([[False, True, True], [True, False, True]])
+    assert greedy(q, mask).tolist() == [1, 2]
+    policy = QPolicy(torch.nn.Identity(), 3)
+    policy.q_values = lambda obs, model=None: q.repeat(500, 1)  # type: ignore[method-assign]
+    policy.epsilon = 1.0
+    action, _, _ = policy.act(
+        torch.zeros(1000, 1), TensorDict({}, [1000]), torch.zeros(1000, dtype=torch.bool), mask.repeat(500, 1)
+    )
+    legal = mask.repeat(500, 1).gather(1, action.unsqueeze(1))
+    assert bool(legal.all())
+    assert set(action[0::2].tolist()) == {1, 2} and set(action[1::2].tolist()) == {0, 2}
+
+
+def test_config_errors_name_the_key_and_the_fix():
+    with pytest.raises(ConfigError, match="Discrete actions; 'Pendulum-v1' acts in Box"):
+        shoal.DQN(env="Pendulum-v1", **QUIET)
+    with pytest.raises(ConfigError, match="gradient_steps=0 would never learn"):
+        DQNConfig.build(gradient_steps=0)
+    with pytest.raises(ConfigError, match="Did you mean 'exploration_fraction'"):
+        DQNConfig.build(exploration_fractoin=0.1)
+    with pytest.raises(ConfigError, match=r"buffer_size=300 holds 300 steps .* try buffer_size="):
+        shoal.DQN(buffer_size=300, train_freq=300, **QUIET)
+    assert DQNConfig.build(train_freq=8, minibatch_size=16).rollout_fragment_length == 8
+
+
+def test_each_policy_learns_from_its_own_rows():
+    """Two policies on one two-agent env: each minibatch holds only steps its policy took."""
+    algo = shoal.DQN(
+        **{**SMALL, "env": "pettingzoo:pettingzoo.classic.connect_four_v3"}, policies=["player_0", "player_1"]
+    )
+    algo.train()
+    replay = algo.algorithm.replay
+    for owner in (0, 1):
+        index = replay.sample(256, torch.Generator().manual_seed(owner), owner)
+        assert bool((replay.storage["policy_id"].view(-1)[index] == owner).all())
+    assert {"player_0/loss", "player_1/loss"} <= set(algo.train()["learner"])
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_resume_with_the_buffer_is_bit_identical(tmp_path, prioritized):
+    kw = dict(SMALL, seed=3, store_buffer_in_checkpoints=True, prioritized_replay=prioritized, n_step=3)
+    kw.pop("save_outputs")
+    straight = shoal.DQN(run_dir=str(tmp_path / "straight"), **kw)
+    for _ in range(5):
+        last_straight = straight.train()
+    first = shoal.DQN(run_dir=str(tmp_path / "split"), **kw)
+    for _ in range(3):
+        first.train()
+    path = first.save()
+    first.close()
+    resumed = shoal.DQN.from_checkpoint(path)
+    for _ in range(2):
+        last_resumed = resumed.train()
+    assert torch.equal(_weights(resumed.get_policy()), _weights(straight.get_policy()))
+    for key in ("loss", "q_mean", "epsilon", "episode_reward_mean", "replay_size"):
+        assert last_resumed[key] == last_straight[key], key
+
+
+def test_a_checkpoint_without_the_buffer_resumes_and_refills_it(tmp_path):
+    algo = shoal.DQN(run_dir=str(tmp_path / "run"), **{k: v for k, v in SMALL.items() if k != "save_outputs"})
+    algo.train()
+    path = algo.save()
+    assert algo.algorithm.state_dict()["replay"] is None
+    resumed = shoal.DQN.from_checkpoint(path)
+    assert len(resumed.algorithm.replay) == 0
+    assert resumed.train()["replay_size"] > 0
+
+
+def test_dqn_learns_cartpole():
+    """The shipped defaults (rl-baselines3-zoo's CartPole settings) on a shortened run."""
+    algo = shoal.DQN(seed=1, **QUIET)
+    algo.learn(20_000)
+    assert algo.evaluate(10)["episode_reward_mean"] >= 100  # random play: about 20
