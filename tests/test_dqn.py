@@ -117,6 +117,8 @@ def test_masked_actions_are_never_taken_greedy_or_random():
 def test_config_errors_name_the_key_and_the_fix():
     with pytest.raises(ConfigError, match="Discrete actions; 'Pendulum-v1' acts in Box"):
         shoal.DQN(env="Pendulum-v1", **QUIET)
+    with pytest.raises(ConfigError, match="central_critic feeds an actor-critic's value function"):
+        shoal.DQN(env="pettingzoo:mpe2.simple_spread_v3", central_critic="team_obs", **QUIET)
     with pytest.raises(ConfigError, match="gradient_steps=0 would never learn"):
         DQNConfig.build(gradient_steps=0)
     with pytest.raises(ConfigError, match="Did you mean 'exploration_fraction'"):

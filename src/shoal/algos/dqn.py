@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from shoal.algos.base import Collector
 from shoal.algos.off_policy import OffPolicyAlgorithm
 from shoal.algos.optim import AutogradOptimizer
 from shoal.config import DQNConfig, OffPolicyConfig, TrainerConfig
@@ -55,7 +56,8 @@ class DQNAlgorithm(OffPolicyAlgorithm):
         for policy in self.policies.values():
             cast(QPolicy, policy).epsilon = self.epsilon
         for learner in self.learners.values():
-            cast(DQNLearner, learner).optimizer.lr = self.learning_rate(self.config)
+            dqn = cast(DQNLearner, learner)
+            dqn.optimizer.lr = self.learning_rate(dqn.config)  # the policy's own learning_rate
 
     def after_phase(self, steps_before: int) -> None:
         """Target updates due in the phase: ``k`` of them move the target as one update with
@@ -67,7 +69,7 @@ class DQNAlgorithm(OffPolicyAlgorithm):
             for learner in self.learners.values():
                 cast(DQNLearner, learner).update_target(tau)
 
-    def training_step(self, collector: Any) -> dict[str, Any]:
+    def training_step(self, collector: Collector) -> dict[str, Any]:
         return super().training_step(collector) | {"epsilon": self.epsilon}
 
     def describe(self) -> str:

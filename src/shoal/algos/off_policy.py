@@ -65,6 +65,9 @@ class OffPolicyAlgorithm(Algorithm):
             pid: self.make_learner(pid, cast(OffPolicyConfig, self.policy_configs[pid]))
             for pid in self.trained_policy_ids
         }
+        ids = list(self.policies)
+        self._owner = {pid: None if len(ids) == 1 else ids.index(pid) for pid in self.learners}
+        # which rows each learner samples: a policy index into the stored policy_id (None: all rows)
         self.timesteps = 0
         """Env steps collected so far (``learning_starts`` and the target schedule count them)."""
         self.gradient_steps = 0
@@ -122,10 +125,9 @@ class OffPolicyAlgorithm(Algorithm):
     def learn_step(self, beta: float) -> list[tuple[str, torch.Tensor]]:
         """One minibatch step of each trained policy, on steps of its own rows."""
         c = self.config
-        ids = list(self.policies)
         out = []
         for pid, learner in self.learners.items():
-            owner = None if len(ids) == 1 else ids.index(pid)
+            owner = self._owner[pid]
             index = self.replay.sample(c.sgd_minibatch_size, self.generator, owner)
             weights = None
             if isinstance(self.replay, PrioritizedReplayBuffer):

@@ -108,7 +108,7 @@ class ReplayBuffer:
         self.sampleable[:, cols[:horizon]] = rollout["valid"][:, :horizon]
         self.sampleable[:, cols[horizon]] = False
         self.final_slot[:, cols] = -1
-        changed = [(torch.arange(self.num_rows).unsqueeze(1) * c + cols).reshape(-1)]
+        changed = [(torch.arange(self.num_rows, device=cols.device).unsqueeze(1) * c + cols).reshape(-1)]
         if broken is not None and bool(broken.any()):
             rows = broken.nonzero().squeeze(1)
             self.sampleable[rows, previous] = False
@@ -128,7 +128,7 @@ class ReplayBuffer:
         lost = flat[: max(len(flat) - side, 0)]  # more truncations in one rollout than entries: keep the newest
         self.sampleable.view(-1)[lost] = False
         flat, obs = flat[len(lost) :], obs[len(lost) :]
-        entries = (self._final_next + torch.arange(len(flat))) % side
+        entries = (self._final_next + torch.arange(len(flat), device=flat.device)) % side
         owners = self.final_owner[entries]
         old = owners[owners >= 0]
         evicted = old[self.final_slot.view(-1)[old] == entries[owners >= 0]]  # still pointing here

@@ -301,16 +301,20 @@ def build_q_policy(config: TrainerConfig, env: EnvInfo, dueling: bool) -> QPolic
     if spec.kind != "discrete":
         raise ConfigError(
             f"Q-learning needs Discrete actions; '{env.name}' acts in {spec.space}. For Box actions use "
-            f"algo=sac or algo=td3 (MultiDiscrete: algo=ppo)."
+            f"algo=ppo (SAC and TD3 for Box actions are not built yet)."
         )
+    if env.critic_dim:
+        raise ConfigError(
+            "central_critic feeds an actor-critic's value function, which DQN has not; drop central_critic."
+        )
+    built_in = isinstance(config.model, str) and config.model in BUILT_IN
     options = config.model_options
-    if isinstance(config.model, str) and config.model in BUILT_IN and env.critic_dim == 0:
-        image_defaults = {"shared_trunk": True} if config.model == "cnn" else Q_NETWORK_DEFAULTS
-        options = image_defaults | options
+    if built_in:
+        options = ({"shared_trunk": True} if config.model == "cnn" else Q_NETWORK_DEFAULTS) | options
     model = build_model(config.model, options, env, spec.nvec[0])
     if isinstance(model, RecurrentModel):
         raise ConfigError("DQN takes feedforward models only; drop model_config 'core'.")
-    if options is not config.model_options:  # a built-in model: torch's default layer init, see Q_NETWORK_DEFAULTS
+    if built_in:  # torch's default layer init, see Q_NETWORK_DEFAULTS
         for layer in model.modules():
             if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 layer.reset_parameters()
