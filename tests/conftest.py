@@ -120,3 +120,28 @@ def folded_decisions(row, reward, value, terminated, truncated, final_value, val
             yield d, total, value[row, s + 1], False
         else:  # no later decision: the tail value, and the recursion ends
             yield d, total, value[row, t], True
+
+
+def weights_of(module: torch.nn.Module) -> torch.Tensor:
+    """Every parameter of ``module`` as one flat tensor."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def assert_resume_is_bit_identical(preset, settings, tmp_path, keys, iterations=4, split=2, **reload):
+    """``iterations`` training iterations in one go, and ``split`` of them, a checkpoint, a fresh
+    trainer from it (``from_checkpoint(path, **reload)``) and the rest: the policy's weights and
+    the last result's ``keys`` must be identical."""
+    straight = preset(run_dir=str(tmp_path / "straight"), **settings)
+    for _ in range(iterations):
+        last_straight = straight.train()
+    first = preset(run_dir=str(tmp_path / "split"), **settings)
+    for _ in range(split):
+        first.train()
+    path = first.save()
+    first.close()
+    resumed = preset.from_checkpoint(path, **reload)
+    for _ in range(iterations - split):
+        last_resumed = resumed.train()
+    assert torch.equal(weights_of(resumed.get_policy()), weights_of(straight.get_policy()))
+    for key in keys:
+        assert last_resumed[key] == last_straight[key], key

@@ -127,7 +127,7 @@ def test_shipped_configs_are_valid():
     for path in files:
         data = load_yaml(path)
         c = algorithm_class(data.get("algo", "ppo")).config_class.build(**data)
-        assert c.total_timesteps >= 100_000, path.name
+        assert c.total_timesteps >= 20_000, path.name  # a real training run (Pendulum's tuned SAC: 20k)
 
 
 def test_version_is_one_value_for_the_package_and_the_command_line(capsys):

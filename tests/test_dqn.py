@@ -11,6 +11,7 @@ import shoal
 from shoal.config import DQNConfig
 from shoal.errors import ConfigError
 from shoal.models.qpolicy import QPolicy, greedy
+from tests.conftest import assert_resume_is_bit_identical, weights_of
 
 QUIET = dict(save_outputs=False, verbose=0)
 SMALL = dict(
@@ -25,10 +26,6 @@ SMALL = dict(
 )
 
 
-def _weights(module: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
-
-
 @pytest.mark.parametrize("double_q", [True, False])
 def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
     algo = shoal.DQN(double_q=double_q, dueling=True, **SMALL)
@@ -36,7 +33,7 @@ def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
     policy = algo.get_policy()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # make the target network differ from the online one
-        for p in learner.target.parameters():
+        for p in learner.target.module.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=generator))
     batch = TensorDict(
         {
@@ -53,14 +50,14 @@ def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
         expected = []
         for i in range(8):  # one sample at a time, the textbook way
             nxt = batch["next_obs"][i : i + 1]
-            q_target = before.q_values(nxt, learner.target)[0]
+            q_target = before.q_values(nxt, learner.target.module)[0]
             pick = before.q_values(nxt)[0].argmax() if double_q else q_target.argmax()
             expected.append(batch["reward"][i] + batch["discount"][i] * q_target[pick])
         q = before.q_values(batch["obs"]).gather(1, batch["action"].unsqueeze(1)).squeeze(1)
     stats, td_error = learner.learn(batch, None)
     torch.testing.assert_close(td_error, (q - torch.stack(expected)).abs())
     assert stats[0].item() == pytest.approx(torch.nn.functional.smooth_l1_loss(q, torch.stack(expected)).item())
-    assert not torch.equal(_weights(policy), _weights(before)), "the step moved the network"
+    assert not torch.equal(weights_of(policy), weights_of(before)), "the step moved the network"
 
 
 def test_dueling_heads_combine_value_and_centred_advantages():
@@ -89,14 +86,14 @@ def test_target_updates_due_in_a_phase_compound():
     dqn = algo.algorithm
     learner = dqn.learners["default_policy"]
     with torch.no_grad():
-        for p in learner.target.parameters():
+        for p in learner.target.module.parameters():
             p.zero_()
     dqn.timesteps = 16  # four updates due since step 0: one update with 1 - 0.9 ** 4
     dqn.after_phase(0)
-    online = _weights(algo.get_policy().model)
-    torch.testing.assert_close(_weights(learner.target), (1 - 0.9**4) * online)
+    online = weights_of(algo.get_policy().model)
+    torch.testing.assert_close(weights_of(learner.target.module), (1 - 0.9**4) * online)
     dqn.after_phase(16)  # none due
-    torch.testing.assert_close(_weights(learner.target), (1 - 0.9**4) * online)
+    torch.testing.assert_close(weights_of(learner.target.module), (1 - 0.9**4) * online)
 
 
 def test_masked_actions_are_never_taken_greedy_or_random():
@@ -145,20 +142,8 @@ def test_each_policy_learns_from_its_own_rows():
 def test_resume_with_the_buffer_is_bit_identical(tmp_path, prioritized):
     kw = dict(SMALL, seed=3, store_buffer_in_checkpoints=True, prioritized_replay=prioritized, n_step=3)
     kw.pop("save_outputs")
-    straight = shoal.DQN(run_dir=str(tmp_path / "straight"), **kw)
-    for _ in range(5):
-        last_straight = straight.train()
-    first = shoal.DQN(run_dir=str(tmp_path / "split"), **kw)
-    for _ in range(3):
-        first.train()
-    path = first.save()
-    first.close()
-    resumed = shoal.DQN.from_checkpoint(path)
-    for _ in range(2):
-        last_resumed = resumed.train()
-    assert torch.equal(_weights(resumed.get_policy()), _weights(straight.get_policy()))
-    for key in ("loss", "q_mean", "epsilon", "episode_reward_mean", "replay_size"):
-        assert last_resumed[key] == last_straight[key], key
+    keys = ("loss", "q_mean", "epsilon", "episode_reward_mean", "replay_size")
+    assert_resume_is_bit_identical(shoal.DQN, kw, tmp_path, keys, iterations=5, split=3)
 
 
 def test_a_checkpoint_without_the_buffer_resumes_and_refills_it(tmp_path):

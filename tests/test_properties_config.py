@@ -441,7 +441,8 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
             st.sampled_from(
                 [
                     ("ppo2", r"unknown algo 'ppo2'\. Did you mean 'ppo'\?"),
-                    ("sac2", r"unknown algo 'sac2'\. Known: ppo"),
+                    ("sac2", r"unknown algo 'sac2'\. Did you mean 'sac'\? Known: ppo, grpo, dqn, sac, td3, maddpg"),
+                    ("impala", r"unknown algo 'impala'\. Known: ppo"),
                     ("no_such_module:Algo", r"algo 'no_such_module:Algo' cannot be imported"),
                     (5, r"algo must be an algorithm name .* got 5"),
                 ]

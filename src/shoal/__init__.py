@@ -3,7 +3,7 @@
 from shoal.algos import Algorithm, register_algorithm
 from shoal.collect.episodes import Episode
 from shoal.collect.policies import EpisodeStart
-from shoal.config import DQNConfig, GRPOConfig, PPOConfig, TrainerConfig
+from shoal.config import DQNConfig, GRPOConfig, MADDPGConfig, PPOConfig, SACConfig, TD3Config, TrainerConfig
 from shoal.envs import register_env
 from shoal.envs.multi_agent import MultiAgentEnv
 from shoal.envs.native import AgentEnv
@@ -11,7 +11,7 @@ from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, EnvError, ShoalError
 from shoal.models.policy import ActorCriticPolicy, Policy
 from shoal.models.recurrent import RecurrentActorCriticPolicy
-from shoal.presets import DQN, GRPO, PPO
+from shoal.presets import DQN, GRPO, MADDPG, PPO, SAC, TD3
 from shoal.train import Trainer
 from shoal.train.callbacks import Callback
 from shoal.train.checkpoint import CheckpointError
@@ -22,7 +22,10 @@ __version__ = "0.1.0"
 __all__ = [
     "DQN",
     "GRPO",
+    "MADDPG",
     "PPO",
+    "SAC",
+    "TD3",
     "ActorCriticPolicy",
     "AgentEnv",
     "Algorithm",
@@ -35,11 +38,14 @@ __all__ = [
     "Episode",
     "EpisodeStart",
     "GRPOConfig",
+    "MADDPGConfig",
     "MultiAgentEnv",
     "PPOConfig",
     "Policy",
     "RecurrentActorCriticPolicy",
+    "SACConfig",
     "ShoalError",
+    "TD3Config",
     "Trainer",
     "TrainerConfig",
     "make_backend",

@@ -207,7 +207,8 @@ def plot_curves(results: dict[str, list[dict[str, Any]]], path: str, title: str,
     ax.set_xlabel("env steps")
     ax.set_ylabel("deterministic evaluation return")
     ax.set_title(title)
-    ax.set_ylim(0, level * 1.1)
+    if level > 0:  # returns from 0 up to the level (CartPole-like tasks); otherwise as they fall
+        ax.set_ylim(0, level * 1.1)
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,5 +1,5 @@
 """The algorithms users construct by name: ``shoal.PPO(env=...)`` is ``shoal.Trainer(algo="ppo", env=...)``,
-and likewise ``shoal.GRPO`` and ``shoal.DQN``."""
+and likewise ``shoal.GRPO``, ``shoal.DQN``, ``shoal.SAC``, ``shoal.TD3`` and ``shoal.MADDPG``."""
 
 from __future__ import annotations
 
@@ -39,3 +39,39 @@ class DQN(Trainer):
     """
 
     algo = "dqn"
+
+
+class SAC(Trainer):
+    """Soft Actor-Critic for Box actions: a squashed Gaussian actor, twin critics and a learned
+    entropy coefficient.
+
+    >>> algo = shoal.SAC(env="Pendulum-v1", seed=1, learning_rate=1e-3)
+    >>> algo.learn(20_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "sac"
+
+
+class TD3(Trainer):
+    """TD3 for Box actions: a deterministic actor with twin critics, target smoothing and delayed
+    actor updates.
+
+    >>> algo = shoal.TD3(env="Pendulum-v1", seed=1)
+    >>> algo.learn(20_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "td3"
+
+
+class MADDPG(Trainer):
+    """MADDPG for multi-agent envs: decentralized actors trained against centralized critics that
+    see every agent's observation and action (Gumbel-Softmax for Discrete actions).
+
+    >>> algo = shoal.MADDPG(env="pettingzoo:mpe2.simple_spread_v3", env_config={"max_cycles": 25}, seed=1)
+    >>> algo.learn(100_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "maddpg"

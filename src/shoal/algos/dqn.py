@@ -3,7 +3,7 @@ dueling heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul 
 
 Each trained policy's learner minimizes the Huber loss between ``Q(s, a)`` and the target
 
-    y = R_n + discount * max_a' Q_target(s_n, a')    (double_q: Q_target(s_n, argmax_a' Q(s_n, a')))
+    y = R_n + discount * Q_target(s_n, argmax_a' Q(s_n, a'))    (double_q=False: max_a' Q_target(s_n, a'))
 
 over minibatches from the replay buffer, where ``R_n`` is the n-step discounted reward sum and
 ``discount`` is ``gamma ** n`` (0 after a terminal step; see ``ReplayBuffer.gather``). The next
@@ -11,11 +11,18 @@ action is chosen among the legal actions when the env masks them. The target net
 of the Q-network, moved toward it by ``tau`` every ``target_update_interval`` env steps; the
 policy acts epsilon-greedily with epsilon annealed linearly over ``exploration_fraction`` of each
 ``learn()`` call.
+
+With a recurrent core (``model_config`` ``core``) it is R2D2's recurrent DQN (Kapturowski et al.
+2019): the replay holds sequences with the state stored at their start (``SequenceReplayBuffer``);
+each sequence is replayed from it, its first ``replay_burn_in`` steps without gradient only to
+bring the state up to date, and the loss is the mean over the steps after them. The target network
+is unrolled the same way, and each next observation is valued from the state after the last step
+summed before it. Prioritized replay gives each sequence ``eta * max + (1 - eta) * mean`` of its
+steps' absolute TD errors.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any, cast
 
 import torch
@@ -23,12 +30,15 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from shoal.algos.base import Collector
-from shoal.algos.off_policy import OffPolicyAlgorithm
-from shoal.algos.optim import AutogradOptimizer
+from shoal.algos.off_policy import OffPolicyAlgorithm, bootstrapped
+from shoal.algos.optim import AutogradOptimizer, TargetNetwork
+from shoal.buffers import PrioritizedSequenceReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 from shoal.config import DQNConfig, OffPolicyConfig, TrainerConfig
 from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError
 from shoal.models.catalog import build_q_policy
-from shoal.models.qpolicy import QPolicy, greedy
+from shoal.models.qpolicy import QPolicy, RecurrentQPolicy, greedy
+from shoal.models.recurrent import RecurrentModel
 
 
 class DQNAlgorithm(OffPolicyAlgorithm):
@@ -42,12 +52,41 @@ class DQNAlgorithm(OffPolicyAlgorithm):
         super().__init__(config, env)
         self.epsilon = config.exploration_initial_eps
 
+    def make_replay(self) -> ReplayBuffer:
+        """Steps for feedforward Q-networks; for recurrent ones, sequences with their start states."""
+        recurrent = [pid for pid, policy in self.policies.items() if isinstance(policy, RecurrentQPolicy)]
+        if not recurrent:
+            return super().make_replay()
+        c = self.config
+        feedforward = [pid for pid in self.policies if pid not in recurrent]
+        if feedforward:
+            raise ConfigError(
+                f"recurrent DQN replays sequences for every policy, but {feedforward} have no recurrent core while "
+                f"{recurrent} do; give every policy model_config core='lstm' or 'gru', or none of them."
+            )
+        sequences: dict[str, Any] = {
+            "initial_states": [policy.initial_state(1) for policy in self.policies.values()],
+            "sequence_length": c.replay_sequence_length,
+            "burn_in": c.replay_burn_in,
+        }
+        fields, size = self.extra_fields(), c.buffer_size
+        try:
+            if c.prioritized_replay:
+                alpha, policies = c.prioritized_replay_alpha, len(c.policy_ids)
+                return PrioritizedSequenceReplayBuffer(self.env, size, fields, c.device, alpha, policies, **sequences)
+            return SequenceReplayBuffer(self.env, size, fields, c.device, **sequences)
+        except ValueError as e:
+            raise ConfigError(f"recurrent DQN cannot replay these sequences: {e}.") from None
+
     def make_policy(self, policy_id: str, config: TrainerConfig) -> QPolicy:
         """An epsilon-greedy Q-network policy: ``model`` with one output per action."""
         return build_q_policy(config, self.env, cast(DQNConfig, config).dueling)
 
     def make_learner(self, policy_id: str, config: OffPolicyConfig) -> DQNLearner:
-        return DQNLearner(cast(QPolicy, self.policies[policy_id]), cast(DQNConfig, config))
+        policy = self.policies[policy_id]
+        if isinstance(policy, RecurrentQPolicy):
+            return SequenceDQNLearner(policy, cast(DQNConfig, config))
+        return DQNLearner(cast(QPolicy, policy), cast(DQNConfig, config))
 
     def before_phase(self, progress: float) -> None:
         c = self.config
@@ -55,9 +94,7 @@ class DQNAlgorithm(OffPolicyAlgorithm):
         self.epsilon = c.exploration_initial_eps + share * (c.exploration_final_eps - c.exploration_initial_eps)
         for policy in self.policies.values():
             cast(QPolicy, policy).epsilon = self.epsilon
-        for learner in self.learners.values():
-            dqn = cast(DQNLearner, learner)
-            dqn.optimizer.lr = self.learning_rate(dqn.config)  # the policy's own learning_rate
+        super().before_phase(progress)
 
     def after_phase(self, steps_before: int) -> None:
         """Target updates due in the phase: ``k`` of them move the target as one update with
@@ -67,16 +104,28 @@ class DQNAlgorithm(OffPolicyAlgorithm):
         if due:
             tau = 1.0 - (1.0 - self.config.tau) ** due
             for learner in self.learners.values():
-                cast(DQNLearner, learner).update_target(tau)
+                cast(DQNLearner, learner).target.update(tau)
+
+    def rollout_states(self) -> list[TensorDict] | None:
+        """The sequence replay's tables of start states, which the collector fills."""
+        if isinstance(self.replay, SequenceReplayBuffer):
+            return self.replay.rollout_states(self.rollout.horizon)
+        return None
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         return super().training_step(collector) | {"epsilon": self.epsilon}
 
     def describe(self) -> str:
         c = self.config
+        sequences = ""
+        if isinstance(self.replay, SequenceReplayBuffer):
+            sequences = (
+                f" in sequences of {c.replay_sequence_length} ({c.replay_burn_in} burn-in), "
+                f"{self.replay.sequences_for(c.sgd_minibatch_size)} per minibatch"
+            )
         return (
-            f"replay: {c.buffer_size} steps; phases of {c.train_batch_size} env steps, each then {c.gradient_steps} "
-            f"minibatches of {c.sgd_minibatch_size} (after {c.learning_starts} steps)"
+            f"replay: {c.buffer_size} steps{sequences}; phases of {c.train_batch_size} env steps, each then "
+            f"{c.gradient_steps} minibatches of {c.sgd_minibatch_size} (after {c.learning_starts} steps)"
         )
 
 
@@ -85,19 +134,17 @@ class DQNLearner:
 
     def __init__(self, policy: QPolicy, config: DQNConfig):
         self.policy, self.config = policy, config
-        self.target = copy.deepcopy(policy.model).requires_grad_(False)
+        self.target = TargetNetwork(policy.model)
         self.optimizer = AutogradOptimizer(policy, config.learning_rate, config.adam_eps, config.max_grad_norm)
+        self.optimizers = [self.optimizer]
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         policy = self.policy
         with torch.no_grad():
-            next_mask = batch.get("next_action_mask", None)
-            next_q = policy.q_values(batch["next_obs"], self.target)
+            next_q = policy.q_values(batch["next_obs"], self.target.module)
             chooser = policy.q_values(batch["next_obs"]) if self.config.double_q else next_q
-            best = next_q.gather(1, greedy(chooser, next_mask).unsqueeze(1)).squeeze(1)
-            discount = batch["discount"]
-            target = batch["reward"] + torch.where(discount > 0, discount * best, 0.0)
-        q = policy.q_values(batch["obs"]).gather(1, batch["action"].unsqueeze(1)).squeeze(1)
+            target = q_target(batch, next_q, chooser)
+        q = taken(policy.q_values(batch["obs"]), batch["action"])
         loss = F.smooth_l1_loss(q, target, reduction="none")
         loss = loss.mean() if weights is None else (weights * loss).mean()
         self.optimizer.backward(loss)
@@ -105,19 +152,62 @@ class DQNLearner:
         td_error = (q.detach() - target).abs()
         return torch.stack([loss.detach(), q.detach().mean(), td_error.mean()]), td_error
 
-    @torch.no_grad()
-    def update_target(self, tau: float) -> None:
-        """``target <- tau * online + (1 - tau) * target`` (a copy when ``tau`` is 1)."""
-        online = self.policy.model.state_dict()
-        for key, value in self.target.state_dict().items():
-            if tau < 1.0 and value.is_floating_point():
-                value.lerp_(online[key], tau)
-            else:
-                value.copy_(online[key])
-
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "target": self.target.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.target.load_state_dict(state["target"])
+
+
+class SequenceDQNLearner(DQNLearner):
+    """A recurrent Q-network's minibatch step on sequences (``SequenceReplayBuffer.gather``): online
+    and target networks unrolled from each stored start state, the burn-in without gradient, the
+    Huber loss averaged over the learned steps (``mask``), one priority per sequence."""
+
+    policy: RecurrentQPolicy
+
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        policy, burn_in = self.policy, self.config.replay_burn_in
+        obs, first, start = batch["obs"], batch["first"], batch["start_state"]
+        learned = cast(TensorDict, batch.exclude("start_state").apply(lambda x: x[:, burn_in:]))  # past the burn-in
+        states = policy.unroll(obs, start, first, burn_in)
+        with torch.no_grad():
+            at = learned["last_step"] - burn_in  # the next observation is seen with the state after that step
+            target_model = cast(RecurrentModel, self.target.module)
+            target_states = policy.unroll(obs, start, first, burn_in, target_model)
+            next_obs = learned["next_obs"].flatten(0, 1)
+            next_q = policy.q_values(next_obs, target_model, self.states_at(target_states, at)).view(*at.shape, -1)
+            chooser = next_q
+            if self.config.double_q:
+                chooser = policy.q_values(next_obs, None, self.states_at(states, at)).view(*at.shape, -1)
+            target = q_target(learned, next_q, chooser)
+        q = taken(policy.q_of(states), learned["action"])
+        mask = learned["mask"]
+        count = mask.sum().clamp(min=1)
+        loss = torch.where(mask, F.smooth_l1_loss(q, target, reduction="none"), 0.0)
+        loss = (loss if weights is None else weights.unsqueeze(1) * loss).sum() / count
+        self.optimizer.backward(loss)
+        self.optimizer.step()
+        td_error = torch.where(mask, (q.detach() - target).abs(), 0.0)
+        eta = self.config.replay_priority_eta
+        priority = eta * td_error.amax(1) + (1 - eta) * td_error.sum(1) / mask.sum(1).clamp(min=1)
+        q_mean = torch.where(mask, q.detach(), 0.0).sum() / count
+        return torch.stack([loss.detach(), q_mean, td_error.sum() / count]), priority
+
+    def states_at(self, states: tuple[torch.Tensor, ...], at: torch.Tensor) -> TensorDict:
+        """The states ``[B, S, width]`` (one per state key) at positions ``at [B, S]``, flat ``[B * S]``."""
+        index = at.unsqueeze(-1).expand(*at.shape, states[0].shape[-1])
+        picked = {key: state.gather(1, index).flatten(0, 1) for key, state in zip(self.policy.model.state_keys, states)}
+        return TensorDict(picked, batch_size=[at.numel()])
+
+
+def q_target(batch: TensorDict, next_q: torch.Tensor, chooser: torch.Tensor) -> torch.Tensor:
+    """``R_n + discount * next_q[argmax chooser]``, the argmax over the legal next actions
+    (``next_action_mask`` when the env masks them)."""
+    return bootstrapped(batch, taken(next_q, greedy(chooser, batch.get("next_action_mask", None))))
+
+
+def taken(q: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """The value of ``action`` in Q-values ``[..., n]``."""
+    return q.gather(-1, action.unsqueeze(-1)).squeeze(-1)

@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.algos.base import Algorithm, Collector
+from shoal.algos.optim import AutogradOptimizer
 from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
 from shoal.config import OffPolicyConfig
 from shoal.envs.spaces import EnvInfo
@@ -26,6 +27,9 @@ from shoal.envs.spaces import EnvInfo
 
 class Learner(Protocol):
     """One trained policy's learning: its networks, targets and optimizers."""
+
+    optimizers: list[AutogradOptimizer]
+    """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One minibatch step on ``batch`` (``ReplayBuffer.gather``'s fields) with importance
@@ -36,6 +40,13 @@ class Learner(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def bootstrapped(batch: TensorDict, next_value: torch.Tensor) -> torch.Tensor:
+    """The learning target ``R_n + discount * V(s_n)`` of ``ReplayBuffer.gather``'s ``batch``:
+    ``discount`` is 0 after a terminal step, where ``next_value`` is not read (it may be inf)."""
+    discount = batch["discount"]
+    return cast(torch.Tensor, batch["reward"] + torch.where(discount > 0, discount * next_value, 0.0))
 
 
 class OffPolicyAlgorithm(Algorithm):
@@ -52,14 +63,7 @@ class OffPolicyAlgorithm(Algorithm):
         super().__init__(config, env)
         horizon = cast(int, config.rollout_fragment_length)  # filled when validated
         self.rollout = RolloutBuffer(env, horizon, self.extra_fields(), config.device)
-        fields, size = self.extra_fields(), config.buffer_size
-        self.replay = (
-            PrioritizedReplayBuffer(
-                env, size, fields, config.device, config.prioritized_replay_alpha, len(config.policy_ids)
-            )
-            if config.prioritized_replay
-            else ReplayBuffer(env, size, fields, config.device)
-        )
+        self.replay = self.make_replay()
         self.generator = torch.Generator().manual_seed(config.seed)
         self.learners: dict[str, Learner] = {
             pid: self.make_learner(pid, cast(OffPolicyConfig, self.policy_configs[pid]))
@@ -72,6 +76,18 @@ class OffPolicyAlgorithm(Algorithm):
         """Env steps collected so far (``learning_starts`` and the target schedule count them)."""
         self.gradient_steps = 0
         """Minibatch steps taken so far (per trained policy)."""
+
+    def make_replay(self) -> ReplayBuffer:
+        """The replay buffer: uniform or prioritized (subclasses may store more, e.g. sequences)."""
+        c, fields = self.config, self.extra_fields()
+        if c.prioritized_replay:
+            alpha, policies = c.prioritized_replay_alpha, len(c.policy_ids)
+            return PrioritizedReplayBuffer(self.env, c.buffer_size, fields, c.device, alpha, policies)
+        return ReplayBuffer(self.env, c.buffer_size, fields, c.device)
+
+    def rollout_states(self) -> list[TensorDict] | None:
+        """Each policy's state storage the collector fills at segment starts (None: no states)."""
+        return None
 
     def make_learner(self, policy_id: str, config: OffPolicyConfig) -> Learner:
         raise NotImplementedError(f"{type(self).__name__} must implement make_learner(policy_id, config)")
@@ -87,7 +103,12 @@ class OffPolicyAlgorithm(Algorithm):
         return self.progress + (self.progress_end - self.progress) * share
 
     def before_phase(self, progress: float) -> None:
-        """Called before each collection phase (e.g. to set the exploration rate)."""
+        """Called before each collection phase: sets every learner's step size (each policy's own
+        ``learning_rate``, as ``lr_schedule`` says); subclasses add theirs (e.g. the exploration rate)."""
+        for pid, learner in self.learners.items():
+            lr = self.learning_rate(self.policy_configs[pid])
+            for optimizer in learner.optimizers:
+                optimizer.lr = lr
 
     def after_phase(self, steps_before: int) -> None:
         """Called after each phase is stored, with the env step count before it (e.g. for targets)."""
@@ -99,7 +120,7 @@ class OffPolicyAlgorithm(Algorithm):
         for _ in range(c.phases):
             self.before_phase(self.phase_progress(collected))
             rollout = self.rollout.start_rollout()
-            steps = collector.collect(rollout)
+            steps = collector.collect(rollout, self.rollout_states())
             self.rollout.add(rollout)
             self.update_obs_stats(rollout)
             self.replay.add(rollout, collector.truncations)
@@ -122,6 +143,11 @@ class OffPolicyAlgorithm(Algorithm):
             return stats | next(iter(per_policy.values()), {})
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
 
+    def minibatch(self, index: torch.Tensor) -> TensorDict:
+        """What a learner learns from for the sampled steps at flat ``index``: by default
+        ``ReplayBuffer.gather``'s fields with the configured n-step returns."""
+        return self.replay.gather(index, self.config.n_step, self.config.gamma)
+
     def learn_step(self, beta: float) -> list[tuple[str, torch.Tensor]]:
         """One minibatch step of each trained policy, on steps of its own rows."""
         c = self.config
@@ -132,7 +158,7 @@ class OffPolicyAlgorithm(Algorithm):
             weights = None
             if isinstance(self.replay, PrioritizedReplayBuffer):
                 weights = self.replay.importance_weights(index, beta, owner)
-            stats, td_error = learner.learn(self.replay.gather(index, c.n_step, c.gamma), weights)
+            stats, td_error = learner.learn(self.minibatch(index), weights)
             if isinstance(self.replay, PrioritizedReplayBuffer):
                 self.replay.update_priorities(index, td_error + c.prioritized_replay_eps, owner)
             out.append((pid, stats))

@@ -1,7 +1,9 @@
-"""The optimizer step every autograd learner in shoal takes."""
+"""The optimizer step every autograd learner in shoal takes, and the target networks of replay learners."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 from typing import Any
 
 import torch
@@ -12,9 +14,9 @@ class AutogradOptimizer:
     """Adam on autograd (any model, hooks and all): gradients of the minibatches of one optimizer
     step add up (``backward``), then one clip of their global norm and one Adam step (``step``)."""
 
-    def __init__(self, module: nn.Module, lr: float, eps: float, max_grad_norm: float | None):
+    def __init__(self, params: nn.Module | list[nn.Parameter], lr: float, eps: float, max_grad_norm: float | None):
         self.max_grad_norm = max_grad_norm
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.params = [p for p in (params.parameters() if isinstance(params, nn.Module) else params) if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True)
         self._fresh = True  # the next backward starts a new optimizer step
 
@@ -44,3 +46,33 @@ class AutogradOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+class TargetNetwork:
+    """A frozen copy of a network that follows it slowly, as replay learners' targets do:
+    ``update(tau)`` moves every float tensor by ``tau`` toward the online network's (1.0 copies)."""
+
+    def __init__(self, online: nn.Module):
+        self.online = online
+        self.module = copy.deepcopy(online).requires_grad_(False)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.module(*args)
+
+    @torch.no_grad()
+    def update(self, tau: float) -> None:
+        """``target <- tau * online + (1 - tau) * target`` (integer buffers are copied). The tensors
+        are looked up at each update, so the target keeps following an online network whose tensors
+        were replaced (moved to another device, loaded with ``assign=True``)."""
+        targets = itertools.chain(self.module.parameters(), self.module.buffers())
+        for target, source in zip(targets, itertools.chain(self.online.parameters(), self.online.buffers())):
+            if tau < 1.0 and target.is_floating_point():
+                target.lerp_(source, tau)
+            else:
+                target.copy_(source)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state)

@@ -7,11 +7,21 @@ from typing import Any
 from shoal.algos.base import Algorithm
 from shoal.algos.dqn import DQNAlgorithm
 from shoal.algos.grpo import GRPOAlgorithm
+from shoal.algos.maddpg import MADDPGAlgorithm
 from shoal.algos.ppo import PPOAlgorithm
+from shoal.algos.sac import SACAlgorithm
+from shoal.algos.td3 import TD3Algorithm
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec, spec_of
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPOAlgorithm, "grpo": GRPOAlgorithm, "dqn": DQNAlgorithm}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    "ppo": PPOAlgorithm,
+    "grpo": GRPOAlgorithm,
+    "dqn": DQNAlgorithm,
+    "sac": SACAlgorithm,
+    "td3": TD3Algorithm,
+    "maddpg": MADDPGAlgorithm,
+}
 
 
 def register_algorithm(name: str, cls: type[Algorithm]) -> None:

@@ -34,8 +34,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         device: str | torch.device = "cpu",
         alpha: float = 0.6,
         num_policies: int = 1,
+        **storage: Any,
     ):
-        super().__init__(env, capacity, fields, device)
+        """``storage``: what a storage class mixed in after this one takes besides (e.g. the
+        sequence buffer's sequence length)."""
+        super().__init__(env, capacity, fields, device, **storage)
         self.alpha = alpha
         self.sums = [SegmentTree(self.capacity, "sum") for _ in range(num_policies)]
         self.mins = [SegmentTree(self.capacity, "min") for _ in range(num_policies)]
@@ -45,10 +48,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def add(self, rollout: TensorDict, truncations: Any = None) -> torch.Tensor:
         changed = super().add(rollout, truncations)
         fresh = torch.tensor(self.max_priority**self.alpha, dtype=torch.float64)
-        sampleable = self.sampleable.view(-1)
+        drawable = self.drawable.view(-1)
         owner = self.storage["policy_id"].view(-1)
         for p, (sums, mins) in enumerate(zip(self.sums, self.mins)):
-            mine = sampleable[changed] if len(self.sums) == 1 else sampleable[changed] & (owner[changed] == p)
+            mine = drawable[changed] if len(self.sums) == 1 else drawable[changed] & (owner[changed] == p)
             sums.update(changed, torch.where(mine, fresh, 0.0))
             mins.update(changed, torch.where(mine, fresh, torch.inf))
         return changed

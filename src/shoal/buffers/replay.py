@@ -89,6 +89,12 @@ class ReplayBuffer:
         """Stored agent steps (sampleable or not)."""
         return self.num_rows * self.size
 
+    @property
+    def drawable(self) -> torch.Tensor:
+        """``[N, C]``: where ``sample`` may draw, the stored whole transitions (a sequence buffer
+        draws sequences instead: the start columns of the sampleable ones)."""
+        return self.sampleable
+
     def add(self, rollout: TensorDict, truncations: Any = None) -> torch.Tensor:
         """Store a collected ``[N, T+1]`` rollout (``T < C``) and, with same-step autoreset, the
         final observations of its truncated episodes (the collector's ``truncations``); returns the
@@ -149,7 +155,7 @@ class ReplayBuffer:
         need = batch_size
         for attempt in range(24):  # each attempt draws more: a policy may own few of the rows
             index = self._candidates((2 * need + 16) << min(attempt, 10), generator)
-            keep = self.sampleable.view(-1)[index]
+            keep = self.drawable.view(-1)[index]
             if policy is not None:
                 keep &= self.storage["policy_id"].view(-1)[index] == policy
             index = index[keep][:need]
@@ -176,6 +182,13 @@ class ReplayBuffer:
         ``discount``: ``gamma ** k`` for the ``k`` rewards summed, 0 after a terminal step (nothing
         to bootstrap); ``next_action_mask`` when the env masks actions (all legal after a
         truncation, whose final observation comes with no mask)."""
+        return self._gather(index, n_step, gamma)[0]
+
+    def _gather(
+        self, index: torch.Tensor, n_step: int, gamma: float, limit: torch.Tensor | None = None
+    ) -> tuple[TensorDict, torch.Tensor]:
+        """``gather``, summing at most ``limit`` rewards for each step when given (a sequence's
+        steps stop at its end); also returns the flat index of the last step summed for each."""
         c = self.columns
         flat = self.storage.view(-1)
         batch: TensorDict = flat[index]
@@ -192,6 +205,8 @@ class ReplayBuffer:
             reward += torch.where(running, discount * flat["reward"][at], 0.0)
             discount = torch.where(running, discount * gamma, discount)
             running &= ~(flat["done"][at] | ((col + k + 1) % c == self.head))
+            if limit is not None:
+                running &= limit > k + 1
             if not bool(running.any()):
                 break
         terminated = flat["terminated"][step]
@@ -206,7 +221,7 @@ class ReplayBuffer:
         batch["discount"] = torch.where(terminated, 0.0, discount)
         if "action_mask" in flat.keys():  # noqa: SIM118 (a TensorDict)
             batch["next_action_mask"] = flat["action_mask"][next_index] | truncated.unsqueeze(1)
-        return batch
+        return batch, step
 
     # ----- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

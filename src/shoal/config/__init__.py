@@ -2,22 +2,28 @@
 
 ``TrainerConfig`` holds the keys every algorithm shares (``shoal.config.trainer``, with the YAML and
 ``key=value`` readers); ``PPOConfig`` and ``GRPOConfig`` add their own (``shoal.config.algorithms``), the replay
-learners theirs (``shoal.config.replay``);
+learners theirs (``shoal.config.replay``, ``shoal.config.sac`` and ``shoal.config.maddpg``);
 ``BatchLayout`` says what the batch keys add up to (``shoal.config.layout``).
 """
 
 from shoal.config.algorithms import GRPOConfig, PPOConfig, SurrogateConfig, declared_episode_steps
 from shoal.config.layout import BatchLayout
+from shoal.config.maddpg import MADDPGConfig
 from shoal.config.replay import DQNConfig, OffPolicyConfig
+from shoal.config.sac import ReplayActorCriticConfig, SACConfig, TD3Config
 from shoal.config.trainer import TrainerConfig, load_yaml, merge_settings, parse_overrides
 
 __all__ = [
     "BatchLayout",
     "DQNConfig",
     "GRPOConfig",
+    "MADDPGConfig",
     "OffPolicyConfig",
     "PPOConfig",
+    "ReplayActorCriticConfig",
+    "SACConfig",
     "SurrogateConfig",
+    "TD3Config",
     "TrainerConfig",
     "declared_episode_steps",
     "load_yaml",

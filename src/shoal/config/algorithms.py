@@ -115,13 +115,6 @@ class PPOConfig(SurrogateConfig):
         return self
 
     @property
-    def recurrent(self) -> bool:
-        """Whether a policy has a recurrent core (``model_config`` ``core``)."""
-        overrides = cast("dict[str, dict[str, Any]]", self.policies or {}).values()
-        configs = (self.model_options, *(o.get("model_config") or {} for o in overrides))
-        return any(isinstance(cfg, dict) and cfg.get("core") for cfg in configs)
-
-    @property
     def segment_length(self) -> int:
         """``bptt_horizon``, or its default: the whole fragment for a recurrent model or V-trace
         (which runs its traces along segments), else 1."""

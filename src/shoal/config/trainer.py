@@ -398,6 +398,13 @@ class TrainerConfig(BaseModel):
     def env_is_object(self) -> bool:
         return not isinstance(self.env, str)
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether a policy has a recurrent core (``model_config`` ``core``)."""
+        overrides = cast("dict[str, dict[str, Any]]", self.policies or {}).values()
+        configs = (self.model_options, *(o.get("model_config") or {} for o in overrides))
+        return any(isinstance(cfg, dict) and cfg.get("core") for cfg in configs)
+
 
 def nearest(options: list[int], target: int) -> int:
     """The option closest to ``target`` by ratio (the larger on a tie)."""

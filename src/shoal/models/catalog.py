@@ -36,7 +36,7 @@ from shoal.models.layers import mlp
 from shoal.models.networks import EncoderModel, MLPModel
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
-from shoal.models.qpolicy import QPolicy
+from shoal.models.qpolicy import QPolicy, RecurrentQPolicy
 from shoal.models.recurrent import RecurrentActorCriticPolicy, RecurrentModel
 
 if TYPE_CHECKING:  # shoal.config imports this module
@@ -296,12 +296,13 @@ Q_NETWORK_DEFAULTS = {"shared_trunk": True, "hiddens": [256, 256], "activation":
 
 def build_q_policy(config: TrainerConfig, env: EnvInfo, dueling: bool) -> QPolicy:
     """The Q-network policy of one policy (``config`` has its overrides): ``model`` with one output
-    per action; built-in models take ``Q_NETWORK_DEFAULTS`` for the ``model_config`` keys not given."""
+    per action; built-in models take ``Q_NETWORK_DEFAULTS`` for the ``model_config`` keys not given,
+    and a recurrent core (``core``) makes it a ``RecurrentQPolicy``."""
     spec = env.act_spec
     if spec.kind != "discrete":
         raise ConfigError(
             f"Q-learning needs Discrete actions; '{env.name}' acts in {spec.space}. For Box actions use "
-            f"algo=ppo (SAC and TD3 for Box actions are not built yet)."
+            f"algo=sac, algo=td3 or algo=ppo."
         )
     if env.critic_dim:
         raise ConfigError(
@@ -312,10 +313,9 @@ def build_q_policy(config: TrainerConfig, env: EnvInfo, dueling: bool) -> QPolic
     if built_in:
         options = ({"shared_trunk": True} if config.model == "cnn" else Q_NETWORK_DEFAULTS) | options
     model = build_model(config.model, options, env, spec.nvec[0])
-    if isinstance(model, RecurrentModel):
-        raise ConfigError("DQN takes feedforward models only; drop model_config 'core'.")
-    if built_in:  # torch's default layer init, see Q_NETWORK_DEFAULTS
+    if built_in:  # torch's default layer init, see Q_NETWORK_DEFAULTS (a recurrent core keeps its own)
         for layer in model.modules():
             if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 layer.reset_parameters()
-    return QPolicy(model, spec.nvec[0], obs_normalizers(config, env)[0], dueling)
+    kind = RecurrentQPolicy if isinstance(model, RecurrentModel) else QPolicy
+    return kind(model, spec.nvec[0], obs_normalizers(config, env)[0], dueling)

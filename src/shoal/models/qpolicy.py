@@ -1,4 +1,5 @@
-"""``QPolicy``: a policy that acts on learned action values, epsilon-greedily (DQN's policy)."""
+"""``QPolicy``: a policy that acts on learned action values, epsilon-greedily (DQN's policy), and
+``RecurrentQPolicy``, the same with a recurrent core (recurrent DQN, R2D2-style)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from torch import nn
 
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import Policy
+from shoal.models.recurrent import RecurrentModel
 
 
 class QPolicy(Policy):
@@ -31,10 +33,13 @@ class QPolicy(Policy):
     def q_values(self, obs: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
         """``Q(obs, .)`` ``[B, n]`` of raw observations, by ``model`` (default: the policy's own; the
         learner passes its target copy, which shares the observation statistics)."""
-        outputs, value = (self.model if model is None else model)(self.normalize(obs)[0])
+        return self.combine(*(self.model if model is None else model)(self.normalize(obs)[0]))
+
+    def combine(self, outputs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Q-values ``[..., n]`` from the model's outputs ``[..., n]`` and value ``[...]``."""
         if not self.dueling:
-            return outputs  # type: ignore[no-any-return]  # the model's contract: a float tensor
-        return value.unsqueeze(1) + outputs - outputs.mean(1, keepdim=True)  # type: ignore[no-any-return]
+            return outputs
+        return value.unsqueeze(-1) + outputs - outputs.mean(-1, keepdim=True)
 
     def act(
         self,
@@ -48,20 +53,88 @@ class QPolicy(Policy):
         critic_obs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
         """Epsilon-greedy actions within ``action_mask``; no extras, and the state passes through."""
-        action = greedy(self.q_values(obs), action_mask)
-        if not deterministic and self.epsilon > 0:
-            rows = len(obs)
-            explore = torch.rand(rows, device=obs.device) < self.epsilon
-            if action_mask is None:
-                random = torch.randint(self.num_actions, (rows,), device=obs.device)
-            else:  # uniform over the legal actions: the largest of uniform draws where legal
-                random = torch.rand(rows, self.num_actions, device=obs.device).masked_fill_(~action_mask, -1).argmax(1)
-            action = torch.where(explore, random, action)
+        action = self.explore(greedy(self.q_values(obs), action_mask), action_mask, deterministic)
         return action, out if out is not None else TensorDict({}, batch_size=[len(obs)]), state
+
+    def explore(self, action: torch.Tensor, action_mask: torch.Tensor | None, deterministic: bool) -> torch.Tensor:
+        """``action``, replaced in each row with probability ``epsilon`` by a uniformly random legal one."""
+        if deterministic or self.epsilon <= 0:
+            return action
+        rows, device = len(action), action.device
+        explore = torch.rand(rows, device=device) < self.epsilon
+        if action_mask is None:
+            random = torch.randint(self.num_actions, (rows,), device=device)
+        else:  # uniform over the legal actions: the largest of uniform draws where legal
+            random = torch.rand(rows, self.num_actions, device=device).masked_fill_(~action_mask, -1).argmax(1)
+        return torch.where(explore, random, action)
+
+
+class RecurrentQPolicy(QPolicy):
+    """A ``QPolicy`` on a ``RecurrentModel``: ``act`` carries each row's state (zeroed where ``first``)
+    and takes one step of the core; learning replays stored sequences (``unroll``) and values the
+    observation after a step from the state after it (``q_values`` with ``state``)."""
+
+    model: RecurrentModel
+
+    def initial_state(self, rows: int) -> TensorDict:
+        return self.model.initial_state(rows, next(self.model.parameters()).device)
+
+    def q_values(
+        self, obs: torch.Tensor, model: nn.Module | None = None, state: TensorDict | None = None
+    ) -> torch.Tensor:
+        """``Q(obs, .)`` ``[B, n]`` after one step of the core from ``state`` (zeros when None: the
+        observations start episodes)."""
+        state = self.initial_state(len(obs)) if state is None else state
+        outputs, value, _ = (self.model if model is None else model)(self.normalize(obs)[0], state)
+        return self.combine(outputs, value)
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: TensorDict,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
+        """Epsilon-greedy actions after one step of the core from ``state`` (zeros where ``first``);
+        returns the next state as a new TensorDict."""
+        outputs, value, nxt = self.model(self.normalize(obs)[0], state, first)
+        action = self.explore(greedy(self.combine(outputs, value), action_mask), action_mask, deterministic)
+        next_state = TensorDict(dict(zip(self.model.state_keys, nxt)), batch_size=state.batch_size)
+        return action, out if out is not None else TensorDict({}, batch_size=[len(obs)]), next_state
+
+    def unroll(
+        self,
+        obs: torch.Tensor,
+        start_state: TensorDict,
+        first: torch.Tensor,
+        burn_in: int = 0,
+        model: RecurrentModel | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """The core's state after each step of sequences ``obs [B, L, ...]`` replayed from
+        ``start_state [B]`` (zeroed where ``first [B, L]``), for the steps past the first
+        ``burn_in``: ``[B, L - burn_in, width]`` per state key. The burn-in steps only bring the
+        state up to date, without gradient (R2D2's burn-in)."""
+        model = self.model if model is None else model
+        obs = self.normalize(obs)[0]
+        if burn_in:
+            with torch.no_grad():
+                warm = model.unroll(obs[:, :burn_in], start_state, first[:, :burn_in])
+            start_state = TensorDict(
+                {key: value[:, -1] for key, value in zip(model.state_keys, warm)}, batch_size=start_state.batch_size
+            )
+        return model.unroll(obs[:, burn_in:], start_state, first[:, burn_in:])
+
+    def q_of(self, states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Q-values ``[..., n]`` read from states the core reached (``unroll``'s)."""
+        return self.combine(*self.model.heads(states[0]))
 
 
 def greedy(q: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
-    """The legal action of highest value in each row."""
+    """The legal action of highest value along the last dim."""
     if action_mask is not None:
         q = q.masked_fill(~action_mask, -torch.inf)
-    return q.argmax(1)
+    return q.argmax(-1)

@@ -106,6 +106,12 @@ class RecurrentModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Segments ``obs [S, L, ...]`` replayed from ``start_state [S]``, zeroing the state where
         ``first [S, L]`` is True: distribution inputs ``[S, L, P]`` and values ``[S, L]``."""
+        return self.heads(self.unroll(obs, start_state, first)[0])
+
+    def unroll(self, obs: torch.Tensor, start_state: TensorDict, first: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The state after each step of segments ``obs [S, L, ...]`` replayed from ``start_state
+        [S]``, zeroing it where ``first [S, L]`` is True: one ``[S, L, width]`` tensor per state key
+        (the first, ``h``, is the core's output)."""
         segments, length = first.shape
         resets = first.unsqueeze(2).unbind(1)
         start = tuple(start_state[key] for key in self.state_keys)
@@ -115,12 +121,12 @@ class RecurrentModel(nn.Module):
         for i, (trunk, cell) in enumerate(zip(self.trunks, self.cells)):
             features = trunk(obs.flatten(0, 1)).unflatten(0, (segments, length)).unbind(1)
             state = self.tower_state(start, i)
-            outputs = []
+            steps = []
             for t in range(length):
                 state = step_cell(cell, features[t], tuple(s.masked_fill(resets[t], 0.0) for s in state))
-                outputs.append(state[0])
-            towers.append(torch.stack(outputs, dim=1))
-        return self.heads(towers[0] if len(towers) == 1 else torch.cat(towers, dim=-1))
+                steps.append(state)
+            towers.append([torch.stack(parts, dim=1) for parts in zip(*steps)])
+        return tuple(towers[0] if len(towers) == 1 else (torch.cat(parts, dim=-1) for parts in zip(*towers)))
 
 
 def make_cell(core: Core, feature_dim: int, size: int) -> nn.LSTMCell | nn.GRUCell:

@@ -1,9 +1,9 @@
 """Evaluation episodes on their own env copies, optionally filmed to mp4.
 
 One episode per env copy, all stepped together through a backend, so evaluation uses the same
-data path as training. Filming wraps each copy in ``Filmer``, which streams the frames of that
-copy's first episode into an mp4 (the frame after each step is taken before the backend's
-autoreset, so the last frame is the true final state).
+data path as training. Filming wraps each copy in ``Filmer`` (``ParallelFilmer`` for PettingZoo
+Parallel envs), which streams the frames of that copy's first episode into an mp4 (the frame after
+each step is taken before the backend's autoreset, so the last frame is the true final state).
 """
 
 from __future__ import annotations
@@ -19,24 +19,23 @@ import torch
 
 from shoal.collect.episodes import mark_episode_starts
 from shoal.config import TrainerConfig
-from shoal.envs.registry import config_creator
+from shoal.envs.registry import config_creator, is_parallel_env
 from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
 from shoal.models.policy import Policy
 from shoal.train import setup
-from shoal.vector import SerialBackend, VecBackend
+from shoal.vector import VecBackend, adapted
 from shoal.vector.vmas import is_vmas
 
 if TYPE_CHECKING:  # imageio is an optional extra
     from imageio.core.format import Format
 
 
-class Filmer(gym.Wrapper):
-    """Writes the rgb_array frames of the wrapped env's first episode to ``path`` as it goes."""
+class FrameWriter:
+    """Streams the rgb_array frames of ``env``'s first episode to ``path`` as it goes."""
 
-    def __init__(self, env: gym.Env[Any, Any], path: Path, fps: int):
-        super().__init__(env)
-        self.path, self.fps = path, fps
+    def __init__(self, env: Any, path: Path, fps: int):
+        self.film_env, self.path, self.fps = env, path, fps
         self.writer: Format.Writer | None = None
         self.frames = 0
         self.filming = True
@@ -44,7 +43,7 @@ class Filmer(gym.Wrapper):
     def _film(self) -> None:
         if not self.filming:
             return
-        frame = self.env.render()
+        frame = self.film_env.render()
         if not isinstance(frame, np.ndarray) or frame.ndim != 3:
             raise EnvError(f"env render() returned {type(frame).__name__}, not an rgb_array frame [H, W, 3].")
         if self.writer is None:
@@ -54,6 +53,20 @@ class Filmer(gym.Wrapper):
             self.writer = imageio.get_writer(self.path, fps=self.fps, macro_block_size=1)
         self.writer.append_data(frame)
         self.frames += 1
+
+    def stop(self) -> None:
+        self.filming = False
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class Filmer(FrameWriter, gym.Wrapper):
+    """A Gymnasium env whose first episode is filmed."""
+
+    def __init__(self, env: gym.Env[Any, Any], path: Path, fps: int):
+        gym.Wrapper.__init__(self, env)
+        FrameWriter.__init__(self, env, path, fps)
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         out = self.env.reset(**kwargs)
@@ -67,41 +80,64 @@ class Filmer(gym.Wrapper):
             self.stop()
         return out
 
-    def stop(self) -> None:
-        self.filming = False
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+
+class ParallelFilmer(FrameWriter):
+    """A PettingZoo Parallel env whose first episode is filmed; everything else passes through, so
+    the backend still sees a Parallel env."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.film_env, name)
+
+    def reset(self, **kwargs: Any) -> Any:
+        out = self.film_env.reset(**kwargs)
+        self._film()
+        return out
+
+    def step(self, actions: dict[str, Any]) -> Any:
+        out = self.film_env.step(actions)
+        self._film()
+        terminated, truncated = out[2], out[3]
+        if not self.film_env.agents or all(terminated[a] or truncated[a] for a in terminated):
+            self.stop()
+        return out
 
 
 def filmed_backend(
-    make_env: Callable[[dict[str, Any]], gym.Env[Any, Any]],
+    make_env: Callable[[dict[str, Any]], Any],
     env_config: dict[str, Any],
     num_envs: int,
     video_dir: Path,
     prefix: str,
     name: str,
-) -> tuple[SerialBackend, list[Filmer]]:
-    """A serial backend of ``num_envs`` copies made with ``render_mode='rgb_array'``, each filmed."""
+) -> tuple[VecBackend, list[FrameWriter]]:
+    """A serial backend of ``num_envs`` copies made with ``render_mode="rgb_array"``, each filmed
+    (Gymnasium and PettingZoo Parallel envs)."""
     try:
         import imageio.v2  # noqa: F401  (fail here, before any env is built)
     except ImportError:
         raise ConfigError("video needs imageio with ffmpeg: pip install 'shoal[video]'.") from None
     video_dir.mkdir(parents=True, exist_ok=True)
-    filmers: list[Filmer] = []
+    filmers: list[FrameWriter] = []
 
-    def make(index: int) -> gym.Env[Any, Any]:
+    def make(index: int) -> Any:
         env = make_env({**env_config, "render_mode": "rgb_array"})
         if getattr(env, "render_mode", None) != "rgb_array":
             raise EnvError(
                 f"env '{name}' was made with render_mode={getattr(env, 'render_mode', None)!r}; video needs "
                 f"'rgb_array' (a registered creator should pass env_config['render_mode'] on to its env)."
             )
-        filmer = Filmer(env, video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30)))
+        path, fps = video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30))
+        if is_parallel_env(env):
+            filmer: FrameWriter = ParallelFilmer(env, path, fps)
+        elif isinstance(env, gym.Env):
+            filmer = Filmer(env, path, fps)
+        else:
+            raise EnvError(f"video films Gymnasium and PettingZoo Parallel envs; '{name}' is a {type(env).__name__}.")
         filmers.append(filmer)
         return filmer
 
-    return SerialBackend(make, num_envs, name), filmers
+    make_adapted, backend_class = adapted(make, name)  # multi-agent envs step through their adapters
+    return backend_class(make_adapted, num_envs, name), filmers
 
 
 def run_episodes(
@@ -191,7 +227,7 @@ def evaluate_policies(
     """``Trainer.evaluate``: ``num_episodes`` fresh episodes of ``config``'s env, one per env copy,
     acted by ``policies`` (mapped by ``policy_mapping_fn``), with ``video`` (a directory and a
     file name prefix) each filmed to an mp4. The training's random state is left as it was."""
-    filmers: list[Filmer] = []
+    filmers: list[FrameWriter] = []
     if video is not None and is_vmas(config.env):
         raise ConfigError(
             f"video needs Gymnasium envs that render rgb_array frames; '{env_name}' is a VMAS "

@@ -38,6 +38,7 @@ __all__ = [
     "StepBatch",
     "VecBackend",
     "VmasBackend",
+    "adapted",
     "make_backend",
 ]
 
@@ -90,13 +91,13 @@ def make_backend(
         )
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
-    make, serial_class = _adapted(make, name, env_state)
+    make, serial_class = adapted(make, name, env_state)
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
     return serial_class(make, num_envs, name)
 
 
-def _adapted(
+def adapted(
     make: Callable[[int], AnyEnv], name: str, env_state: bool = False
 ) -> tuple[Callable[[int], Any], SerialClass]:
     """Multi-agent envs step through an adapter on the agent-env backend (a native env is its own

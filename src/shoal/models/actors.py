@@ -1,0 +1,291 @@
+"""Actors and critics learned from replay (SAC, TD3, MADDPG).
+
+Inside the networks Box actions are "unit" actions in ``[-1, 1]`` (a tanh keeps them there); they
+are rescaled to the Box bounds where they leave the policy, and the learner maps stored actions
+back (``to_unit``). So one network, and one noise scale, fits any bounds. Discrete actions (MADDPG)
+reach the critics as one-hots. The critics are ``k`` Q-networks over the observation and the
+action, run side by side as one batched matmul per layer (``QTowers``). Every network here keeps
+torch's default layer init, which these learners are tuned with (the orthogonal init of the
+policy-gradient models is not).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, cast
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from shoal.envs.spaces import ActionSpec, EnvInfo
+from shoal.errors import ConfigError
+from shoal.models.catalog import obs_normalizers
+from shoal.models.layers import ACTIVATION_MODULES, StackedMLP
+from shoal.models.normalize import ObsNormalizer
+from shoal.models.policy import Policy
+
+if TYPE_CHECKING:  # shoal.config imports the catalog, which this module imports
+    from shoal.config import TrainerConfig
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # keeps the Gaussian's std within what float32 can sample
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def default_init_(module: nn.Module) -> nn.Module:
+    """Re-initialize ``module``'s layers as torch initializes ``nn.Linear``: uniform within
+    ``1 / sqrt(fan_in)`` (stacked towers too, whose weights are stored ``[k, in, out]``)."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            layer.reset_parameters()
+        elif isinstance(layer, StackedMLP):
+            with torch.no_grad():
+                for weight, bias in zip(layer.weights, layer.biases):
+                    bound = 1.0 / math.sqrt(weight.shape[1])
+                    weight.uniform_(-bound, bound)
+                    bias.uniform_(-bound, bound)
+    return module
+
+
+def feedforward(in_dim: int, hiddens: list[int], out_dim: int, activation: str) -> nn.Sequential:
+    """An MLP ``in_dim -> hiddens -> out_dim`` with torch's default init."""
+    sizes = [in_dim, *hiddens]
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        layers += [nn.Linear(fan_in, fan_out), ACTIVATION_MODULES[activation]()]
+    return nn.Sequential(*layers, nn.Linear(sizes[-1], out_dim))
+
+
+class QTowers(nn.Module):
+    """``towers`` independent Q-networks over the same input ``[B, in_dim]`` (observation and
+    action side by side); returns ``[towers, B]``."""
+
+    def __init__(self, in_dim: int, hiddens: list[int], towers: int = 2, activation: str = "relu"):
+        super().__init__()
+        self.net = default_init_(StackedMLP(in_dim, hiddens, [1] * towers, [1.0] * towers, activation))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(self.net(x), 1).T
+
+
+class ReplayActorPolicy(Policy):
+    """A policy acting by an ``actor`` network over ``features(obs)``: the raw observations
+    normalized (when the policy keeps statistics) and flattened to float32, which the critics
+    read too. Before ``learning_starts`` the algorithm sets ``random_actions``. Subclasses say how
+    the actor's output becomes an action, and how critics read stored actions (``critic_input``);
+    MADDPG's actors also give their own actions as critics read them (``critic_action``)."""
+
+    def __init__(self, actor: nn.Module, obs_normalizer: ObsNormalizer | None):
+        super().__init__()
+        self.actor, self.obs_normalizer = actor, obs_normalizer
+        self.random_actions = False
+        """Act uniformly at random (unless ``deterministic``): the algorithm sets it while the buffer
+        fills, before ``learning_starts``."""
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The actor's (and the critics') input from raw observations ``[B, ...]``: ``[B, obs_dim]``."""
+        return self.normalize(obs)[0].flatten(1).float()
+
+    def random_action(self, rows: int, device: torch.device) -> torch.Tensor:
+        """Uniformly random actions for ``rows`` rows."""
+        raise NotImplementedError
+
+    def policy_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Actions for the features ``x``, exploring unless ``deterministic``."""
+        raise NotImplementedError
+
+    def critic_input(self, action: torch.Tensor) -> torch.Tensor:
+        """Stored actions as the critics read them."""
+        raise NotImplementedError
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: TensorDict,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
+        """Actions (exploring unless ``deterministic``); no extras, and the state passes through."""
+        if action_mask is not None:
+            raise ValueError(f"{type(self).__name__} does not take action masks")
+        if self.random_actions and not deterministic:
+            action = self.random_action(len(obs), obs.device)
+        else:
+            action = self.policy_action(self.features(obs), deterministic)
+        return action, out if out is not None else TensorDict({}, batch_size=[len(obs)]), state
+
+
+class BoundedActorPolicy(ReplayActorPolicy):
+    """A policy whose ``actor`` network acts in unit actions, rescaled to the Box bounds."""
+
+    center: torch.Tensor
+    half_range: torch.Tensor
+
+    def __init__(self, actor: nn.Module, action: ActionSpec, obs_normalizer: ObsNormalizer | None = None):
+        super().__init__(actor, obs_normalizer)
+        space = cast(gym.spaces.Box, action.space)
+        low, high = np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            raise ConfigError(
+                f"the Box action space {action.space} has infinite bounds; SAC, TD3 and MADDPG squash actions into "
+                f"the bounds, so they need finite ones (wrap the env to rescale its actions, or use algo=ppo)."
+            )
+        if (high <= low).any():
+            raise ConfigError(
+                f"the Box action space {action.space} has no room on dimensions "
+                f"{np.flatnonzero(high <= low).tolist()} (high <= low); drop them from the action space."
+            )
+        self.register_buffer("center", torch.as_tensor((high + low) / 2))
+        self.register_buffer("half_range", torch.as_tensor((high - low) / 2))
+
+    def to_env(self, unit: torch.Tensor) -> torch.Tensor:
+        """Unit actions ``[-1, 1]`` rescaled to the Box bounds."""
+        return torch.addcmul(self.center, unit, self.half_range)
+
+    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
+        """Actions in the Box bounds mapped to ``[-1, 1]`` (the inverse of ``to_env``)."""
+        return ((action - self.center) / self.half_range).clamp_(-1.0, 1.0)
+
+    def unit_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Unit actions for the features ``x``, exploring unless ``deterministic``."""
+        raise NotImplementedError
+
+    def random_action(self, rows: int, device: torch.device) -> torch.Tensor:
+        return self.to_env(torch.rand(rows, *self.center.shape, device=device).mul_(2.0).sub_(1.0))
+
+    def policy_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        return self.to_env(self.unit_action(x, deterministic))
+
+    def critic_input(self, action: torch.Tensor) -> torch.Tensor:
+        return self.to_unit(action)
+
+
+class SquashedGaussianPolicy(BoundedActorPolicy):
+    """SAC's actor: a Gaussian whose mean and log-std come from the actor network, squashed
+    by tanh into unit actions; deterministic acting takes tanh of the mean."""
+
+    def sample(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterized unit actions ``[B, d]`` for the features ``x`` and their log-probabilities
+        ``[B]``, with the tanh's change of volume: ``log N(u) - sum log(1 - tanh(u)^2)``."""
+        mean, log_std = self.actor(x).chunk(2, -1)
+        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        noise = torch.randn_like(mean)
+        pre_tanh = mean + log_std.exp() * noise
+        log_prob = -(0.5 * noise.square() + log_std + LOG_SQRT_2PI).sum(-1)
+        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), exact without tanh's rounding near +-1
+        log_prob = log_prob - 2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh)).sum(-1)
+        return torch.tanh(pre_tanh), log_prob
+
+    def unit_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        if deterministic:
+            return torch.tanh(self.actor(x).chunk(2, -1)[0])
+        return self.sample(x)[0]
+
+
+class DeterministicPolicy(BoundedActorPolicy):
+    """TD3's actor: ``tanh(actor(obs))``, explored with Gaussian noise of std ``noise`` (in unit
+    actions: a share of the half range), clipped to the bounds."""
+
+    def __init__(self, actor: nn.Module, action: ActionSpec, obs_normalizer: ObsNormalizer | None, noise: float):
+        super().__init__(actor, action, obs_normalizer)
+        self.noise = noise
+
+    def mean_action(self, x: torch.Tensor, actor: nn.Module | None = None) -> torch.Tensor:
+        """Unit actions for the features ``x`` by ``actor`` (default: the policy's own; the learner
+        passes its target copy)."""
+        return torch.tanh((self.actor if actor is None else actor)(x))
+
+    def unit_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        action = self.mean_action(x)
+        if deterministic or not self.noise:
+            return action
+        return action.add_(torch.randn_like(action), alpha=self.noise).clamp_(-1.0, 1.0)
+
+    def critic_action(self, x: torch.Tensor, actor: nn.Module | None = None) -> torch.Tensor:
+        """The actions of ``actor`` (default: the policy's own; a learner passes its target copy) as
+        the critics read them, differentiable with respect to the actor's weights: unit actions."""
+        return self.mean_action(x, actor)
+
+
+class GumbelSoftmaxPolicy(ReplayActorPolicy):
+    """MADDPG's actor for Discrete actions: logits from the actor network. Acting samples the
+    categorical they define (the argmax with ``deterministic``); critics read actions as one-hots,
+    and the actor's own as a straight-through Gumbel-Softmax sample (Jang et al. 2017): a hard
+    one-hot forward, the gradient of the relaxed sample at ``temperature`` backward
+    (arXiv:1611.01144)."""
+
+    def __init__(self, actor: nn.Module, num_actions: int, obs_normalizer: ObsNormalizer | None, temperature: float):
+        super().__init__(actor, obs_normalizer)
+        self.num_actions, self.temperature = num_actions, temperature
+
+    def random_action(self, rows: int, device: torch.device) -> torch.Tensor:
+        return torch.randint(self.num_actions, (rows,), device=device)
+
+    def policy_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        logits = cast(torch.Tensor, self.actor(x))
+        if not deterministic:  # the Gumbel-max trick: argmax(logits + Gumbel noise) samples the categorical
+            logits = logits - torch.empty_like(logits).exponential_().log_()
+        return logits.argmax(-1)
+
+    def critic_action(self, x: torch.Tensor, actor: nn.Module | None = None) -> torch.Tensor:
+        """``DeterministicPolicy.critic_action`` for Discrete actions: straight-through one-hots."""
+        logits = cast(torch.Tensor, (self.actor if actor is None else actor)(x))
+        gumbel = -torch.empty_like(logits).exponential_().log_()
+        soft = ((logits + gumbel) / self.temperature).softmax(-1)
+        hard = nn.functional.one_hot(soft.argmax(-1), self.num_actions).to(soft.dtype)
+        return hard - soft.detach() + soft
+
+    def critic_input(self, action: torch.Tensor) -> torch.Tensor:
+        return nn.functional.one_hot(action, self.num_actions).float()
+
+
+def network_sizes(
+    config: TrainerConfig, env: EnvInfo, defaults: tuple[int, ...], algo: str = "SAC and TD3"
+) -> tuple[list[int], str]:
+    """The hidden sizes and activation of a replay actor-critic's networks: ``model_config``'s
+    ``hiddens`` and ``activation``, else ``defaults`` and ReLU; what ``algo`` cannot build is
+    refused by name."""
+    if config.model != "mlp":
+        raise ConfigError(
+            f"{algo} build their own MLP actors and critics (model='mlp'); model={config.model!r} is not "
+            f"supported for them."
+        )
+    options = config.model_options
+    extra = sorted(set(options) - {"hiddens", "activation"})
+    if extra:
+        raise ConfigError(f"{algo} read model_config keys 'hiddens' and 'activation' only; got {extra}.")
+    if env.critic_dim:
+        raise ConfigError(f"central_critic is for on-policy actor-critics; {algo} have critics of their own.")
+    if env.mask_size:
+        raise ConfigError(f"{algo} do not take action masks, which '{env.name}' sends; use algo=dqn or algo=ppo.")
+    return list(options.get("hiddens", defaults)), str(options.get("activation", "relu"))
+
+
+def build_bounded_policy(
+    config: TrainerConfig, env: EnvInfo, defaults: tuple[int, ...], noise: float | None = None
+) -> BoundedActorPolicy:
+    """SAC's squashed Gaussian actor, or with an exploration ``noise`` TD3's deterministic one."""
+    hiddens, activation = network_sizes(config, env, defaults)
+    if env.act_spec.kind != "continuous":
+        raise ConfigError(
+            f"SAC and TD3 need Box actions; '{env.name}' acts in {env.act_spec.space}. For Discrete actions use "
+            f"algo=dqn or algo=ppo."
+        )
+    obs_dim, act_dim = int(np.prod(env.obs_spec.shape)), env.act_spec.shape[0]
+    normalizer = obs_normalizers(config, env)[0]
+    if noise is None:
+        return SquashedGaussianPolicy(feedforward(obs_dim, hiddens, 2 * act_dim, activation), env.act_spec, normalizer)
+    return DeterministicPolicy(feedforward(obs_dim, hiddens, act_dim, activation), env.act_spec, normalizer, noise)
+
+
+def build_critic(config: TrainerConfig, env: EnvInfo, defaults: tuple[int, ...], towers: int = 2) -> QTowers:
+    """``towers`` Q-networks over one policy's observation features and unit action."""
+    hiddens, activation = network_sizes(config, env, defaults)
+    return QTowers(int(np.prod(env.obs_spec.shape)) + env.act_spec.shape[0], hiddens, towers, activation)
