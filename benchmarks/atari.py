@@ -5,7 +5,7 @@ against N x (T+1) x 84 x 84 x 4.
     python benchmarks/atari.py [--seconds 20] [--train-steps 8192] [key=value ...]
 
 Env-only SPS steps the 8 preprocessed envs with random actions (each agent step is 4 emulator
-frames); training SPS runs PPO with configs/atari_breakout.yaml (the Nature CNN, 8 x 128 steps
+frames); training SPS runs PPO with configs/ppo/ALE-Breakout-v5.yaml (the Nature CNN, 8 x 128 steps
 per update) for ``--train-steps`` env steps after one warm-up update. Memory: the rollout of that
 config holds its frames as uint8; the table gives the obs storage's bytes next to the formula,
 and the resident memory the process gained when it copied the rollout.
@@ -24,7 +24,7 @@ import shoal
 from shoal.bench import env_sps
 from shoal.config import load_yaml, parse_overrides
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "atari_breakout.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ppo" / "ALE-Breakout-v5.yaml"
 ENV = "ALE/Breakout-v5"
 
 

@@ -9,7 +9,7 @@ Each contender runs in its own fresh process, one after the other. Reported per 
   t475_s       wall time until the mean return of the last 100 training episodes first reaches 475
   eval         mean return of 20 deterministic episodes after training
 Also shoal on 64 and 1,024 numpy-vectorized envs (gymnasium's vector_entry_point CartPole) with
-the shipped configs/cartpole_numpy64.yaml and cartpole_numpy1024.yaml (each run for its config's
+the shipped configs/examples/cartpole_numpy64.yaml and cartpole_numpy1024.yaml (each run for its config's
 total_timesteps), and the env-only SPS of each env set with random actions (the ceiling).
 
     python benchmarks/cartpole_vs_sb3.py [--seeds 1 2 3] [--skip-sb3] [--baseline-src DIR]
@@ -46,7 +46,7 @@ ZOO = dict(
     vf_coef=1.0,
     max_grad_norm=0.5,
 )
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "examples"
 
 
 # ----- workers: each runs in its own process and prints one JSON line ---------------------------

@@ -3,9 +3,10 @@ uniform random legal-move player (half as first player, half as second).
 
     python benchmarks/connect_four.py [key=value ...] [--seeds 1 2 3] [--games 200]
 
-Training settings come from configs/connect_four.yaml (key=value overrides them). The trained
-policy plays deterministically (the argmax of its masked distribution); every move it picks is
-checked against the env's action mask, and an illegal one raises. Per seed it prints the games
+Training settings come from configs/ppo/pettingzoo-pettingzoo.classic.connect_four_v3.yaml
+(key=value overrides them). The trained policy plays deterministically (the argmax of its masked
+distribution); every move it picks is checked against the env's action mask, and an illegal one
+raises. Per seed it prints the games
 won, drawn and lost, the win rate as first player, second player and overall, the training steps
 and time, and how many games ended on the first step of a rollout (their loser's -1 lands where
 no earlier decision of that rollout can take it: GAE drops it).
@@ -25,7 +26,7 @@ import shoal
 from shoal.bench import seed_sweep_args
 from shoal.config import load_yaml
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "connect_four.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ppo" / "pettingzoo-pettingzoo.classic.connect_four_v3.yaml"
 
 
 class IllegalMoveError(RuntimeError):

@@ -1,9 +1,10 @@
 """MADDPG against MAPPO on mpe2's simple_spread_v3 (3 agents cover 3 landmarks, 25-step episodes).
 
 MADDPG runs its defaults (decentralized Gumbel-Softmax actors, one centralized critic shared by the
-agents' policy); MAPPO is PPO with configs/mpe_spread.yaml (the MAPPO paper's MPE settings) and its
-centralized critic (``central_critic=team_obs``). For each and each seed: train for --steps env steps,
-evaluating 10 deterministic episodes every --eval-every steps (the curve), then 20 at the end. The
+agents' policy); MAPPO is PPO with configs/ppo/pettingzoo-mpe2.simple_spread_v3.yaml (the MAPPO
+paper's MPE settings) and its centralized critic (``central_critic=team_obs``). For each and each
+seed: train for --steps env steps, evaluating 10 deterministic episodes every --eval-every steps
+(the curve), then 20 at the end. The
 return is the team's: the sum of the 3 agents' rewards over the episode (a random policy: about
 -115). "first >= -60" is the env steps at which an evaluation first reached -60.
 
@@ -23,7 +24,7 @@ from shoal.config import load_yaml, merge_settings
 
 LEVEL = -60.0
 ENV = {"env": "pettingzoo:mpe2.simple_spread_v3", "env_config": {"max_cycles": 25, "continuous_actions": False}}
-MAPPO = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "mpe_spread.yaml")
+MAPPO = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "ppo" / "pettingzoo-mpe2.simple_spread_v3.yaml")
 MAPPO.pop("total_timesteps")
 RUNS = {
     "MADDPG": (shoal.MADDPG, ENV),

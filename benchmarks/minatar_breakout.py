@@ -2,7 +2,7 @@
 
     python benchmarks/minatar_breakout.py [--seeds 1 2 3] [--steps 2000000] [--parallel 2] [key=value ...]
 
-Trains configs/minatar_breakout.yaml once per seed, each in its own process (``--parallel`` at
+Trains configs/ppo/MinAtar-Breakout-v1.yaml once per seed, each in its own process (``--parallel`` at
 a time), evaluating the deterministic policy on 20 episodes every ``--every`` iterations; then
 prints a table (steps, final training return, final evaluation over 100 episodes, wall time,
 SPS, mean and std over seeds, and a uniform random policy's return) and writes the curves
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "minatar_breakout.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ppo" / "MinAtar-Breakout-v1.yaml"
 
 
 def random_return(episodes: int = 500, seed: int = 0) -> float:

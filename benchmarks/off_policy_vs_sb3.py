@@ -3,9 +3,9 @@
 Tasks (rl-baselines3-zoo's tuned settings each, and its published return):
 
     dqn-cartpole   DQN, CartPole-v1, shoal's defaults, 50k steps        (zoo: 500)
-    dqn-acrobot    DQN, Acrobot-v1, configs/dqn_acrobot.yaml, 100k      (zoo: -76)
-    sac-pendulum   SAC, Pendulum-v1, configs/sac_pendulum.yaml, 20k     (zoo: -157)
-    td3-pendulum   TD3, Pendulum-v1, configs/td3_pendulum.yaml, 20k     (zoo: -152)
+    dqn-acrobot    DQN, Acrobot-v1, configs/dqn/Acrobot-v1.yaml, 100k      (zoo: -76)
+    sac-pendulum   SAC, Pendulum-v1, configs/sac/Pendulum-v1.yaml, 20k     (zoo: -157)
+    td3-pendulum   TD3, Pendulum-v1, configs/td3/Pendulum-v1.yaml, 20k     (zoo: -152)
 
 SB3's DQN has no double Q-learning, which shoal's DQN uses by default (one more forward of the
 online network per minibatch; `--set double_q=false` drops it). Each run is a fresh process with
@@ -106,16 +106,16 @@ TD3_PENDULUM = dict(
 # task -> shoal's algo and config, env, step budget, collection phase, SB3's keyword arguments
 TASKS = {
     "dqn-cartpole": ("dqn", None, "CartPole-v1", 50_000, 256, DQN_CARTPOLE),
-    "dqn-acrobot": ("dqn", "dqn_acrobot.yaml", "Acrobot-v1", 100_000, 4, DQN_ACROBOT),
+    "dqn-acrobot": ("dqn", "dqn/Acrobot-v1.yaml", "Acrobot-v1", 100_000, 4, DQN_ACROBOT),
     "sac-pendulum": (
         "sac",
-        "sac_pendulum.yaml",
+        "sac/Pendulum-v1.yaml",
         "Pendulum-v1",
         20_000,
         1,
         dict(learning_rate=1e-3, net_arch=[256, 256]),
     ),
-    "td3-pendulum": ("td3", "td3_pendulum.yaml", "Pendulum-v1", 20_000, 1, TD3_PENDULUM),
+    "td3-pendulum": ("td3", "td3/Pendulum-v1.yaml", "Pendulum-v1", 20_000, 1, TD3_PENDULUM),
 }
 
 

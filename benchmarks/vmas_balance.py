@@ -2,7 +2,7 @@
 
     python benchmarks/vmas_balance.py [--steps N] [--seed S] [--every K] [key=value ...]
 
-Training settings come from configs/vmas_balance.yaml (key=value overrides them). Prints:
+Training settings come from configs/ppo/vmas-balance.yaml (key=value overrides them). Prints:
   * agent-steps/s of the backend alone (uniform random actions, autoresets included) and of
     end-to-end training (collect + PPO update);
   * the learning curve: mean training episode reward (last 100 agent-episodes) after the first
@@ -27,7 +27,7 @@ import shoal
 from shoal.config import load_yaml, parse_overrides
 from shoal.vector import make_backend
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vmas_balance.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ppo" / "vmas-balance.yaml"
 
 
 def env_only(env: str, env_config: dict, num_envs: int, steps: int, seed: int) -> float:

@@ -166,7 +166,7 @@ def test_a_conv_stack_that_does_not_fit_the_image_exits_with_the_message(pairs, 
 
 def test_mlp_reads_images_flat_also_with_a_shared_trunk():
     with pytest.warns(UserWarning, match="model='cnn' is usually far better"):
-        algo = shoal.PPO(env="MinAtar/Breakout-v1", model_config={"shared_trunk": True}, **FAST)
+        algo = shoal.PPO(env="MinAtar/Breakout-v1", model_config={"shared_trunk": True}, tuned=False, **FAST)
     with algo:
         net = algo.get_policy().model
         assert not any(isinstance(m, torch.nn.Conv2d) for m in net.modules())

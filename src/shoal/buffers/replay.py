@@ -66,6 +66,7 @@ class ReplayBuffer:
             device=device,
         )
         """The stored steps ``[N, C]``, chronological along each row from the head (wrapping)."""
+        self._flat = self.storage.view(-1)  # the same tensors as flat steps (a view costs 0.1 ms to make)
         self.sampleable = torch.zeros(n, self.columns, dtype=torch.bool, device=device)
         """Which stored steps are whole transitions that ``sample`` may draw."""
         self.head = 0
@@ -190,7 +191,7 @@ class ReplayBuffer:
         """``gather``, summing at most ``limit`` rewards for each step when given (a sequence's
         steps stop at its end); also returns the flat index of the last step summed for each."""
         c = self.columns
-        flat = self.storage.view(-1)
+        flat = self._flat
         batch: TensorDict = flat[index]
         row, col = index // c, index % c
         reward = torch.zeros(len(index), device=index.device)

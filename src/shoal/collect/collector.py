@@ -183,16 +183,17 @@ class Collector:
             if segment and t % segment == 0 and t < horizon:
                 for p, stored in views["start_states"]:
                     stored[t // segment].update_(policies.state(p, batch.rows))
-            action, _ = policies.act(
-                obs,
-                views["first_now"],
-                mask,
-                batch.rows,
-                deterministic=parking,
-                out=views["extras"][t],
-                critic_obs=critic_obs,
-                advance=not parking,
-            )
+            if not parking or self.extras:  # parked with no extras to store (replay learners): no forward pass
+                action, _ = policies.act(
+                    obs,
+                    views["first_now"],
+                    mask,
+                    batch.rows,
+                    deterministic=parking,
+                    out=views["extras"][t],
+                    critic_obs=critic_obs,
+                    advance=not parking,
+                )
             if parking:
                 self._parked.append(batch)
                 if t < horizon:

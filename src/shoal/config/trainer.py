@@ -44,6 +44,9 @@ class TrainerConfig(BaseModel):
     env: Any = "CartPole-v1"
     """The environment: a Gymnasium id, `'module:EnvId'`, a name given to `shoal.register_env`,
     `'pettingzoo:<module>'`, `'vmas:<scenario>'`, an env instance, a factory or a Gymnasium `VectorEnv`."""
+    tuned: bool = True
+    """Start from the tuned config shoal ships for this (algo, env) pair, when there is one (`configs/<algo>/<env>.yaml`
+    in a clone); every key you set still overrides it. False: the defaults below."""
     env_config: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the env: keyword arguments of `gym.make` for an id, the dict a registered creator or factory
     receives, or the keyword arguments of a PettingZoo `parallel_env()` or VMAS scenario."""

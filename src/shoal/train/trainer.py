@@ -37,6 +37,7 @@ from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.collect import Collector, EpisodeTracker
 from shoal.collect.episodes import Episode
 from shoal.config import TrainerConfig
+from shoal.config.tuned import apply_tuned
 from shoal.envs.atari import is_atari_id
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
@@ -72,9 +73,17 @@ class Trainer:
         algo_cls = self._algorithm_class(settings)
         if self.algo is not None:
             settings.setdefault("algo", self.algo)  # the preset's algorithm, as config.yaml and checkpoints record it
+        algo = settings.get("algo", TrainerConfig.model_fields["algo"].default)
+        settings, tuned = apply_tuned(settings, algo, algo_cls.config_class.ALIASES)
+        self.tuned_config = tuned
+        """The tuned config file the settings started from (None: none; see the key ``tuned``)."""
         self.config = algo_cls.config_class.build(**settings)
         """The validated config (the algorithm's config class)."""
         c = self.config
+        if self.tuned_config is not None and c.verbose:
+            print(
+                f"shoal: starting from the tuned config {self.tuned_config} (tuned=False: without it)", file=sys.stderr
+            )
         torch.set_num_threads(c.torch_threads)
         # Adam's second moments and annealed updates drift into denormal floats late in training,
         # which slows every CPU op several-fold; flushing them to zero costs nothing.

@@ -1,0 +1,242 @@
+"""What a benchmark shows: the live table while it runs, then ``benchmark.md`` (one row per
+algorithm and env, judged against the published reference) and ``benchmark.png`` (a grid of
+learning curves, one panel per env, the references drawn as dashed lines)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shoal.benchmark.references import SHARE, References
+from shoal.errors import ConfigError
+from shoal.logging.runs import learning_curves, load_run, resolve_metric
+
+if TYPE_CHECKING:
+    from shoal.benchmark.runner import RunState, Suite
+
+COLUMNS = ("env", "algo", "steps", "return", "seeds", "wall time", "SPS", "reference", "vs reference")
+
+
+@contextlib.contextmanager
+def live_table(states: list[RunState], out: Path, enabled: bool = True) -> Iterator[Callable[[], None]]:
+    """A table of the runs (status, steps, latest training return, time), redrawn on each call
+    of the function it yields."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    def render() -> Table:
+        table = Table("run", "status", "steps", "return", "time", title=f"shoal benchmark: {out}")
+        for state in states:
+            if state.status == "waiting":
+                continue
+            steps, ret = _progress(state.spec.directory(out))
+            elapsed = time.monotonic() - state.started if state.process is not None else state.seconds
+            table.add_row(
+                state.spec.name,
+                state.status if not state.detail else f"{state.status}: {state.detail}",
+                "-" if steps is None else f"{steps:,}",
+                "-" if ret is None else f"{ret:.1f}",
+                "-" if elapsed is None else f"{elapsed:.0f} s",
+            )
+        waiting = sum(s.status == "waiting" for s in states)
+        if waiting:
+            table.caption = f"{waiting} more waiting"
+        return table
+
+    if not enabled:
+        yield lambda: None
+        return
+    with Live(render(), console=Console(stderr=True), refresh_per_second=1) as live:
+        yield lambda: live.update(render())
+
+
+def _progress(run_dir: Path) -> tuple[int | None, float | None]:
+    """The newest logged env steps and training return of a run (None before its first iteration)."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with path.open("rb") as f:
+            f.seek(max(path.stat().st_size - 8192, 0))
+            lines = f.read().decode(errors="replace").splitlines()
+        row = json.loads(lines[-1])
+    except (OSError, IndexError, json.JSONDecodeError):
+        return None, None
+    ret = row.get("rollout/episode_reward_mean")
+    return row.get("timesteps_total"), None if ret is None else float(ret)
+
+
+@dataclass
+class Row:
+    """One algorithm on one env over its seeds."""
+
+    env: str
+    algo: str
+    seeds: int
+    returns: list[float]
+    """Each finished seed's mean deterministic evaluation return."""
+    steps: list[int]
+    seconds: list[float]
+    """Each finished seed's training time."""
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else math.nan
+
+
+def collect_rows(suite: Suite, out: Path) -> list[Row]:
+    """The finished runs' summaries, grouped by (env, algo) in the suite's order."""
+    from shoal.benchmark.runner import RESULT
+
+    rows: dict[tuple[str, str], Row] = {}
+    for spec in suite.runs:
+        row = rows.setdefault((spec.env, spec.algo), Row(spec.env, spec.algo, 0, [], [], []))
+        row.seeds += 1
+        path = spec.directory(out) / RESULT
+        if not path.is_file():
+            continue
+        summary = json.loads(path.read_text())
+        row.returns.append(float(summary["evaluation"]["episode_reward_mean"]))
+        row.steps.append(int(summary["timesteps_total"]))
+        row.seconds.append(float(summary["time_total_s"]))
+    return list(rows.values())
+
+
+def table_cells(row: Row, references: References, notes: dict[str, str]) -> list[str]:
+    """The cells of ``row`` in ``COLUMNS`` order."""
+    if not row.returns:
+        return [row.env, row.algo, "-", "-", f"0 of {row.seeds}", "-", "-", _reference(row, references), "not run"]
+    steps = float(np.mean(row.steps))
+    sps = float(np.mean([s / t for s, t in zip(row.steps, row.seconds)]))
+    spread = f" ± {np.std(row.returns):.1f}" if len(row.returns) > 1 else ""
+    return [
+        row.env,
+        row.algo,
+        _count(steps),
+        f"{row.mean:.1f}{spread}",
+        f"{len(row.returns)}" if len(row.returns) == row.seeds else f"{len(row.returns)} of {row.seeds}",
+        _duration(float(np.mean(row.seconds))),
+        f"{sps:,.0f}",
+        _reference(row, references),
+        _verdict(row, steps, references, notes.get(f"{row.algo}/{row.env}")),
+    ]
+
+
+def _reference(row: Row, references: References) -> str:
+    ref = references.published.get((row.algo, row.env))
+    return "-" if ref is None else f"{ref.value:g} @ {_count(ref.steps)} ({ref.source})"
+
+
+def _verdict(row: Row, steps: float, references: References, note: str | None) -> str:
+    score = references.score(row.algo, row.env, row.mean)
+    if score is None:
+        return note or "no published reference"
+    ref = references.published[(row.algo, row.env)]
+    reasons = [note] if note else []
+    if steps > ref.steps * 1.01:
+        reasons.append(f"took more steps than the reference's {_count(ref.steps)}")
+    if len(row.returns) < row.seeds:
+        reasons.append(f"{row.seeds - len(row.returns)} seed(s) unfinished")
+    meets = score >= SHARE and steps <= ref.steps * 1.01 and len(row.returns) == row.seeds
+    verdict = f"{100 * score:.0f}%: {'meets' if meets else 'short'}"
+    if score < SHARE:
+        reasons.append(f"below {100 * SHARE:.0f}%")
+    return f"{verdict}: {'; '.join(reasons)}" if reasons else verdict
+
+
+def _count(steps: float) -> str:
+    return f"{steps / 1e6:.3g}M" if steps >= 1e6 else f"{steps / 1e3:.3g}k"
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.1f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+def markdown_table(rows: list[Row], references: References, notes: dict[str, str]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in table_cells(row, references, notes)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(suite: Suite, out: Path, references: References, command: str) -> tuple[Path, Path | None]:
+    """Write ``benchmark.md`` (headed by the ``command`` that regenerates it) and, with
+    matplotlib installed, ``benchmark.png``; returns their paths."""
+    rows = collect_rows(suite, out)
+    text = (
+        "Final return: mean over seeds of each run's deterministic evaluation after training; ± is the\n"
+        "std over seeds. Wall time: training time per run; SPS: env steps per second of training.\n"
+        f"Regenerate with:\n\n```bash\n{command}\n```\n\n{markdown_table(rows, references, suite.notes)}"
+    )
+    md = out / "benchmark.md"
+    md.write_text(text)
+    try:
+        png: Path | None = plot_grid(suite, out, references)
+    except ConfigError:  # no matplotlib: the table alone
+        png = None
+    return md, png
+
+
+def plot_grid(suite: Suite, out: Path, references: References) -> Path:
+    """One panel per env: each algorithm's training return (mean ± std over seeds) against env
+    steps, with its published reference as a dashed line of the same color."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("the benchmark plot needs matplotlib: pip install 'shoal[plot]'.") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(spec.env for spec in suite.runs))
+    cols = min(3, len(envs))
+    nrows = math.ceil(len(envs) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), dpi=110, squeeze=False)
+    for ax, env in zip(axes.flat, envs):
+        algos = list(dict.fromkeys(spec.algo for spec in suite.runs if spec.env == env))
+        for i, algo in enumerate(algos):
+            color = f"C{i}"
+            _plot_algo(ax, [s.directory(out) for s in suite.runs if s.env == env and s.algo == algo], algo, color)
+            ref = references.published.get((algo, env))
+            if ref is not None:
+                ax.axhline(ref.value, color=color, linestyle="--", linewidth=1, label=f"{algo} reference")
+        ax.set_title(env, fontsize="medium")
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small", loc="best")
+    for ax in list(axes.flat)[len(envs) :]:
+        ax.set_visible(False)
+    axes[0][0].set_ylabel("training return")
+    fig.tight_layout()
+    path = out / "benchmark.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _plot_algo(ax: Any, run_dirs: list[Path], algo: str, color: str) -> None:
+    runs = []
+    for run_dir in run_dirs:
+        with contextlib.suppress(ConfigError):  # not started, or no iteration logged yet
+            runs.append(load_run(run_dir))
+    if not runs:
+        return
+    key = resolve_metric(runs, "episode_reward_mean")
+    for curve in learning_curves(runs, key, "timesteps_total"):
+        ax.plot(curve.x, curve.mean, color=color, label=f"{algo} ({curve.runs} seed{'s' * (curve.runs > 1)})")
+        if curve.runs > 1:
+            ax.fill_between(
+                curve.x, curve.mean - curve.std, curve.mean + curve.std, color=color, alpha=0.2, linewidth=0
+            )

@@ -1,0 +1,160 @@
+"""``shoal benchmark``: the suite reader, the references, the report table, and resuming."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shoal.benchmark import load_references, load_suite, run_suite
+from shoal.benchmark.references import Reference, References
+from shoal.benchmark.report import collect_rows, markdown_table, write_report
+from shoal.benchmark.runner import RESULT, RunSpec, Suite
+from shoal.errors import ConfigError
+
+REFS = References(
+    {
+        ("ppo", "CartPole-v1"): Reference("ppo", "CartPole-v1", 500.0, 100_000, "zoo"),
+        ("dqn", "Acrobot-v1"): Reference("dqn", "Acrobot-v1", -80.0, 100_000, "zoo"),
+    },
+    {"Acrobot-v1": -500.0},
+)
+
+
+def finish(out: Path, spec: RunSpec, ret: float, steps: int = 50_000, seconds: float = 10.0) -> None:
+    run_dir = spec.directory(out)
+    run_dir.mkdir(parents=True)
+    summary = {"timesteps_total": steps, "time_total_s": seconds, "evaluation": {"episode_reward_mean": ret}}
+    (run_dir / RESULT).write_text(json.dumps(summary))
+
+
+def test_score_is_a_share_of_the_reference_or_of_the_way_up_from_random():
+    assert REFS.score("ppo", "CartPole-v1", 450.0) == pytest.approx(0.9)
+    assert REFS.score("dqn", "Acrobot-v1", -122.0) == pytest.approx(378 / 420)  # (-122 + 500) / (-80 + 500)
+    assert REFS.score("sac", "CartPole-v1", 1.0) is None
+
+
+def test_table_rows_judge_each_algo_and_env_over_its_seeds(tmp_path):
+    specs = [RunSpec("ppo", "CartPole-v1", s) for s in (1, 2, 3)] + [RunSpec("dqn", "Acrobot-v1", s) for s in (1, 2)]
+    for spec, ret in zip(specs, (500.0, 480.0, 490.0, -90.0)):  # the last dqn seed has not finished
+        finish(tmp_path, spec, ret, seconds=20.0)
+    suite = Suite(specs, {"dqn/Acrobot-v1": "fewer seeds on purpose"})
+    rows = collect_rows(suite, tmp_path)
+    lines = markdown_table(rows, REFS, suite.notes).splitlines()
+    assert lines[0] == "| env | algo | steps | return | seeds | wall time | SPS | reference | vs reference |"
+    assert lines[2] == "| CartPole-v1 | ppo | 50k | 490.0 ± 8.2 | 3 | 20 s | 2,500 | 500 @ 100k (zoo) | 98%: meets |"
+    assert lines[3].startswith("| Acrobot-v1 | dqn | 50k | -90.0 | 1 of 2 |")
+    assert lines[3].endswith("| 98%: short: fewer seeds on purpose; 1 seed(s) unfinished |")
+
+
+def test_rows_over_the_reference_budget_or_below_it_say_why(tmp_path):
+    finish(tmp_path, RunSpec("ppo", "CartPole-v1", 1), 500.0, steps=200_000)
+    finish(tmp_path, RunSpec("dqn", "Acrobot-v1", 1), -300.0)
+    suite = Suite([RunSpec("ppo", "CartPole-v1", 1), RunSpec("dqn", "Acrobot-v1", 1), RunSpec("sac", "Foo-v0", 1)])
+    table = markdown_table(collect_rows(suite, tmp_path), REFS, {})
+    assert "100%: short: took more steps than the reference's 100k" in table
+    assert "48%: short: below 90%" in table
+    assert "| Foo-v0 | sac | - | - | 0 of 1 | - | - | - | not run |" in table
+
+
+def test_report_files_carry_the_command_that_regenerates_them(tmp_path):
+    spec = RunSpec("ppo", "CartPole-v1", 1)
+    finish(tmp_path, spec, 500.0)
+    md, _ = write_report(Suite([spec]), tmp_path, REFS, "shoal benchmark --algo ppo --env CartPole-v1")
+    assert "```bash\nshoal benchmark --algo ppo --env CartPole-v1\n```" in md.read_text()
+
+
+def test_suite_file_runs_are_filtered_and_take_the_seeds_and_budget_given(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        "seeds: [1, 2]\ntimesteps: 5000\nruns:\n"
+        "  - {algo: ppo, env: CartPole-v1}\n"
+        "  - {algo: dqn, env: CartPole-v1, timesteps: 9000, overrides: [gamma=0.9]}\n"
+        "notes: {dqn/CartPole-v1: why}\n"
+    )
+    suite = load_suite(path)
+    assert [(r.algo, r.seed, r.timesteps, r.overrides) for r in suite.runs] == [
+        ("ppo", 1, 5000, ()),
+        ("ppo", 2, 5000, ()),
+        ("dqn", 1, 9000, ("gamma=0.9",)),
+        ("dqn", 2, 9000, ("gamma=0.9",)),
+    ]
+    assert suite.notes == {"dqn/CartPole-v1": "why"}
+    picked = load_suite(path, algos=["dqn"], seeds=[7], timesteps=100, overrides=["lr_schedule=constant"])
+    assert [(r.algo, r.seed, r.timesteps, r.overrides) for r in picked.runs] == [
+        ("dqn", 7, 100, ("gamma=0.9", "lr_schedule=constant"))
+    ]
+    grid = load_suite(None, algos=["ppo", "dqn"], envs=["CartPole-v1", "Acrobot-v1"], seeds=[1])
+    assert [(r.env, r.algo) for r in grid.runs] == [
+        ("CartPole-v1", "ppo"),
+        ("CartPole-v1", "dqn"),
+        ("Acrobot-v1", "ppo"),
+        ("Acrobot-v1", "dqn"),
+    ]
+
+
+def test_bad_suites_and_references_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="give a suite file, or --algo and --env"):
+        load_suite(None, algos=["ppo"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1]\nruns: []\n")
+    with pytest.raises(ConfigError, match=r"unknown keys \['seed'\]"):
+        load_suite(bad)
+    bad.write_text("runs:\n  - {algo: ppo}\n")
+    with pytest.raises(ConfigError, match=r"runs\[0\] must be a mapping with algo and env"):
+        load_suite(bad)
+    refs = tmp_path / "refs.yaml"
+    refs.write_text("references:\n  - {algo: dqn, env: Acrobot-v1, return: -80, steps: 100, source: x}\n")
+    with pytest.raises(ConfigError, match="random policy's return for Acrobot-v1"):
+        load_references(refs)
+    refs.write_text("references:\n  - {algo: dqn, env: CartPole-v1, return: 80, steps: 100, sorce: x}\n")
+    with pytest.raises(ConfigError, match="must be a mapping with algo, env, return, steps and source"):
+        load_references(refs)
+
+
+def test_shipped_references_load_and_judge_negative_tasks_from_random():
+    refs = load_references()
+    assert refs.published[("ppo", "LunarLander-v3")].steps == 1_000_000
+    for (_, env), ref in refs.published.items():
+        assert ref.value > 0 or env in refs.random
+
+
+@pytest.mark.slow
+def test_interrupted_benchmark_resumes_unfinished_runs_and_skips_finished_ones(tmp_path):
+    args = ["--algo", "ppo", "--env", "CartPole-v1", "--out", str(tmp_path), "evaluation_num_episodes=2"]
+    # first: a short run finishes; then a long one is stopped part way
+    short = subprocess.run(
+        [sys.executable, "-m", "shoal", "benchmark", *args, "--seeds", "1", "--timesteps", "2048"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert short.returncode == 0, short.stderr
+    finished = RunSpec("ppo", "CartPole-v1", 1).directory(tmp_path) / RESULT
+    stamp = finished.stat().st_mtime_ns
+    long_run = RunSpec("ppo", "CartPole-v1", 2, 400_000).directory(tmp_path)
+    command = [sys.executable, "-m", "shoal", "benchmark", *args, "--seeds", "1", "2", "--timesteps", "400000"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (long_run / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "the same command resumes the unfinished runs" in err
+    assert not (long_run / RESULT).exists() and list((long_run / "checkpoints").iterdir())
+
+    # again, with a smaller budget for the resumed run: the finished seed is not run again
+    suite = load_suite(None, ["ppo"], ["CartPole-v1"], [1, 2], 20_000, ["evaluation_num_episodes=2"])
+    states = run_suite(suite, tmp_path, jobs=2, live=False)
+    assert [s.status for s in states] == ["skipped", "done"]
+    assert finished.stat().st_mtime_ns == stamp
+    summary = json.loads((long_run / RESULT).read_text())
+    logged = [json.loads(line) for line in (long_run / "metrics.jsonl").read_text().splitlines()]
+    assert summary["timesteps_total"] == logged[-1]["timesteps_total"]
+    assert [row["training_iteration"] for row in logged] == list(range(1, len(logged) + 1))  # resumed, not restarted
+    assert "resuming at iteration" in (long_run / "stderr.log").read_text()
