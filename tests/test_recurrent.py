@@ -233,6 +233,7 @@ def test_memory_lets_an_lstm_balance_cartpole_without_velocities():
         seed=1,
         save_outputs=False,
         verbose=0,
+        tuned=False,  # the tuned config's LSTM would merge into the MLP's empty model_config
     )
     lstm = {"core": "lstm", "core_size": 64, "hiddens": [], "head_hiddens": [64], "activation": "relu"}
     returns = {}
