@@ -84,6 +84,9 @@ def main() -> None:
         run(shoal, "train", "CartPole-v1", "total_timesteps=2000", "verbose=0", cwd=outside)
         if not list((outside / "runs").glob("*/checkpoints/*")):
             sys.exit(f"the training run left no checkpoint under {outside / 'runs'}")
+        tuned = "from shoal.config.tuned import tuned_path; print(tuned_path('dqn', 'LunarLander-v3'))"
+        if not run(venv / "bin/python", "-c", tuned, cwd=outside).strip().startswith(str(venv)):
+            sys.exit("the wheel lacks the tuned configs (package data shoal/tuned/*/*.yaml)")
 
         for extra in extras:
             run(pip, "install", "-q", "--dry-run", "-c", CONSTRAINTS, f"{wheel}[{extra}]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -214,7 +215,7 @@ def _benchmark_command(args: argparse.Namespace) -> str:
             words += [f"--{flag}", str(getattr(args, flag))]
     if args.out != "runs/benchmark":
         words += ["--out", args.out]
-    return " ".join(words)
+    return shlex.join(words)
 
 
 def benchmark(args: argparse.Namespace) -> int:

@@ -57,7 +57,13 @@ def load_references(path: str | Path = REFERENCES_FILE) -> References:
     """Read and check a references file: ``random`` (env -> return) and ``references`` (a list of
     ``{algo, env, return, steps, source[, std]}``)."""
     data = load_yaml(path)
-    random = {str(env): float(value) for env, value in (data.get("random") or {}).items()}
+    unknown = set(data) - {"random", "references"}
+    if unknown:
+        raise ConfigError(f"references file '{path}' has unknown keys {sorted(unknown)}; allowed: random, references.")
+    try:
+        random = {str(env): float(value) for env, value in (data.get("random") or {}).items()}
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"references file '{path}': 'random' must map env ids to returns ({e}).") from None
     published: dict[tuple[str, str], Reference] = {}
     for i, entry in enumerate(data.get("references") or []):
         where = f"{path}: references[{i}]"
@@ -66,7 +72,12 @@ def load_references(path: str | Path = REFERENCES_FILE) -> References:
         extra = set(entry) - _FIELDS
         if extra:
             raise ConfigError(f"{where} has unknown keys {sorted(extra)}; allowed: {sorted(_FIELDS)}.")
-        ref = _reference(entry)
+        try:
+            ref = _reference(entry)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: return, steps and std must be numbers ({e}), got {entry!r}.") from None
+        if (ref.algo, ref.env) in published:
+            raise ConfigError(f"{where}: a second reference for {ref.algo} on {ref.env}; keep one.")
         if ref.value <= 0 and ref.env not in random:
             raise ConfigError(
                 f"{where} ({ref.algo} on {ref.env}) has a return of {ref.value}: judging it needs the random "

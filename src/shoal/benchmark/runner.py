@@ -4,7 +4,9 @@ As many run at once as asked (default: one per CPU core, each with one torch thr
 has its own directory under ``OUT/runs/<algo>/<env>/seed_<n>``; a run is finished when its
 ``benchmark.json`` (the summary ``shoal train`` prints, with the deterministic evaluation) is
 there. Started again, the command skips finished runs and resumes interrupted ones from their
-newest checkpoint, so a long benchmark survives Ctrl-C, a reboot or a crash.
+newest checkpoint (written every ``CHECKPOINT_EVERY`` iterations), so a long benchmark survives
+Ctrl-C, a reboot or a crash. Each directory records its run's settings (another suite's results
+are never taken for it) and, while running, the process running it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from shoal.config.trainer import load_yaml
 from shoal.config.tuned import env_slug
@@ -30,6 +33,8 @@ from shoal.train.checkpoint import list_checkpoints
 
 RESULT = "benchmark.json"
 STOP_GRACE_S = 120.0  # how long an interrupted run may take to write its checkpoint
+CHECKPOINT_EVERY = 10  # iterations between a run's checkpoints
+SPEC, LOCK = "benchmark_run.json", "benchmark_run.pid"  # in each run's directory
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,26 @@ class RunSpec:
     def directory(self, out: Path) -> Path:
         return out / "runs" / self.algo / env_slug(self.env) / f"seed_{self.seed}"
 
+    def identity(self) -> dict[str, Any]:
+        """What makes a run this run: kept in its directory, so results of other settings are never
+        taken for it."""
+        return {
+            "algo": self.algo,
+            "env": self.env,
+            "seed": self.seed,
+            "timesteps": self.timesteps,
+            "overrides": list(self.overrides),
+        }
+
     def command(self, out: Path) -> list[str]:
         run_dir = self.directory(out)
         base = [sys.executable, "-m", "shoal", "train", self.env, "--algo", self.algo]
         if list_checkpoints(run_dir / "checkpoints"):  # interrupted before: go on from where it stopped
-            return [*base, "--resume", str(run_dir), *self.overrides]
+            return [*base, "--resume", str(run_dir)]
         steps = [] if self.timesteps is None else [f"total_timesteps={self.timesteps}"]
-        keys = [f"seed={self.seed}", "torch_threads=1", "verbose=0", *steps, *self.overrides]
-        return [*base, *keys, "--run-dir", str(run_dir)]
+        # checkpoints every 10 iterations: a crash or reboot loses little (the keys given win)
+        keys = [f"seed={self.seed}", "torch_threads=1", "verbose=0", f"checkpoint_interval={CHECKPOINT_EVERY}"]
+        return [*base, *keys, *steps, *self.overrides, "--run-dir", str(run_dir)]
 
 
 @dataclass
@@ -103,13 +120,25 @@ def load_suite(
         entries = [e for e in entries if (not algos or e["algo"] in algos) and (not envs or e["env"] in envs)]
         if not entries:
             raise ConfigError(f"suite '{path}' has no runs for algo {algos} and env {envs}.")
-    runs = []
+    runs: dict[tuple[str, str, int], RunSpec] = {}
     for entry in entries:
+        where = f"suite '{path}', {entry['algo']} on {entry['env']}"
         steps = timesteps or entry.get("timesteps", data.get("timesteps"))
-        extra = tuple(str(pair) for pair in entry.get("overrides", [])) + tuple(overrides or [])
-        for seed in seeds or entry.get("seeds") or data.get("seeds") or [1, 2, 3]:
-            runs.append(RunSpec(str(entry["algo"]), str(entry["env"]), int(seed), steps, extra))
-    return Suite(runs, {str(k): str(v) for k, v in (data.get("notes") or {}).items()})
+        pairs = entry.get("overrides", [])
+        run_seeds = seeds or entry.get("seeds") or data.get("seeds") or [1, 2, 3]
+        if not isinstance(pairs, list) or not all(isinstance(p, str) and "=" in p for p in pairs):
+            raise ConfigError(f"{where}: overrides must be a list of 'key=value' strings, got {pairs!r}.")
+        if not isinstance(run_seeds, list) or not all(type(x) is int for x in run_seeds):
+            raise ConfigError(f"{where}: seeds must be a list of integers, got {run_seeds!r}.")
+        if steps is not None and (type(steps) is not int or steps < 1):
+            raise ConfigError(f"{where}: timesteps must be a positive integer, got {steps!r}.")
+        for seed in run_seeds:
+            spec = RunSpec(str(entry["algo"]), str(entry["env"]), seed, steps, (*pairs, *(overrides or [])))
+            key = (spec.algo, spec.env, seed)
+            if key in runs:
+                raise ConfigError(f"{where}: seed {seed} is listed twice; each run needs a directory of its own.")
+            runs[key] = spec
+    return Suite(list(runs.values()), {str(k): str(v) for k, v in (data.get("notes") or {}).items()})
 
 
 @dataclass
@@ -133,6 +162,7 @@ def run_suite(suite: Suite, out: str | Path, jobs: int | None = None, live: bool
     jobs = jobs or os.cpu_count() or 1
     states = [RunState(spec) for spec in suite.runs]
     for state in states:
+        _check_directory(state.spec, out)
         if (state.spec.directory(out) / RESULT).is_file():
             state.status = "skipped"
     pending = [s for s in states if s.status == "waiting"]
@@ -157,7 +187,8 @@ def run_suite(suite: Suite, out: str | Path, jobs: int | None = None, live: bool
 
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a scheduler's stop, ``kill``) stops the benchmark as Ctrl-C does."""
+    """SIGTERM (a scheduler's stop, ``kill``) and SIGHUP (the terminal closed) stop the benchmark
+    as Ctrl-C does, so no run is left going on its own."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -165,22 +196,44 @@ def _sigterm_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _check_directory(spec: RunSpec, out: Path) -> None:
+    """A run's directory holds this run (or nothing), and no other process is running it."""
+    run_dir = spec.directory(out)
+    saved = _read_json(run_dir / SPEC)
+    if saved is not None and saved != spec.identity():
+        raise ConfigError(
+            f"'{run_dir}' holds {spec.name} run with other settings ({saved}, now {spec.identity()}); "
+            f"give another --out, or delete the directory to run it again."
+        )
+    try:
+        pid = int((run_dir / LOCK).read_text())
+    except (OSError, ValueError):
+        return
+    if Path(f"/proc/{pid}").exists():
+        raise ConfigError(f"'{run_dir}' is being run by process {pid} (another shoal benchmark?); stop it first.")
 
 
 def _start(state: RunState, out: Path) -> None:
     run_dir = state.spec.directory(out)
-    run_dir.mkdir(parents=True, exist_ok=True)
     command = state.spec.command(out)
+    if "--resume" not in command and run_dir.exists():  # started before, but no checkpoint: anew
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SPEC).write_text(json.dumps(state.spec.identity()))
     state.status = "resumed" if "--resume" in command else "running"
     stdout, stderr = (run_dir / "stdout.json").open("wb"), (run_dir / "stderr.log").open("ab")
     state._files = [stdout, stderr]
     # a session of its own: Ctrl-C reaches the benchmark, which stops each run in turn
     state.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
+    (run_dir / LOCK).write_text(str(state.process.pid))
     state.started = time.monotonic()
 
 
@@ -194,8 +247,9 @@ def _poll(state: RunState, out: Path) -> None:
     state.process, state._files = None, []
     state.seconds = time.monotonic() - state.started
     run_dir = state.spec.directory(out)
+    (run_dir / LOCK).unlink(missing_ok=True)
     summary = _read_summary(run_dir / "stdout.json")
-    if code == 0 and summary is not None and summary.get("stop_reason") is None:
+    if code == 0 and summary is not None and summary.get("stop_reason") not in ("SIGINT", "SIGTERM"):
         tmp = run_dir / f"{RESULT}.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(run_dir / RESULT)
@@ -208,28 +262,45 @@ def _poll(state: RunState, out: Path) -> None:
 
 
 def _stop_all(states: list[RunState], out: Path) -> None:
-    """SIGTERM every running run (each checkpoints at its iteration's end), then wait for them."""
-    for state in states:
-        if state.process is not None:
-            state.process.send_signal(signal.SIGTERM)
+    """SIGTERM every running run (each checkpoints at its iteration's end) and wait for them; past
+    the grace time, or at a second Ctrl-C, kill them (their last checkpoints stay)."""
+    running = [s for s in states if s.process is not None]
+    for state in running:
+        cast(subprocess.Popen[bytes], state.process).send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    for state in states:
-        if state.process is None:
-            continue
-        try:
-            state.process.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            state.process.kill()  # its last checkpoint stays; the restart resumes from it
-            state.process.wait()
+    try:
+        for state in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                cast(subprocess.Popen[bytes], state.process).wait(max(deadline - time.monotonic(), 0.1))
+    except KeyboardInterrupt:
+        pass
+    for state in running:
+        process = cast(subprocess.Popen[bytes], state.process)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
         _poll(state, out)
 
 
 def _read_summary(path: Path) -> dict[str, Any] | None:
+    """The JSON summary ``shoal train`` prints last (whatever an env printed before it)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        text = path.read_text()
+    except OSError:
+        return None
+    start = text.rfind("\n{\n") + 1  # 0 when the summary is all there is
+    try:
+        data = json.loads(text[start:])
+    except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _last_line(path: Path) -> str:

@@ -45,6 +45,7 @@ class SurrogateConfig(TrainerConfig):
         "sgd_minibatch_size",
     )
     ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size", "update_epochs": "num_sgd_iter"}
+    MINIBATCH_DIVIDES_BATCH: ClassVar[bool] = True
 
 
 class PPOConfig(SurrogateConfig):

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shoal.config.trainer import load_yaml, merge_settings
+from shoal.config.trainer import TrainerConfig, load_yaml
+from shoal.errors import ConfigError
 
 TUNED_DIR = Path(__file__).resolve().parent.parent / "tuned"
 
@@ -30,36 +31,56 @@ def tuned_path(algo: str, env: Any) -> Path | None:
     return path if path.is_file() else None
 
 
-BATCH_SHAPE = {"rollout_fragment_length", "train_batch_size", "batch_size"}
-"""Keys that say one thing between them (with ``num_envs``): the batch's shape."""
-
-
 def apply_tuned(
-    settings: dict[str, Any], algo: Any, aliases: dict[str, str] | None = None
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig]
 ) -> tuple[dict[str, Any], Path | None]:
-    """``settings`` on top of the tuned config for its (``algo``, env) pair when there is one, it
-    sets a key ``settings`` leaves out, and ``tuned`` is not False; returns the merged settings
-    and the file that supplied keys (None: nothing applied).
+    """``settings`` over the tuned config of its (``algo``, env) pair, when shoal has one and
+    ``tuned`` is not False. Returns the merged settings and the file that supplied keys (None:
+    nothing applied).
 
-    A key set under either of its names (``aliases``: other name -> key) replaces the tuned one,
-    and setting any of ``BATCH_SHAPE`` drops the tuned values of all three, so the batch is shaped
-    as the user says (the tuned ``num_envs`` still counts)."""
-    path = tuned_path(algo, settings.get("env")) if settings.get("tuned", True) else None
+    Every key set replaces the tuned one whole, under either of its names (``config_class``'s
+    ``ALIASES``), dicts too: ``model_config={"hiddens": [64]}`` is the whole model config. Setting
+    ``model`` drops the tuned ``model_config``, written for the tuned model. Setting one of
+    ``rollout_fragment_length``, ``train_batch_size`` and ``batch_size`` drops the tuned values
+    of all three; and where minibatches must divide the batch (PPO, GRPO), a batch reshaped by
+    the keys set keeps the tuned number of minibatches (else the default minibatch size)."""
+    use = settings.get("tuned", True)
+    if not isinstance(use, bool):
+        raise ConfigError(f"bad value for 'tuned': {use!r}: expected true or false.")
+    path = tuned_path(algo, settings.get("env")) if use else None
     if path is None:
         return settings, None
-    aliases = aliases or {}
+    aliases = config_class.ALIASES
     given = {aliases.get(key, key) for key in settings}
-    dropped = given | (BATCH_SHAPE if given & BATCH_SHAPE else set())
-    tuned = {k: v for k, v in load_yaml(path).items() if aliases.get(k, k) not in dropped or isinstance(v, dict)}
-    merged = merge_settings(tuned, settings)
-    return (merged, path) if merged != settings else (settings, None)
+    tuned = {aliases.get(k, k): v for k, v in load_yaml(path).items()}
+    if given & BATCH_SHAPE:
+        given |= BATCH_SHAPE
+    if "model" in given:
+        given.add("model_config")
+    reshaped = bool(given & (BATCH_SHAPE | {"num_envs"}))
+    if reshaped and config_class.MINIBATCH_DIVIDES_BATCH and "sgd_minibatch_size" not in given:
+        given.add("sgd_minibatch_size")
+        minibatch = _same_minibatch_count(tuned, settings)
+        if minibatch is not None:
+            tuned["sgd_minibatch_size"] = minibatch
+            given.discard("sgd_minibatch_size")
+    supplied = {k: v for k, v in tuned.items() if k not in given}
+    return (supplied | settings, path) if supplied else (settings, None)
 
 
-def tuned_pairs() -> list[tuple[str, str]]:
-    """Every (algorithm, env id) pair with a tuned config."""
-    pairs = []
-    for path in sorted(TUNED_DIR.glob("*/*.yaml")):
-        data = load_yaml(path)
-        if "env" in data and path.parent.name == data.get("algo"):
-            pairs.append((path.parent.name, str(data["env"])))
-    return pairs
+BATCH_SHAPE = {"rollout_fragment_length", "train_batch_size", "batch_size"}
+"""Keys that say the same thing (with ``num_envs``): how many steps an iteration collects."""
+
+
+def _same_minibatch_count(tuned: dict[str, Any], settings: dict[str, Any]) -> int | None:
+    """The minibatch size that splits the batch ``settings`` shape into as many minibatches as
+    the tuned config's (None: not a whole number, or a shape given in agent steps)."""
+    keys = ("num_envs", "rollout_fragment_length", "sgd_minibatch_size")
+    if "batch_size" in settings or not all(isinstance(tuned.get(k), int) for k in keys):
+        return None
+    count = tuned["num_envs"] * tuned["rollout_fragment_length"] // tuned["sgd_minibatch_size"]
+    envs = settings.get("num_envs", tuned["num_envs"])
+    batch = settings.get("train_batch_size") or envs * settings.get(
+        "rollout_fragment_length", tuned["rollout_fragment_length"]
+    )
+    return batch // count if isinstance(batch, int) and batch % count == 0 else None

@@ -74,10 +74,15 @@ class Trainer:
         if self.algo is not None:
             settings.setdefault("algo", self.algo)  # the preset's algorithm, as config.yaml and checkpoints record it
         algo = settings.get("algo", TrainerConfig.model_fields["algo"].default)
-        settings, tuned = apply_tuned(settings, algo, algo_cls.config_class.ALIASES)
-        self.tuned_config = tuned
+        given = set(settings)
+        settings, tuned_file = apply_tuned(settings, algo, algo_cls.config_class)
+        # the keys the tuned config moved off their defaults, which a config error may blame on it
+        defaults = algo_cls.config_class.build().settings() if tuned_file else {}
+        self._tuned_keys = {k for k in set(settings) - given if settings[k] != defaults.get(k)}
+        self.tuned_config = tuned_file
         """The tuned config file the settings started from (None: none; see the key ``tuned``)."""
-        self.config = algo_cls.config_class.build(**settings)
+        with self._naming_the_tuned_config():
+            self.config = algo_cls.config_class.build(**settings)
         """The validated config (the algorithm's config class)."""
         c = self.config
         if self.tuned_config is not None and c.verbose:
@@ -94,7 +99,8 @@ class Trainer:
 
         self.backend = setup.build_backend(c, c.num_envs, c.num_workers)
         try:
-            c.check_batch(self.backend.rows_per_env)
+            with self._naming_the_tuned_config():
+                c.check_batch(self.backend.rows_per_env)
             critic = setup.central_critic(c.central_critic, self.backend, self.env_name)
             self.algorithm: Algorithm = algo_cls(c, setup.env_info(self.backend, self.env_name, critic))
         except BaseException:  # the envs (and worker processes) must not outlive a failed start
@@ -138,6 +144,19 @@ class Trainer:
         self._logger: RunLogger | None = None
 
     # ----- set-up -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _naming_the_tuned_config(self) -> Iterator[None]:
+        """A config error naming keys the tuned config set says so, and how to leave it out."""
+        try:
+            yield
+        except ConfigError as e:
+            named = sorted(key for key in self._tuned_keys if f"{key}=" in str(e))
+            if not named:
+                raise
+            raise ConfigError(
+                f"{e} ({', '.join(named)} came from the tuned config {self.tuned_config}; tuned=false leaves it out.)"
+            ) from None
+
     @classmethod
     def _algorithm_class(cls, settings: dict[str, Any]) -> type[Algorithm]:
         if cls.algo is None:
@@ -393,6 +412,7 @@ class Trainer:
                     f"checkpoint '{path}' was trained with {key} {value}, which cannot be "
                     f"imported; pass it again: from_checkpoint(path, {key}=...)."
                 )
+        settings.setdefault("tuned", False)  # written before tuned configs: every key is in it
         trainer = cls(**settings | overrides)
         trainer.load_state_dict(state)
         trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
