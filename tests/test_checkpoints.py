@@ -252,3 +252,25 @@ def test_resuming_without_env_state_starts_every_episode_counter_afresh(tmp_path
     result = resumed.train()
     resumed.close()
     assert result["episode_reward_mean"] == 14.0 and result["episode_len_mean"] == 3.0
+
+
+def test_env_state_with_numpy_scalars_loads_without_unpickling_code(tmp_path):
+    """MountainCar keeps its state in np.float64 scalars, which are floats to isinstance yet pickle
+    as numpy objects that a weights_only load refuses: they are stored as plain data."""
+    import numpy as np
+
+    from shoal.envs.snapshot import decode, encode
+
+    state = {"position": np.float64(-0.52), "steps": np.int32(7), "pair": (np.float32(1.5), 2.0)}
+    torch.save(encode(state), tmp_path / "state.pt")
+    restored = decode(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert restored == state
+    assert [type(v) for v in (restored["position"], restored["steps"], restored["pair"][0])] == [
+        np.float64,
+        np.int32,
+        np.float32,
+    ]
+    with shoal.DQN(env="MountainCar-v0", seed=1, learning_starts=0, run_dir=str(tmp_path / "run"), verbose=0) as algo:
+        algo.learn(1000)  # ends with a checkpoint holding the envs' state
+    with shoal.DQN.from_checkpoint(tmp_path / "run", verbose=0) as resumed:
+        assert resumed.timesteps_total == algo.timesteps_total

@@ -38,6 +38,8 @@ class _Inexact(Exception):
 
 def encode(value: Any) -> Any:
     """Plain data -> a structure of tensors and builtins; raises _Inexact on anything else."""
+    if isinstance(value, np.generic):  # before the builtins: np.float64 is a float, yet pickles as numpy
+        return {"__npscalar__": value.dtype.str, "value": value.item()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, np.ndarray):
@@ -45,8 +47,6 @@ def encode(value: Any) -> Any:
             raise _Inexact
         raw = torch.from_numpy(np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy())
         return {"__ndarray__": value.dtype.str, "shape": list(value.shape), "bytes": raw}
-    if isinstance(value, np.generic):
-        return {"__npscalar__": value.dtype.str, "value": value.item()}
     if isinstance(value, np.random.Generator):
         return {"__generator__": value.bit_generator.state}
     if isinstance(value, np.random.RandomState):
