@@ -18,9 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -29,6 +27,7 @@ from typing import IO, Any, cast
 from shoal.config.trainer import load_yaml
 from shoal.config.tuned import env_slug
 from shoal.errors import ConfigError
+from shoal.train import signals
 from shoal.train.checkpoint import list_checkpoints
 
 RESULT = "benchmark.json"
@@ -185,23 +184,14 @@ def run_suite(suite: Suite, out: str | Path, jobs: int | None = None, live: bool
     return states
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def _sigterm_interrupts() -> contextlib.AbstractContextManager[None]:
     """SIGTERM (a scheduler's stop, ``kill``) and SIGHUP (the terminal closed) stop the benchmark
     as Ctrl-C does, so no run is left going on its own."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return signals.handling((signal.SIGTERM, signal.SIGHUP), interrupt)
 
 
 def _check_directory(spec: RunSpec, out: Path) -> None:

@@ -9,6 +9,10 @@ A tuned config sits under everything the user sets: a ``--config`` file, keyword
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,44 @@ def tuned_path(algo: str, env: Any) -> Path | None:
         return None
     path = TUNED_DIR / algo.lower() / f"{env_slug(env)}.yaml"
     return path if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class TunedStart:
+    """The tuned config a run starts from (``path`` None: none), and the keys it moved off their
+    defaults, which a config error may then blame on it."""
+
+    path: Path | None = None
+    keys: frozenset[str] = frozenset()
+
+    def announce(self) -> None:
+        if self.path is not None:
+            print(f"shoal: starting from the tuned config {self.path} (tuned=False: without it)", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def named_in_errors(self) -> Iterator[None]:
+        """A config error naming keys the tuned config set says so, and how to leave it out."""
+        try:
+            yield
+        except ConfigError as e:
+            named = sorted(key for key in self.keys if f"{key}=" in str(e))
+            if not named:
+                raise
+            raise ConfigError(
+                f"{e} ({', '.join(named)} came from the tuned config {self.path}; tuned=false leaves it out.)"
+            ) from None
+
+
+def start_from_tuned(
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig]
+) -> tuple[dict[str, Any], TunedStart]:
+    """``apply_tuned``, and what the run needs to say about it later."""
+    merged, path = apply_tuned(settings, algo, config_class)
+    if path is None:
+        return merged, TunedStart()
+    defaults = config_class.build().settings()
+    moved = {key for key in set(merged) - set(settings) if merged[key] != defaults.get(key)}
+    return merged, TunedStart(path, frozenset(moved))
 
 
 def apply_tuned(

@@ -18,10 +18,8 @@ import json
 import random
 import signal
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -37,7 +35,7 @@ from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.collect import Collector, EpisodeTracker
 from shoal.collect.episodes import Episode
 from shoal.config import TrainerConfig
-from shoal.config.tuned import apply_tuned
+from shoal.config.tuned import start_from_tuned
 from shoal.envs.atari import is_atari_id
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
@@ -47,7 +45,7 @@ from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
-from shoal.train import setup
+from shoal.train import setup, signals
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import evaluate_policies, prepare_obs
 
@@ -74,21 +72,15 @@ class Trainer:
         if self.algo is not None:
             settings.setdefault("algo", self.algo)  # the preset's algorithm, as config.yaml and checkpoints record it
         algo = settings.get("algo", TrainerConfig.model_fields["algo"].default)
-        given = set(settings)
-        settings, tuned_file = apply_tuned(settings, algo, algo_cls.config_class)
-        # the keys the tuned config moved off their defaults, which a config error may blame on it
-        defaults = algo_cls.config_class.build().settings() if tuned_file else {}
-        self._tuned_keys = {k for k in set(settings) - given if settings[k] != defaults.get(k)}
-        self.tuned_config = tuned_file
+        settings, self._tuned = start_from_tuned(settings, algo, algo_cls.config_class)
+        self.tuned_config = self._tuned.path
         """The tuned config file the settings started from (None: none; see the key ``tuned``)."""
-        with self._naming_the_tuned_config():
+        with self._tuned.named_in_errors():
             self.config = algo_cls.config_class.build(**settings)
         """The validated config (the algorithm's config class)."""
         c = self.config
-        if self.tuned_config is not None and c.verbose:
-            print(
-                f"shoal: starting from the tuned config {self.tuned_config} (tuned=False: without it)", file=sys.stderr
-            )
+        if c.verbose:
+            self._tuned.announce()
         torch.set_num_threads(c.torch_threads)
         # Adam's second moments and annealed updates drift into denormal floats late in training,
         # which slows every CPU op several-fold; flushing them to zero costs nothing.
@@ -99,7 +91,7 @@ class Trainer:
 
         self.backend = setup.build_backend(c, c.num_envs, c.num_workers)
         try:
-            with self._naming_the_tuned_config():
+            with self._tuned.named_in_errors():
                 c.check_batch(self.backend.rows_per_env)
             critic = setup.central_critic(c.central_critic, self.backend, self.env_name)
             self.algorithm: Algorithm = algo_cls(c, setup.env_info(self.backend, self.env_name, critic))
@@ -144,19 +136,6 @@ class Trainer:
         self._logger: RunLogger | None = None
 
     # ----- set-up -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _naming_the_tuned_config(self) -> Iterator[None]:
-        """A config error naming keys the tuned config set says so, and how to leave it out."""
-        try:
-            yield
-        except ConfigError as e:
-            named = sorted(key for key in self._tuned_keys if f"{key}=" in str(e))
-            if not named:
-                raise
-            raise ConfigError(
-                f"{e} ({', '.join(named)} came from the tuned config {self.tuned_config}; tuned=false leaves it out.)"
-            ) from None
-
     @classmethod
     def _algorithm_class(cls, settings: dict[str, Any]) -> type[Algorithm]:
         if cls.algo is None:
@@ -273,25 +252,16 @@ class Trainer:
             self._write_result_json(last)
         return result
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
+    def _stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
         """SIGINT / SIGTERM ask the loop to stop at the next iteration boundary, where the state
         is whole and can be checkpointed; a second SIGINT interrupts at once."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
 
         def request_stop(signum: int, frame: FrameType | None) -> None:
             if self.stop_reason is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.stop_reason = signal.Signals(signum).name
 
-        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        return signals.handling((signal.SIGINT, signal.SIGTERM), request_stop)
 
     def _write_result_json(self, checkpoint: Path | None) -> None:
         assert self.run_dir is not None  # written only for runs that save outputs
