@@ -1,12 +1,14 @@
 """Recurrent policies: state carried through the collector, stored at segment starts, replayed by
 the learner exactly as the rollout computed it; compute_actions with state; evaluation."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import shoal
 from shoal.buffers import SegmentSampler, transition_view
+from shoal.envs.memory import NO_VELOCITY
 
 SHORT = dict(
     env="CartPole-v1",
@@ -242,3 +244,21 @@ def test_memory_lets_an_lstm_balance_cartpole_without_velocities():
             algo.learn(50_000)
             returns[name] = algo.evaluate(10)["episode_reward_mean"]
     assert returns["lstm"] >= 150 and returns["mlp"] <= 60, returns
+
+
+@pytest.mark.parametrize("env_id", sorted(NO_VELOCITY))
+def test_no_velocity_envs_observe_the_full_envs_positions_only(env_id):
+    full_id, keep = NO_VELOCITY[env_id]
+    if env_id.startswith("LunarLander"):
+        pytest.importorskip("Box2D")
+    env, full = gym.make(env_id), gym.make(full_id)
+    obs, _ = env.reset(seed=3)
+    full_obs, _ = full.reset(seed=3)
+    np.testing.assert_array_equal(obs, full_obs[keep])
+    assert env.observation_space.shape == (len(keep),) and env.observation_space.contains(obs)
+    action = full.action_space.sample()
+    obs, reward, *_ = env.step(action)
+    full_obs, full_reward, *_ = full.step(action)
+    np.testing.assert_array_equal(obs, full_obs[keep])
+    assert reward == full_reward
+    assert env.spec is not None and env.spec.max_episode_steps == full.spec.max_episode_steps  # type: ignore[union-attr]

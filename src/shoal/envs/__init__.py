@@ -16,4 +16,4 @@ __all__ = [
     "registered_envs",
 ]
 
-memory.register()  # CartPoleNoVel-v1
+memory.register()  # CartPoleNoVel-v1 and the other no-velocity ids
