@@ -216,10 +216,11 @@ def test_ppo_learns_cartpole_with_worker_processes(async_factor):
     with shoal.PPO(
         env="CartPole-v1", seed=1, num_workers=2, async_factor=async_factor, save_outputs=False, verbose=0
     ) as algo:
-        algo.learn(60_000)
+        algo.learn(80_000)
         # Async groups arrive in timing-dependent order, so the run is not reproducible. At 40k steps
         # runs on a loaded machine sometimes sat in a dip (110-150); at 60k, runs of seeds 1-8 on a loaded machine
-        # all scored 500 (random play scores about 22).
+        # all scored 500 (random play scores about 22), but one run with five other processes on the two
+        # cores scored 111 there.
         assert algo.evaluate(20)["episode_reward_mean"] >= 150
 
 

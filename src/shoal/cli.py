@@ -118,6 +118,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def train(args: argparse.Namespace) -> int:
+    from shoal import distributed
     from shoal.train import Trainer
 
     settings = _resolve(args)
@@ -131,6 +132,8 @@ def train(args: argparse.Namespace) -> int:
             verb = f"resuming at iteration {algo.iteration} in" if args.resume else "writing to"
             print(f"shoal: {verb} {algo.run_dir}", file=sys.stderr)
         result = algo.learn()
+        if not distributed.is_main():  # one of several torchrun ranks: rank 0 reports
+            return EXIT_CODES.get(algo.stop_reason, 0)
         if algo.stop_reason is not None:
             hint = f"; continue with: shoal train --resume {algo.run_dir}" if algo.run_dir else ""
             print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)

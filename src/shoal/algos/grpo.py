@@ -34,7 +34,7 @@ from tensordict import TensorDict
 
 from shoal.algos.advantages import group_relative
 from shoal.algos.base import SCALAR, Algorithm, Collector
-from shoal.algos.losses import clipped_surrogate, kl_k3, policy_stats
+from shoal.algos.losses import clipped_surrogate, kl_k3, past_target_kl, policy_stats
 from shoal.algos.optim import AutogradOptimizer
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.config import GRPOConfig, TrainerConfig
@@ -170,8 +170,8 @@ class GRPOAlgorithm(Algorithm):
                 if out is not None:
                     totals += out
                 count += 1
-            if c.target_kl is not None and totals[STAT_NAMES.index("approx_kl")].item() / count > c.target_kl:
-                break  # early stop: the policy moved too far from the one that collected the data
+            if past_target_kl(totals[STAT_NAMES.index("approx_kl")], count, c.target_kl):
+                break
         result = dict(zip(STAT_NAMES, (totals / count).tolist()))
         if self.reference is None:
             del result["kl"]

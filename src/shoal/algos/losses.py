@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from shoal import distributed
+
 # (loss, ratio, policy loss, value loss): the loss to minimize, then detached diagnostics
 LossOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # ppo_loss's arguments after (logp, value, entropy): (old_logp, adv, old_value, returns, mask,
@@ -35,11 +37,26 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def advantage_stats(adv: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and standard deviation of the valid advantages (Bessel-corrected without a mask)."""
+    """Mean and standard deviation of the valid advantages (Bessel-corrected without a mask);
+    with several data-parallel ranks, of every rank's share of the minibatch."""
+    if distributed.world_size() > 1:
+        return _advantage_stats_across_ranks(adv, mask)
     if mask is None:
         return adv.mean(), adv.std()
     mean = masked_mean(adv, mask)
     return mean, masked_mean((adv - mean).square(), mask).sqrt()
+
+
+def _advantage_stats_across_ranks(adv: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``advantage_stats`` of the ranks' advantages together, from one all-reduce of their counts,
+    sums and sums of squares (in float64, where the difference of squares keeps its digits)."""
+    x = adv.double() if mask is None else adv.double() * mask
+    count = torch.tensor(float(adv.numel())) if mask is None else mask.sum()
+    moments = distributed.sum_(torch.stack([count.double(), x.sum(), x.square().sum()]))
+    n, total, squares = moments.unbind()
+    mean = total / n.clamp_min(1.0)
+    var = (squares - n * mean.square()) / (n - 1 if mask is None else n).clamp_min(1.0)
+    return mean.to(adv.dtype), var.clamp_min(0.0).sqrt().to(adv.dtype)
 
 
 def normalize_advantage(
@@ -115,3 +132,12 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     """1 - Var[target - pred] / Var[target]; nan when the target is constant."""
     var = target.var()
     return float("nan") if var == 0 else float(1.0 - (target - pred).var() / var)
+
+
+def past_target_kl(kl_total: torch.Tensor, steps: int, target_kl: float | None) -> bool:
+    """Whether an epoch's mean approximate KL (``kl_total`` over ``steps`` minibatches, averaged over
+    the data-parallel ranks so that they all stop at the same epoch) passed ``target_kl``: the
+    policy moved too far from the one that collected the data, and the update stops early."""
+    if target_kl is None:
+        return False
+    return distributed.average_(kl_total.detach().reshape(1).clone()).item() / steps > target_kl

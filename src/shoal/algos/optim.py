@@ -9,10 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoal import distributed
+
 
 class AutogradOptimizer:
     """Adam on autograd (any model, hooks and all): gradients of the minibatches of one optimizer
-    step add up (``backward``), then one clip of their global norm and one Adam step (``step``)."""
+    step add up (``backward``), then one clip of their global norm and one Adam step (``step``).
+    With several data-parallel ranks the gradients are averaged over them first."""
 
     def __init__(self, params: nn.Module | list[nn.Parameter], lr: float, eps: float, max_grad_norm: float | None):
         self.max_grad_norm = max_grad_norm
@@ -36,10 +39,23 @@ class AutogradOptimizer:
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def step(self) -> None:
+        if distributed.world_size() > 1:
+            self._average_gradients()
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         self._fresh = True
+
+    def _average_gradients(self) -> None:
+        """One all-reduce of every gradient, flattened, with a flag per parameter saying whether any
+        rank's loss reached it: a parameter no rank reached keeps no gradient, so Adam skips it as
+        it would in one process (elsewhere a missing gradient counts as 0)."""
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+        reached = torch.tensor([p.grad is not None for p in self.params], dtype=grads[0].dtype)
+        flat = distributed.sum_(torch.cat([*(g.reshape(-1) for g in grads), reached]))
+        parts = flat.split_with_sizes([*(g.numel() for g in grads), len(grads)])
+        for p, part, count in zip(self.params, parts, parts[-1].tolist()):
+            p.grad = part.view_as(p).div_(distributed.world_size()) if count else None
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()

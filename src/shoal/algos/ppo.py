@@ -33,6 +33,7 @@ from shoal.algos.losses import (
     explained_variance,
     masked_mean,
     normalize_advantage,
+    past_target_kl,
     policy_stats,
     ppo_loss,
 )
@@ -281,8 +282,8 @@ class PPOLearner:
                 if self.optimizer is not None:
                     self.optimizer.step()
             sgd_steps += epoch_steps
-            if c.target_kl is not None and totals[3].item() / epoch_steps > c.target_kl:
-                break  # early stop: the policy moved too far from the one that collected the data
+            if past_target_kl(totals[3], epoch_steps, c.target_kl):
+                break
 
         result = dict(zip(STAT_NAMES, (totals / epoch_steps).tolist()))
         value, returns = data["value"], data["return"]

@@ -24,6 +24,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from shoal import distributed
 from shoal.algos.losses import LossArgs, LossOutputs
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
 from shoal.models.layers import per_tower, stacked_forward
@@ -106,6 +107,7 @@ class FusedPPOStep:
 
     def _adam(self) -> None:
         grad = cast(torch.Tensor, self.flat.grad)  # set by flatten_parameters
+        distributed.average_(grad)  # several data-parallel ranks: their mean gradient
         if self.max_grad_norm is not None:
             norm = grad.norm().item()  # a host float: on the CPU this costs nothing and saves three ops
             if norm > self.max_grad_norm:

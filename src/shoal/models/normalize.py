@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shoal import distributed
+
 
 class RunningMeanStd(nn.Module):
     # buffers (registered in __init__, so they follow .to() and the state dict)
@@ -23,11 +25,23 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(eps, dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, across_ranks: bool = False) -> None:
+        """Fold the batch ``x`` (rows along dim 0) in; ``across_ranks``: every data-parallel rank's
+        batch, so that the ranks keep equal statistics (each rank must then call it)."""
         x = x.double()
-        n = x.shape[0]
-        batch_mean = x.mean(0)
-        batch_var = x.var(0, unbiased=False)
+        if across_ranks and distributed.world_size() > 1:
+            moments = distributed.sum_(
+                torch.stack([torch.full_like(self.mean, x.shape[0]), x.sum(0), x.square().sum(0)])
+            )
+            n = int(moments[0].reshape(-1)[0].item()) if moments.numel() else 0
+            if n == 0:
+                return
+            batch_mean = moments[1] / n
+            batch_var = (moments[2] / n - batch_mean.square()).clamp_min(0.0)
+        else:
+            n = x.shape[0]
+            batch_mean = x.mean(0)
+            batch_var = x.var(0, unbiased=False)
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean.add_(delta * (n / total))

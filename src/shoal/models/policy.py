@@ -57,11 +57,12 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def update_obs_stats(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> None:
-        """Fold a batch of raw observations into the normalization statistics (a no-op without them)."""
+        """Fold a batch of raw observations into the normalization statistics (a no-op without them);
+        data-parallel ranks fold in all of theirs, so their policies stay equal."""
         if self.obs_normalizer is not None:
-            self.obs_normalizer.stats.update(obs)
+            self.obs_normalizer.stats.update(obs, across_ranks=True)
         if critic_obs is not None and self.critic_normalizer is not None:
-            self.critic_normalizer.stats.update(critic_obs)
+            self.critic_normalizer.stats.update(critic_obs, across_ranks=True)
 
     def initial_state(self, rows: int) -> TensorDict:
         """The state of ``rows`` agent rows at an episode start (empty: feedforward)."""

@@ -30,6 +30,7 @@ import numpy.typing as npt
 import torch
 from tensordict import TensorDict
 
+from shoal import distributed
 from shoal.algos.base import Algorithm
 from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.collect import Collector, EpisodeTracker
@@ -45,7 +46,7 @@ from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
-from shoal.train import setup, signals
+from shoal.train import data_parallel, setup, signals
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import evaluate_policies, prepare_obs
 
@@ -79,6 +80,7 @@ class Trainer:
             self.config = algo_cls.config_class.build(**settings)
         """The validated config (the algorithm's config class)."""
         c = self.config
+        self._joined_ranks = data_parallel.join(c)  # under torchrun: one of several ranks, quiet unless rank 0
         if c.verbose:
             self._tuned.announce()
         torch.set_num_threads(c.torch_threads)
@@ -130,6 +132,7 @@ class Trainer:
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self.collector.reset(c.seed)
+        data_parallel.start(self)
         self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
         """Where logs and checkpoints go (None with ``save_outputs=False``)."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
@@ -175,11 +178,13 @@ class Trainer:
         steps_before, sample_before = collector.env_steps, collector.sample_time_s
         end = max(1, self._schedule_end)
         self.algorithm.progress = self.timesteps_total / end
-        self.algorithm.progress_end = min(1.0, (self.timesteps_total + self.algorithm.steps_per_iteration) / end)
+        self.algorithm.progress_end = min(
+            1.0, (self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()) / end
+        )
         stats = self.algorithm.training_step(collector)
         self._sync_weights()
         elapsed = time.perf_counter() - t0
-        steps = collector.env_steps - steps_before
+        steps = data_parallel.total_steps(collector.env_steps - steps_before)
         sample_s = collector.sample_time_s - sample_before
 
         self.iteration += 1
@@ -192,7 +197,7 @@ class Trainer:
             "agent_timesteps_total": self.timesteps_total * agents,
             "timesteps_this_iter": steps,
             "time_total_s": self.time_total_s,
-            **self.tracker.summarize(),
+            **data_parallel.episode_stats(self.tracker.summarize(), c.metrics_num_episodes_for_smoothing),
             "sps": steps / elapsed,
             "agent_sps": steps * agents / elapsed,
             "time_this_iter_s": elapsed,
@@ -242,7 +247,7 @@ class Trainer:
             self._stop_on_signals(),
             ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display,
         ):
-            while self.timesteps_total - start < total and not self.should_stop:
+            while self.timesteps_total - start < total and not distributed.any_rank(self.should_stop):
                 result = self.train()
                 display.update(self.timesteps_total - start, result)
         if self.callbacks.stop_requested and self.stop_reason is None:
@@ -321,6 +326,7 @@ class Trainer:
         random.setstate(rng["python"])
         np.random.set_state(decode(rng["numpy"]))
         torch.set_rng_state(rng["torch"])
+        data_parallel.after_resume(self)
 
     def save(self, checkpoint_dir: str | Path | None = None) -> Path:
         """Write a checkpoint (default: ``<run_dir>/checkpoints/checkpoint_<iteration>``, keeping
@@ -480,6 +486,8 @@ class Trainer:
         self.backend.close()
         if self._logger is not None:
             self._logger.close()
+        if self._joined_ranks:
+            distributed.leave()
 
     def __enter__(self) -> Self:
         return self
