@@ -221,8 +221,10 @@ def plot_grid(suite: Suite, out: Path, references: References) -> Path:
                 ax.axhline(ref.value, color=color, linestyle="--", linewidth=1, label=f"{algo} reference")
         ax.set_title(env, fontsize="medium")
         ax.set_xlabel("env steps")
+        ax.xaxis.set_major_formatter(lambda x, _: _count(x) if x > 0 else "0")  # 200k, not 200000
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", loc="best")
+        if ax.get_legend_handles_labels()[0]:  # not before any run of the env has logged
+            ax.legend(fontsize="x-small", loc="best")
     for ax in list(axes.flat)[len(envs) :]:
         ax.set_visible(False)
     axes[0][0].set_ylabel("training return")
