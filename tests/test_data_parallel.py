@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 import shoal
 from shoal import distributed
+from shoal.errors import ConfigError
 
 # One update on a rollout of 4 envs x 16 steps, read as one minibatch of 64 (or 2 x 32 on 2 ranks);
 # three epochs, so the later ones start from parameters (and Adam moments) the ranks updated.
@@ -38,18 +39,25 @@ def _parameters(trainer: shoal.Trainer) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in trainer.get_policy().parameters()])
 
 
-def _learn(trainer: shoal.Trainer, rollout, start: dict) -> torch.Tensor:
+def _learn(trainer: shoal.Trainer, rollout, start: dict) -> tuple[torch.Tensor, int]:
     """The parameters after ``trainer`` folds ``rollout`` into its statistics and learns from it,
-    starting from ``start``."""
+    starting from ``start``, and the epochs it took."""
     trainer.algorithm.load_state_dict(copy.deepcopy(start))
     trainer.algorithm.update_obs_stats(rollout)
-    next(iter(trainer.algorithm.learners.values())).update(rollout, 1e-3)
-    return _parameters(trainer)
+    stats = next(iter(trainer.algorithm.learners.values())).update(rollout, 1e-3)
+    return _parameters(trainer), stats["num_sgd_epochs"]
+
+
+class StopOnRankOne(shoal.Callback):
+    """Asks for a stop after the second iteration, on rank 1 only."""
+
+    def on_train_result(self, trainer, result):
+        return distributed.rank() == 1 and trainer.iteration == 2
 
 
 # (fused update, extra keys): the fused step and autograd, each plain and with the statistics the
-# ranks must share (observation normalization, the early-stop KL)
-CASES = [(fused, extra) for fused in (True, False) for extra in ({}, {"normalize_obs": True, "target_kl": 0.5})]
+# ranks must share (observation normalization; the KL that stops the update early)
+CASES = [(fused, extra) for fused in (True, False) for extra in ({}, {"normalize_obs": True, "target_kl": 1e-5})]
 
 
 def _rank(rank: int, world: int, port: int, path: str) -> None:
@@ -64,9 +72,39 @@ def _rank(rank: int, world: int, port: int, path: str) -> None:
         for (fused, extra), data in zip(CASES, torch.load(path, weights_only=False)):
             with _trainer(share, fused, **extra) as trainer:
                 results.append(_learn(trainer, data["rollout"][rows].clone(), data["start"]))
-        torch.save(results, f"{path}.rank{rank}")
+        errors = {
+            "grpo": _error(lambda: shoal.GRPO(**CONFIG)),
+            "mismatch": _error(lambda: _trainer(share, True, gamma=0.99 + 0.001 * rank)),
+        }
+        replay = {}  # replay learners: each rank learns from its own replay, yet the ranks stay equal
+        for algo, env in (("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")):
+            small = dict(tuned=False, seed=3, save_outputs=False, verbose=0, model_config={"hiddens": [32]})
+            with shoal.Trainer(
+                algo=algo,
+                env=env,
+                learning_starts=32,
+                train_freq=8,
+                gradient_steps=2,
+                timesteps_per_iteration=32,
+                **small,
+            ) as trainer:
+                trainer.learn(256)
+                replay[algo] = _parameters(trainer)
+        with _trainer(share, True, callbacks=[StopOnRankOne]) as trainer:
+            trainer.learn(64 * 10)
+            stop = (trainer.iteration, trainer.stop_reason)
+        torch.save({"results": results, "errors": errors, "stop": stop, "replay": replay}, f"{path}.rank{rank}")
     finally:
         dist.destroy_process_group()
+
+
+def _error(build) -> str | None:
+    """The config error building a trainer raises (None: it built)."""
+    try:
+        build().close()
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def _free_port() -> int:
@@ -85,16 +123,26 @@ def test_two_ranks_on_halves_of_a_batch_match_one_process_on_all_of_it(tmp_path)
             trainer.train()  # fills the rollout (and learns from it: _learn starts over from start)
             rollout = trainer.algorithm.buffer.rollout.clone()
             singles.append(_learn(trainer, rollout, start))
-            assert not torch.equal(singles[-1], before)  # the update moved them
+            assert not torch.equal(singles[-1][0], before)  # the update moved them
         cases.append({"rollout": rollout, "start": start})
     path = str(tmp_path / "cases.pt")
     torch.save(cases, path)
     mp.start_processes(_rank, args=(2, _free_port(), path), nprocs=2, start_method="spawn")
     ranks = [torch.load(f"{path}.rank{r}") for r in range(2)]
-    for (fused, extra), single, first, second in zip(CASES, singles, *ranks):
+    for (fused, extra), (single, epochs), first, second in zip(CASES, singles, *(r["results"] for r in ranks)):
         case = f"fused={fused} {extra}"
-        torch.testing.assert_close(first, second, rtol=0, atol=0, msg=f"{case}: the ranks differ")
-        torch.testing.assert_close(first, single, rtol=0, atol=1e-5, msg=f"{case}: the ranks differ from one process")
+        torch.testing.assert_close(first[0], second[0], rtol=0, atol=0, msg=f"{case}: the ranks differ")
+        torch.testing.assert_close(
+            first[0], single, rtol=0, atol=1e-5, msg=f"{case}: the ranks differ from one process"
+        )
+        # an epoch's KL is measured before each minibatch's step: the first epoch's is 0, the second's stops it
+        assert first[1] == second[1] == epochs == (2 if "target_kl" in extra else 3), case
+    for algo, first in ranks[0]["replay"].items():
+        torch.testing.assert_close(first, ranks[1]["replay"][algo], rtol=0, atol=0, msg=f"{algo}: the ranks differ")
+    for rank in ranks:
+        assert "cannot learn on 2 data-parallel ranks: GRPO" in rank["errors"]["grpo"]
+        assert "were given different configs: gamma differ" in rank["errors"]["mismatch"]
+        assert rank["stop"] == (2, "callback")  # rank 1's callback stopped rank 0 at the same iteration
 
 
 def test_without_a_process_group_the_collectives_are_no_ops():
@@ -103,6 +151,7 @@ def test_without_a_process_group_the_collectives_are_no_ops():
     assert distributed.sum_(x) is x and x.tolist() == [1.0, 2.0]
     assert distributed.average_(x).tolist() == [1.0, 2.0]
     assert distributed.any_rank(True) and not distributed.any_rank(False)
+    assert distributed.differing_keys({"gamma": 0.9}) == []
 
 
 @pytest.mark.slow

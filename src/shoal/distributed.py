@@ -17,6 +17,7 @@ function here is a no-op, so a single process pays nothing.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,7 +47,11 @@ def init_from_environment(device: torch.device) -> bool:
     CUDA); a no-op when not launched that way or already joined. Returns whether it joined."""
     if not launched() or dist.is_initialized():
         return False
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":  # gradients over nccl; the small CPU tensors of counters over gloo
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" is then this rank's GPU
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        dist.init_process_group("gloo")
     return True
 
 
@@ -84,8 +89,22 @@ def any_rank(flag: bool) -> bool:
     return flag if world_size() == 1 else bool(maximum_(torch.tensor([int(flag)])).item())
 
 
+@torch.no_grad()
 def broadcast_(tensors: list[torch.Tensor]) -> None:
     """Every rank's ``tensors`` made rank 0's, in place."""
     if world_size() > 1:
         for tensor in tensors:
             dist.broadcast(tensor, src=0)
+
+
+def differing_keys(settings: dict[str, Any]) -> list[str]:
+    """The keys of ``settings`` whose values are not the same on every rank."""
+    if world_size() == 1:
+        return []
+    everyone: list[dict[str, Any] | None] = [None] * world_size()
+    dist.all_gather_object(everyone, settings)
+    return sorted(
+        key
+        for key in set().union(*(s or {} for s in everyone))
+        if len({repr((s or {}).get(key)) for s in everyone}) > 1
+    )

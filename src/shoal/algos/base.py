@@ -154,6 +154,12 @@ class Algorithm:
         """What the trainer prints when a run starts (nothing by default)."""
         return ""
 
+    def data_parallel_problem(self) -> str | None:
+        """Why this algorithm, as configured, cannot learn on several data-parallel ranks (None: it
+        can). Ranks average gradients step by step, so every rank must take the same number of
+        optimizer steps in an update, whatever its own data holds."""
+        return None
+
     def training_step(self, collector: Collector) -> dict[str, Any]:
         """Collect experience and learn from it once; returns statistics to log."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_step(collector)")

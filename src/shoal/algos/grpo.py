@@ -103,6 +103,9 @@ class GRPOAlgorithm(Algorithm):
         drawn = np.random.default_rng([self.config.seed, iteration]).integers(0, 2**31 - 1, size=self.num_groups)
         return [int(seed) for seed in np.repeat(drawn, self.config.group_size)]
 
+    def data_parallel_problem(self) -> str | None:
+        return "GRPO: its minibatches follow each rank's episodes, so ranks would take different numbers of steps"
+
     def describe(self) -> str:
         c = self.config
         return (

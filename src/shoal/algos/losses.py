@@ -49,13 +49,14 @@ def advantage_stats(adv: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch
 
 def _advantage_stats_across_ranks(adv: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``advantage_stats`` of the ranks' advantages together, from one all-reduce of their counts,
-    sums and sums of squares (in float64, where the difference of squares keeps its digits)."""
+    sums and sums of squares (in float64, where the difference of squares keeps its digits). A
+    mask on any rank (padding rows) makes every rank take the masked, population std."""
     x = adv.double() if mask is None else adv.double() * mask
-    count = torch.tensor(float(adv.numel())) if mask is None else mask.sum()
-    moments = distributed.sum_(torch.stack([count.double(), x.sum(), x.square().sum()]))
-    n, total, squares = moments.unbind()
+    count = x.new_tensor(float(adv.numel())) if mask is None else mask.sum().double()
+    masked = x.new_tensor(float(mask is not None))
+    n, total, squares, any_masked = distributed.sum_(torch.stack([count, x.sum(), x.square().sum(), masked])).unbind()
     mean = total / n.clamp_min(1.0)
-    var = (squares - n * mean.square()) / (n - 1 if mask is None else n).clamp_min(1.0)
+    var = (squares - n * mean.square()) / torch.where(any_masked > 0, n, n - 1).clamp_min(1.0)
     return mean.to(adv.dtype), var.clamp_min(0.0).sqrt().to(adv.dtype)
 
 

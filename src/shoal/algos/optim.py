@@ -51,7 +51,7 @@ class AutogradOptimizer:
         rank's loss reached it: a parameter no rank reached keeps no gradient, so Adam skips it as
         it would in one process (elsewhere a missing gradient counts as 0)."""
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
-        reached = torch.tensor([p.grad is not None for p in self.params], dtype=grads[0].dtype)
+        reached = torch.tensor([p.grad is not None for p in self.params], dtype=grads[0].dtype, device=grads[0].device)
         flat = distributed.sum_(torch.cat([*(g.reshape(-1) for g in grads), reached]))
         parts = flat.split_with_sizes([*(g.numel() for g in grads), len(grads)])
         for p, part, count in zip(self.params, parts, parts[-1].tolist()):

@@ -119,6 +119,14 @@ class PPOAlgorithm(Algorithm):
     def describe(self) -> str:
         return "batch layout:\n" + self.config.layout(self.env.rows_per_env).describe()
 
+    def data_parallel_problem(self) -> str | None:
+        if len(self.learners) > 1:
+            return (
+                f"PPO with several trained policies ({', '.join(self.learners)}): a rank's share of each policy's "
+                f"steps, and so its number of minibatches, differs from rank to rank"
+            )
+        return None
+
     @torch.no_grad()
     def bootstrap_truncations(self, rollout: TensorDict, truncations: Truncations) -> None:
         """``final_value`` at each truncated step: the acting policy's value of the episode's true

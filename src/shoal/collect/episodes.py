@@ -248,6 +248,20 @@ class EpisodeTracker:
         self.episodes_this_iter = 0
         return out
 
+    def forget(self) -> None:
+        """Forget every episode, counted and under way (e.g. another process's, restored from its
+        checkpoint)."""
+        self.reset_episodes()
+        self.episodes_total = 0
+        self.returns.clear()
+        self.lengths.clear()
+        self.custom.clear()
+        for window in self.policy_returns.values():
+            window.clear()
+        if self.agent_names:
+            for window in self.agent_returns.values():
+                window.clear()
+
     def state_dict(self) -> dict[str, Any]:
         state = {
             "ret": self.ret.tolist(),

@@ -31,13 +31,13 @@ class RunningMeanStd(nn.Module):
         x = x.double()
         if across_ranks and distributed.world_size() > 1:
             moments = distributed.sum_(
-                torch.stack([torch.full_like(self.mean, x.shape[0]), x.sum(0), x.square().sum(0)])
+                torch.cat([x.new_tensor([x.shape[0]]), x.sum(0).reshape(-1), x.square().sum(0).reshape(-1)])
             )
-            n = int(moments[0].reshape(-1)[0].item()) if moments.numel() else 0
+            n = int(moments[0].item())
             if n == 0:
                 return
-            batch_mean = moments[1] / n
-            batch_var = (moments[2] / n - batch_mean.square()).clamp_min(0.0)
+            batch_mean, squares = (part.view_as(self.mean) / n for part in moments[1:].chunk(2))
+            batch_var = (squares - batch_mean.square()).clamp_min(0.0)
         else:
             n = x.shape[0]
             batch_mean = x.mean(0)

@@ -10,25 +10,28 @@ the run directory (logs, checkpoints, ``result.json``), evaluates and prints; th
 from __future__ import annotations
 
 import math
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from shoal import distributed
 from shoal.config import TrainerConfig
+from shoal.errors import ConfigError
 from shoal.train import setup
 
 if TYPE_CHECKING:
     from shoal.train.trainer import Trainer
 
 
+# keys every rank but 0 changes to stay quiet: the ranks' configs may differ in these alone
+QUIETED = ("save_outputs", "verbose", "evaluation_interval", "run_dir")
+# why a run stops early, as one number the ranks can agree on (the largest wins)
+STOP_REASONS = (None, "callback", "SIGTERM", "SIGINT")
+
+
 def join(config: TrainerConfig) -> bool:
     """Join the ranks a launcher started (a no-op otherwise) and quiet every rank but 0. Returns
     whether this call joined (and ``close`` should leave)."""
-    if distributed.launched() and config.device == "cuda":  # one GPU per rank on each machine
-        config.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-        torch.cuda.set_device(config.device)
     joined = distributed.init_from_environment(torch.device(config.device))
     if distributed.rank() > 0:
         config.save_outputs = False
@@ -38,26 +41,57 @@ def join(config: TrainerConfig) -> bool:
 
 
 def start(trainer: Trainer) -> None:
-    """Give every rank rank 0's weights and statistics, and seed this rank's envs and sampling:
-    rank r's envs take the seeds after rank r-1's, as one vector of all the ranks' envs would."""
+    """Check that the ranks can learn together, give every rank rank 0's weights and state, and
+    seed this rank's envs and sampling: rank r's envs take the seeds after rank r-1's, as one
+    vector of all the ranks' envs would."""
     if distributed.world_size() == 1:
         return
-    for policy in trainer.policies.values():
-        distributed.broadcast_([*policy.parameters(), *policy.buffers()])
+    if problem := trainer.algorithm.data_parallel_problem():
+        raise ConfigError(f"cannot learn on {distributed.world_size()} data-parallel ranks: {problem}.")
+    settings = {k: v for k, v in trainer.config.to_yaml_dict().items() if k not in QUIETED}
+    if differing := distributed.differing_keys(settings):
+        raise ConfigError(f"the data-parallel ranks were given different configs: {', '.join(differing)} differ.")
+    state = trainer.algorithm.state_dict()
+    state.pop("replay", None)  # a replay buffer kept for checkpoints: empty at the start, and large
+    distributed.broadcast_(_tensors(state))  # networks, targets, optimizer moments, statistics
     _reseed(trainer, trainer.config.seed)
 
 
 def after_resume(trainer: Trainer) -> None:
-    """A resumed run's checkpoint holds rank 0's envs and random state: the other ranks start new
-    episodes, seeded by rank and iteration, rather than repeat rank 0's."""
+    """A resumed run's checkpoint holds rank 0's envs, episodes and random state: the other ranks
+    start new episodes, seeded by rank and iteration, rather than repeat (or count) rank 0's."""
     if distributed.rank() > 0:
         _reseed(trainer, trainer.config.seed + trainer.iteration)
+        trainer.tracker.forget()
 
 
 def _reseed(trainer: Trainer, seed: int) -> None:
     rank = distributed.rank()
     trainer.collector.reset(seed + rank * trainer.backend.num_envs)
     setup.seed_everything(seed + rank)
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested state dict (of lists and dicts), in a fixed order."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for key in sorted(state, key=str) for t in _tensors(state[key])]
+    if isinstance(state, (list, tuple)):
+        return [t for item in state for t in _tensors(item)]
+    return []
+
+
+def agreed_stop(trainer: Trainer) -> bool:
+    """Whether to stop now, as every rank sees it together: a signal or callback on any rank stops
+    them all, with the most urgent reason given on every rank."""
+    asked = trainer.stop_reason or ("callback" if trainer.callbacks.stop_requested else None)
+    if distributed.world_size() == 1:
+        return asked is not None
+    code = int(distributed.maximum_(torch.tensor([STOP_REASONS.index(asked)])).item())
+    if code and asked is None:
+        trainer.stop_reason = STOP_REASONS[code]
+    return code > 0
 
 
 def total_steps(steps: int) -> int:

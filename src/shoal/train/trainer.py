@@ -132,11 +132,15 @@ class Trainer:
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self.collector.reset(c.seed)
-        data_parallel.start(self)
         self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
         """Where logs and checkpoints go (None with ``save_outputs=False``)."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
         self._logger: RunLogger | None = None
+        try:
+            data_parallel.start(self)
+        except BaseException:
+            self.close()  # the envs, worker processes and process group go too
+            raise
 
     # ----- set-up -------------------------------------------------------------------------
     @classmethod
@@ -178,9 +182,8 @@ class Trainer:
         steps_before, sample_before = collector.env_steps, collector.sample_time_s
         end = max(1, self._schedule_end)
         self.algorithm.progress = self.timesteps_total / end
-        self.algorithm.progress_end = min(
-            1.0, (self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()) / end
-        )
+        after = self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()  # every rank's
+        self.algorithm.progress_end = min(1.0, after / end)
         stats = self.algorithm.training_step(collector)
         self._sync_weights()
         elapsed = time.perf_counter() - t0
@@ -223,10 +226,6 @@ class Trainer:
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)
 
-    @property
-    def should_stop(self) -> bool:
-        return self.stop_reason is not None or self.callbacks.stop_requested
-
     def learn(self, total_timesteps: int | None = None, progress: bool | None = None) -> dict[str, Any]:
         """Train for ``total_timesteps`` more env steps (default: what the config's total leaves).
 
@@ -247,7 +246,7 @@ class Trainer:
             self._stop_on_signals(),
             ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display,
         ):
-            while self.timesteps_total - start < total and not distributed.any_rank(self.should_stop):
+            while self.timesteps_total - start < total and not data_parallel.agreed_stop(self):
                 result = self.train()
                 display.update(self.timesteps_total - start, result)
         if self.callbacks.stop_requested and self.stop_reason is None:
