@@ -208,20 +208,21 @@ def plot_grid(suite: Suite, out: Path, references: References) -> Path:
     import matplotlib.pyplot as plt
 
     envs = list(dict.fromkeys(spec.env for spec in suite.runs))
+    colors = {algo: f"C{i}" for i, algo in enumerate(dict.fromkeys(spec.algo for spec in suite.runs))}  # one per algo
     cols = min(3, len(envs))
     nrows = math.ceil(len(envs) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), dpi=110, squeeze=False)
     for ax, env in zip(axes.flat, envs):
         algos = list(dict.fromkeys(spec.algo for spec in suite.runs if spec.env == env))
-        for i, algo in enumerate(algos):
-            color = f"C{i}"
+        for algo in algos:
+            color = colors[algo]
             _plot_algo(ax, [s.directory(out) for s in suite.runs if s.env == env and s.algo == algo], algo, color)
             ref = references.published.get((algo, env))
             if ref is not None:
                 ax.axhline(ref.value, color=color, linestyle="--", linewidth=1, label=f"{algo} reference")
         ax.set_title(env, fontsize="medium")
         ax.set_xlabel("env steps")
-        ax.xaxis.set_major_formatter(lambda x, _: _count(x) if x > 0 else "0")  # 200k, not 200000
+        ax.xaxis.set_major_formatter(lambda x, _: _count(x) if x >= 1000 else f"{x:g}")  # 200k, not 200000
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # not before any run of the env has logged
             ax.legend(fontsize="x-small", loc="best")
