@@ -48,13 +48,24 @@ def start(trainer: Trainer) -> None:
         return
     if problem := trainer.algorithm.data_parallel_problem():
         raise ConfigError(f"cannot learn on {distributed.world_size()} data-parallel ranks: {problem}.")
-    settings = {k: v for k, v in trainer.config.to_yaml_dict().items() if k not in QUIETED}
-    if differing := distributed.differing_keys(settings):
+    if differing := distributed.differing_keys(_comparable(trainer.config)):
         raise ConfigError(f"the data-parallel ranks were given different configs: {', '.join(differing)} differ.")
     state = trainer.algorithm.state_dict()
     state.pop("replay", None)  # a replay buffer kept for checkpoints: empty at the start, and large
     distributed.broadcast_(_tensors(state))  # networks, targets, optimizer moments, statistics
     _reseed(trainer, trainer.config.seed)
+
+
+def _comparable(config: TrainerConfig) -> dict[str, Any]:
+    """The config as plain data the ranks can compare: without the keys rank 0 alone keeps, and
+    without objects (an env, callbacks, a mapping function), whose reprs hold per-process addresses."""
+    settings = {k: v for k, v in config.to_yaml_dict().items() if k not in QUIETED}
+    if config.env_is_object:
+        del settings["env"]
+    settings["callbacks"] = [c for c in config.callbacks if isinstance(c, str)]
+    if callable(config.policy_mapping_fn):
+        del settings["policy_mapping_fn"]
+    return settings
 
 
 def after_resume(trainer: Trainer) -> None:
