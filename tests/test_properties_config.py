@@ -108,6 +108,9 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "num_envs": st.integers(1, 4),  # each a real CartPole: kept small for speed
     "num_workers": st.just(0),  # worker processes: the slow tests in test_mp.py
     "async_factor": st.just(1),  # needs workers
+    "backend": st.just("local"),  # Ray actors: tests/test_ray.py
+    "ray_address": st.just(None),
+    "num_cpus_per_worker": st.floats(0.25, 4.0),  # read by the Ray backend only
     "torch_threads": st.integers(1, 2),  # the process's thread pool, restored after each example
     "device": st.just("cpu"),
     "name": st.none() | st.text(max_size=12),

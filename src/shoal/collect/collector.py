@@ -67,13 +67,15 @@ class Collector:
         self,
         backend: VecBackend,
         policies: PolicyMap,
-        tracker: EpisodeTracker,
+        tracker: EpisodeTracker | None,
         extras: tuple[str, ...],
         reward_scaler: RewardScaler | None = None,
         critic: CriticInput | None = None,
         clip_rewards: bool | float | None = None,
     ):
-        """``extras``: the fields the policies' ``act`` fills, stored at every step. ``clip_rewards``
+        """``tracker``: counts the episodes (None: whoever gathers this collector's rollouts counts them,
+        from ``raw_reward`` and ``step_infos``). ``extras``: the fields the policies' ``act`` fills,
+        stored at every step. ``clip_rewards``
         changes the learning signal only (True: the reward's sign; a number c: clipped to [-c, c]);
         the episode returns the tracker reports stay raw."""
         for pid, module in zip(policies.ids, policies.modules):
@@ -95,14 +97,18 @@ class Collector:
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
         self._views: dict[int, dict[str, Any]] = {}
         self._views_of: TensorDict | None = None
-        self._raw_reward = torch.zeros(0, 0)  # [N, T+1] (sized in _views_for): the tracker reads unscaled rewards
+        self.raw_reward = torch.zeros(0, 0)
+        """``[N, T+1]`` (sized on the first ``collect``): the env's rewards, before scaling and clipping."""
+        self.step_infos: StepInfos = {}
+        """The last rollout's infos of episodes' last steps: step -> row -> info."""
         self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None, list[TensorDict]]] = []
 
     def reset(self, seed: Seed) -> None:
         """Reset every env (``seed``: one int, one per env, or None); all groups start parked on
         their first observation, and the episodes under way are abandoned (the tracker forgets them)."""
         self.backend.reset(seed)
-        self.tracker.reset_episodes()
+        if self.tracker is not None:
+            self.tracker.reset_episodes()
         self.first.fill_(True)
         self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
@@ -113,14 +119,14 @@ class Collector:
         """Per-step views ``field[t] -> [rows of batch, ...]`` of the storage, made once."""
         if self._views_of is not rollout:
             self._views, self._views_of = {}, rollout
-            self._raw_reward = torch.zeros(rollout.batch_size)
+            self.raw_reward = torch.zeros(rollout.batch_size)
             if self.critic is not None:
                 self.critic.init(rollout["critic_obs"])
         views = self._views.get(id(batch))
         if views is None:
             keys = _FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
             views = {key: rollout[key][batch.rows].unbind(1) for key in keys}
-            views["raw_reward"] = self._raw_reward[batch.rows].unbind(1)
+            views["raw_reward"] = self.raw_reward[batch.rows].unbind(1)
             views["extras"] = rollout.select(*self.extras)[batch.rows].unbind(1)
             views["first_now"] = self.first[batch.rows]
             views["start_states"] = [
@@ -203,18 +209,24 @@ class Collector:
             backend.send(action, batch)
             self._position[batch.rows] = t + 1
         self.truncations = self._gather_truncations(rollout, horizon)
-        self.tracker.add(
-            self._raw_reward[:, :horizon].numpy().T,
-            rollout["done"].numpy()[:, :horizon].T,
-            rollout["valid"].numpy()[:, :horizon].T,
-            step_infos,
-            rollout["policy_id"].numpy()[:, :horizon].T,
-        )
+        self._track(rollout, horizon, step_infos)
         self._check_rewards(rollout, horizon)
         steps = backend.num_envs * horizon if ended is None else int(self._position.sum()) // backend.rows_per_env
         self.env_steps += steps
         self.sample_time_s += time.perf_counter() - start
         return steps
+
+    def _track(self, rollout: TensorDict, horizon: int, step_infos: StepInfos) -> None:
+        """Count the rollout's episodes (from the raw rewards) in the tracker, if this collector has one."""
+        self.step_infos = step_infos
+        if self.tracker is not None:
+            self.tracker.add(
+                self.raw_reward[:, :horizon].numpy().T,
+                rollout["done"].numpy()[:, :horizon].T,
+                rollout["valid"].numpy()[:, :horizon].T,
+                step_infos,
+                rollout["policy_id"].numpy()[:, :horizon].T,
+            )
 
     def _record_step(self, batch: StepBatch, views: dict[str, Any], t: int, step_infos: StepInfos) -> None:
         """Write the result of step ``t`` (reward, flags, truncated episodes' last observations) for
@@ -263,7 +275,7 @@ class Collector:
         for key in ("valid", "done", "terminated", "truncated"):
             rollout[key][rows, t:horizon] = False
         rollout["reward"][rows, t:horizon] = 0.0
-        self._raw_reward[rows, t:horizon] = 0.0
+        self.raw_reward[rows, t:horizon] = 0.0
 
     def _gather_truncations(self, rollout: TensorDict, horizon: int) -> Truncations:
         critic = rollout.get("critic_obs", None)
@@ -301,12 +313,17 @@ class Collector:
                 f"({reward[row, step].item()}) at step {step} of this rollout; rewards must be finite floats."
             )
 
+    def iteration_stats(self) -> dict[str, float]:
+        """What the trainer adds to each iteration's result, called once per iteration (nothing for
+        local envs)."""
+        return {}
+
     # ----- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
             "first": self.first.clone(),
             "policy_map": self.policies.state_dict(),
-            "tracker": self.tracker.state_dict(),
+            "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "env_steps": self.env_steps,
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
         }
@@ -314,7 +331,8 @@ class Collector:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first.copy_(state["first"])
         self.policies.load_state_dict(state["policy_map"])
-        self.tracker.load_state_dict(state["tracker"])
+        if self.tracker is not None:
+            self.tracker.load_state_dict(state["tracker"])
         self.env_steps = state["env_steps"]
         if self.reward_scaler is not None and state["reward_scaler"] is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])

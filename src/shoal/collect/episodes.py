@@ -187,14 +187,17 @@ class EpisodeTracker:
             done[tuple(zip(*going_on))] = False
         return done
 
-    def reset_episodes(self) -> None:
-        """Forget the episodes under way (their envs were reset): running returns and lengths,
-        per row and per team, start again from zero."""
-        self.ret[:] = 0.0
-        self.len[:] = 0
+    def reset_episodes(self, rows: slice = slice(None)) -> None:
+        """Forget the episodes under way in ``rows`` (default: all; their envs were reset): running
+        returns and lengths, per row and per team, start again from zero. ``rows`` covers whole envs."""
+        self.ret[rows] = 0.0
+        self.len[rows] = 0
         if self.agent_names:
-            self.team_ret[:] = 0.0
-            self.team_len[:] = 0
+            k = len(self.agent_names)
+            start, stop = (None if row is None else row // k for row in (rows.start, rows.stop))
+            teams = slice(start, stop)
+            self.team_ret[teams] = 0.0
+            self.team_len[teams] = 0
 
     def _team_ends(self, done: npt.NDArray[np.bool_], valid: npt.NDArray[np.bool_]) -> dict[tuple[int, int], int]:
         """Where an env's episode ended, an agent finished and none is left acting:

@@ -62,6 +62,14 @@ class TrainerConfig(BaseModel):
     async_factor: int = Field(default=1, ge=1)
     """Groups of worker processes: the policy acts on one group while the others step (`num_workers` a multiple of
     it)."""
+    backend: Literal["local", "ray"] = "local"
+    """Who steps the envs: `local`, this process or its `num_workers` worker processes; `ray`, `num_workers` Ray actors,
+    each acting with its own copy of the policies (`pip install 'shoal[ray]'`)."""
+    ray_address: str | None = None
+    """The Ray cluster of `backend='ray'` (setting it chooses that backend): None starts a local one, `auto` finds a
+    running one, `ray://host:10001` connects to a remote one."""
+    num_cpus_per_worker: float = Field(default=1.0, gt=0)
+    """CPU cores Ray reserves for each rollout worker actor (`backend='ray'`)."""
     rollout_fragment_length: int | None = Field(default=None, ge=1)
     """Steps per env per iteration; None: `train_batch_size / num_envs`, or 32 when that is unset too."""
     train_batch_size: int | None = Field(default=None, ge=1)
@@ -216,6 +224,14 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_workers(self) -> TrainerConfig:
+        if self.ray_address is not None and self.backend != "ray":
+            if "backend" in self.model_fields_set:
+                raise ConfigError(
+                    f"ray_address={self.ray_address!r} is for backend='ray', not backend='{self.backend}'."
+                )
+            self.backend = "ray"
+        if self.backend == "ray":
+            self._check_ray()
         n, w = self.num_envs, self.num_workers
         if w and self.vectorization_mode:
             raise ConfigError(
@@ -243,11 +259,24 @@ class TrainerConfig(BaseModel):
                 f"the same number of workers). Try async_factor={near} or num_workers={(w // f + 1) * f}."
             )
         cores = os.cpu_count() or 1
-        if w > cores:
+        if w > cores and self.backend == "local":  # Ray actors may run on other machines
             warnings.warn(
                 f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.", stacklevel=2
             )
         return self
+
+    def _check_ray(self) -> None:
+        problem = (
+            "needs num_workers >= 1 (the number of rollout worker actors), e.g. num_workers=2"
+            if not self.num_workers
+            else f"steps each actor's envs in order; async_factor={self.async_factor} is for worker processes"
+            if self.async_factor > 1
+            else f"makes its envs one by one; vectorization_mode='{self.vectorization_mode}' is for local envs"
+            if self.vectorization_mode
+            else None
+        )
+        if problem:
+            raise ConfigError(f"backend='ray' {problem}.")
 
     @model_validator(mode="after")
     def _check_device(self) -> TrainerConfig:

@@ -135,6 +135,8 @@ def env_name(env: Any) -> str:
     """A short human name for error messages and run directories."""
     if isinstance(env, str):
         return env
+    if isinstance(env, type):  # a class as the factory (a gym.Wrapper's class has a `spec` property)
+        return env.__name__
     spec = getattr(env, "spec", None) or getattr(getattr(env, "unwrapped", None), "spec", None)
     if spec is not None:
         env_id: str = spec.id

@@ -36,6 +36,10 @@ class Policy(nn.Module):
 
     extras: tuple[str, ...] = ()
     """The per-step fields ``act`` fills (e.g. ``sample_log_prob``, ``value``)."""
+    synced_attributes: tuple[str, ...] = ()
+    """Plain attributes that acting reads and the algorithm changes during training (DQN's
+    ``epsilon``): copies of the policy acting in other processes (Ray rollout workers) receive
+    them with the weights, which the state dict carries."""
     obs_normalizer: ObsNormalizer | None
     """Running statistics that normalize observations before the model sees them (None: raw)."""
     critic_normalizer: ObsNormalizer | None

@@ -21,6 +21,8 @@ class QPolicy(Policy):
     from its exploration schedule; ``deterministic`` acting (evaluation) is greedy.
     """
 
+    synced_attributes = ("epsilon",)
+
     def __init__(
         self, model: nn.Module, num_actions: int, obs_normalizer: ObsNormalizer | None = None, dueling: bool = False
     ):

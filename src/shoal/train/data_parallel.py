@@ -32,6 +32,11 @@ STOP_REASONS = (None, "callback", "SIGTERM", "SIGINT")
 def join(config: TrainerConfig) -> bool:
     """Join the ranks a launcher started (a no-op otherwise) and quiet every rank but 0. Returns
     whether this call joined (and ``close`` should leave)."""
+    if config.backend == "ray" and distributed.launched():
+        raise ConfigError(
+            "backend='ray' under torchrun is not supported: every rank would start Ray rollout workers of its "
+            "own. Run the ranks with local envs (num_workers for worker processes), or Ray workers in one process."
+        )
     joined = distributed.init_from_environment(torch.device(config.device))
     if distributed.rank() > 0:
         config.save_outputs = False

@@ -12,16 +12,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.collect import Collector, EpisodeTracker
 from shoal.collect.critic import CriticInput, EnvState, TeamObs
 from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.config import TrainerConfig
+from shoal.envs.atari import is_atari_id
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
+from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.vector import VecBackend, make_backend
 
 
-def build_backend(config: TrainerConfig, num_envs: int, num_workers: int = 0, evaluation: bool = False) -> VecBackend:
+def build_backend(
+    config: TrainerConfig, num_envs: int, num_workers: int = 0, evaluation: bool = False, first_env_id: int = 0
+) -> VecBackend:
+    """Envs that step on this machine: in this process, or in ``num_workers`` worker processes."""
     c = config
     return make_backend(
         c.env,
@@ -32,7 +38,38 @@ def build_backend(config: TrainerConfig, num_envs: int, num_workers: int = 0, ev
         c.async_factor if num_workers else 1,
         env_state=c.central_critic == "state",
         evaluation=evaluation,
+        first_env_id=first_env_id,
     )
+
+
+def training_backend(config: TrainerConfig) -> VecBackend:
+    """The envs a run trains on: local ones, or those of its Ray rollout workers (``backend='ray'``)."""
+    if config.backend == "ray":
+        from shoal.train.ray_workers import WorkerSet  # Ray is imported only when asked for
+
+        return WorkerSet(config)
+    return build_backend(config, config.num_envs, config.num_workers)
+
+
+def collector(
+    config: TrainerConfig,
+    backend: VecBackend,
+    policies: PolicyMap,
+    tracker: EpisodeTracker | None,
+    extras: tuple[str, ...],
+    critic: CriticInput | None,
+) -> Collector:
+    """The collector over ``backend``, with the config's reward scaling and clipping; over Ray
+    rollout workers, the one that gathers their fragments (each worker scales its own rewards)."""
+    c = config
+    if c.backend == "ray":
+        from shoal.train.ray_workers import RemoteCollector, WorkerSet
+
+        assert isinstance(backend, WorkerSet) and tracker is not None  # the driver's: training_backend made it
+        return RemoteCollector(backend, policies, tracker, extras)
+    reward_scaler = RewardScaler(backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
+    clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
+    return Collector(backend, policies, tracker, extras, reward_scaler, critic, clip_rewards)
 
 
 def central_critic(kind: str | None, backend: VecBackend, env_name: str) -> CriticInput | None:

@@ -6,9 +6,9 @@ The trainer builds the envs (a backend), asks the algorithm named by ``algo`` to
 policies, networks and storage for them, wires the collector between the two, and then owns only
 the lifecycle: iterations and stop criteria, timing, the progress line, loggers, callbacks,
 checkpoints (periodic, at the end, and on Ctrl-C / SIGTERM, which stop the run after the current
-iteration), exact resume via ``from_checkpoint``, evaluation on separate env copies, and handing
-new weights to whoever steps the envs (in process they share the modules, so that is a no-op
-until a backend steps envs elsewhere).
+iteration), exact resume via ``from_checkpoint`` and evaluation on separate env copies. New
+weights reach whoever acts on the envs through the collector: local envs share the policies'
+modules, and Ray rollout workers receive the weights at the start of each collect.
 """
 
 from __future__ import annotations
@@ -33,17 +33,15 @@ from tensordict import TensorDict
 from shoal import distributed
 from shoal.algos.base import Algorithm
 from shoal.algos.registry import algorithm_class, algorithm_spec
-from shoal.collect import Collector, EpisodeTracker
+from shoal.collect import EpisodeTracker
 from shoal.collect.episodes import Episode
 from shoal.config import TrainerConfig
 from shoal.config.tuned import start_from_tuned
-from shoal.envs.atari import is_atari_id
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
-from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train import data_parallel, setup, signals
@@ -91,7 +89,7 @@ class Trainer:
         self.env_name = env_name(c.env)
         self.callbacks = CallbackList(c.callbacks)
 
-        self.backend = setup.build_backend(c, c.num_envs, c.num_workers)
+        self.backend = setup.training_backend(c)
         try:
             with self._tuned.named_in_errors():
                 c.check_batch(self.backend.rows_per_env)
@@ -110,16 +108,8 @@ class Trainer:
             self.backend.agents,
             c.policy_ids,
         )
-        reward_scaler = RewardScaler(self.backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
-        clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
-        self.collector = Collector(
-            self.backend,
-            self.policy_map,
-            self.tracker,
-            self.algorithm.stored_extras(),
-            reward_scaler,
-            critic,
-            clip_rewards,
+        self.collector = setup.collector(
+            c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
         )
 
         self.iteration = 0
@@ -184,8 +174,7 @@ class Trainer:
         self.algorithm.progress = self.timesteps_total / end
         after = self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()  # every rank's
         self.algorithm.progress_end = min(1.0, after / end)
-        stats = self.algorithm.training_step(collector)
-        self._sync_weights()
+        stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
         elapsed = time.perf_counter() - t0
         steps = data_parallel.total_steps(collector.env_steps - steps_before)
         sample_s = collector.sample_time_s - sample_before
@@ -206,6 +195,7 @@ class Trainer:
             "time_this_iter_s": elapsed,
             "sample_time_ms": 1e3 * sample_s,
             "learn_time_ms": 1e3 * (elapsed - sample_s),
+            **collector.iteration_stats(),
             **stats,
         }
         if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
@@ -219,9 +209,6 @@ class Trainer:
         if self.run_dir is not None and c.checkpoint_interval and self.iteration % c.checkpoint_interval == 0:
             self.save()
         return result
-
-    def _sync_weights(self) -> None:
-        """Hand the new weights to whoever steps the envs (in process: they already share them)."""
 
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)

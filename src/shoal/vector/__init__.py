@@ -52,13 +52,16 @@ def make_backend(
     async_factor: int = 1,
     env_state: bool = False,
     evaluation: bool = False,
+    first_env_id: int = 0,
 ) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
 
     ``num_workers=0`` steps the envs in this process; more spreads them over worker processes.
     ``env_state``: multi-agent envs also write their global ``state()`` (a centralized critic's input).
-    ``evaluation``: envs for evaluation, without training-only wrappers (Atari's life-loss terminals)."""
+    ``evaluation``: envs for evaluation, without training-only wrappers (Atari's life-loss terminals).
+    ``first_env_id``: the id of the first env, when these envs are a share of a larger set (a Ray
+    rollout worker's): envs are made, seeded and reported by their ids in the whole set."""
     env_config = env_config or {}
     name = env_name(env)
     if is_vmas(env):
@@ -94,7 +97,7 @@ def make_backend(
     make, serial_class = adapted(make, name, env_state)
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
-    return serial_class(make, num_envs, name)
+    return serial_class(make, num_envs, name, first_env_id=first_env_id)
 
 
 def adapted(

@@ -1,0 +1,371 @@
+"""Rollout workers as Ray actors: each steps its share of the envs and acts on them with its own
+copy of the policies, through the same collector a local run uses, and the driver gathers their
+fragments into the one rollout the algorithm learns from.
+
+    driver  RemoteCollector.collect(rollout): the policies' weights go to Ray's object store once;
+            every worker samples its rows; each fragment is written into rollout[its rows]
+    worker  RolloutWorker.sample: load the weights, Collector.collect over its [rows, T+1] share
+
+Workers act themselves, rather than stepping envs for a central policy, because a round trip to
+an actor costs about a millisecond, more than most env steps: this way one round trip per worker
+per iteration carries ``T`` steps of all its envs, and the workers may run on other machines.
+
+Counting: a worker's fragment holds ``T`` steps of each of its rows, so an iteration gathers
+exactly ``train_batch_size`` steps and discards none. A worker whose actor dies is replaced by a
+new actor over the same envs with new seeds; the episodes its rows had under way are forgotten,
+the new actor samples the fragment again, and a warning says so. Only fragments that arrive are
+counted, so no step is lost from the counters or counted twice.
+
+Episodes are counted on the driver from the gathered raw rewards, as in a local run, so metrics
+and ``on_episode_end`` callbacks are the same. The envs, the reward-scaling statistics and the
+recurrent state live in the actors; checkpoints save the last two, not the envs, so a resumed run
+starts new episodes (as with worker processes).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from shoal.collect import Collector, EpisodeTracker
+from shoal.collect.collector import Truncations
+from shoal.collect.episodes import StepInfos
+from shoal.collect.policies import PolicyMap
+from shoal.config import TrainerConfig
+from shoal.errors import ConfigError, EnvError
+from shoal.models.policy import Policy
+from shoal.train import setup
+from shoal.vector import VecBackend
+from shoal.vector.base import Seed, env_seeds
+from shoal.vector.vmas import is_vmas
+
+Weights = dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]  # policy id -> (state dict, synced attributes)
+Storage = tuple[TensorDict, list[TensorDict]]  # a worker's share of the rollout and of each policy's start states
+
+
+def ray_module() -> Any:
+    """The ``ray`` package, or a ConfigError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("backend='ray' needs Ray: pip install 'shoal[ray]'.") from None
+    return ray
+
+
+def _seed(*parts: int) -> int:
+    """One well-mixed 32-bit seed from several numbers (run seed, worker, incarnation)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+@dataclass
+class Fragment:
+    """What a worker sends back from one ``sample``: its share of the rollout, filled."""
+
+    steps: int
+    seconds: float  # spent collecting, in the worker
+    storage: Storage
+    truncations: Truncations
+    raw_reward: torch.Tensor  # [rows, T]: the env's rewards before scaling and clipping
+    step_infos: StepInfos  # rows numbered within the worker
+
+
+class RolloutWorker:
+    """The body of one Ray actor: envs ``first_env .. first_env + num_envs - 1`` of the run, a copy
+    of the policies and a collector over them."""
+
+    def __init__(self, config: TrainerConfig, index: int, incarnation: int, first_env: int, num_envs: int):
+        torch.set_num_threads(config.torch_threads)
+        setup.seed_everything(_seed(config.seed, index, incarnation))
+        self.config = config
+        self.backend = setup.build_backend(config, num_envs, first_env_id=first_env)
+        self.policies: dict[str, Policy] = {}
+        self.collector: Collector | None = None
+        self.storage: dict[int, Storage] = {}
+
+    def start(self, policies: dict[str, Policy], extras: tuple[str, ...]) -> None:
+        c = self.config
+        critic = setup.central_critic(c.central_critic, self.backend, self.backend.name)
+        policy_map = setup.policy_map(policies, self.backend, c.policy_mapping_fn)
+        self.policies = policies
+        self.collector = setup.collector(c, self.backend, policy_map, None, extras, critic)
+
+    def _collector(self) -> Collector:
+        if self.collector is None:
+            raise RuntimeError("RolloutWorker.start(policies, extras) must be called first")
+        return self.collector
+
+    def reset(self, seed: Seed) -> None:
+        self._collector().reset(seed)
+
+    def sample(self, weights: Weights, key: int, storage: Storage | None, until_done: bool) -> Fragment:
+        """Act with ``weights`` on the next ``T`` steps (``storage``: the share to fill, sent once per key)."""
+        collector = self._collector()
+        for pid, (state, attributes) in weights.items():
+            policy = self.policies[pid]
+            policy.load_state_dict(state)
+            for name, value in attributes.items():
+                setattr(policy, name, value)
+        if storage is not None:
+            self.storage[key] = storage
+        rollout, start_states = self.storage[key]
+        start = time.perf_counter()
+        steps = collector.collect(rollout, start_states or None, until_done)
+        seconds = time.perf_counter() - start
+        horizon = rollout.batch_size[1] - 1
+        truncations = collector.truncations
+        assert truncations is not None  # collect() sets them
+        raw_reward = collector.raw_reward[:, :horizon]
+        return Fragment(steps, seconds, (rollout, start_states), truncations, raw_reward, collector.step_infos)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._collector().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._collector().load_state_dict(state)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class WorkerSet(VecBackend):
+    """The Ray rollout workers of a run. To the trainer it is the backend of all their envs (the
+    flat batch's layout, from one env made here); they never step here: ``RemoteCollector`` has
+    the workers sample them."""
+
+    unsaved_state = "envs run in Ray actors"
+    ATTEMPTS = 3  # a worker whose actors die this many times in one call stops the run
+
+    def __init__(self, config: TrainerConfig):
+        c = config
+        if is_vmas(c.env) or isinstance(c.env, gym.vector.VectorEnv):
+            raise ConfigError(
+                "backend='ray' makes each worker's envs one by one; a VMAS scenario or a Gymnasium VectorEnv "
+                "steps its envs as one batch in one process: use backend='local'."
+            )
+        self.ray = ray_module()
+        probe = setup.build_backend(c, 1)
+        mask, state = probe.batch.action_mask, probe.batch.state
+        super().__init__(
+            probe.name,
+            c.num_envs,
+            probe.obs_spec,
+            probe.act_spec,
+            probe.rows_per_env,
+            mask_size=0 if mask is None else mask.shape[1],
+            state_size=0 if state is None else state.shape[1],
+        )
+        self.agents, self.autoreset = probe.agents, probe.autoreset
+        del probe  # not closed: it may hold the user's own env instance
+        # what the actors get: the config without what only the driver uses (callbacks, device, cluster)
+        self.worker_config = c.model_copy(
+            update={"backend": "local", "ray_address": None, "num_workers": 0, "callbacks": [], "device": "cpu"}
+        )
+        self.owns_ray = not self.ray.is_initialized()
+        if self.owns_ray:
+            self.ray.init(address=c.ray_address, include_dashboard=False)
+        self.actor_class = self.ray.remote(num_cpus=c.num_cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self.envs_per_worker = c.num_envs // c.num_workers
+        self.first_envs = [w * self.envs_per_worker for w in range(c.num_workers)]
+        k = self.rows_per_env
+        self.shares = [slice(e * k, (e + self.envs_per_worker) * k) for e in self.first_envs]
+        """Each worker's agent rows of the flat batch."""
+        self.restarts = 0
+        """Workers replaced so far (their actors died)."""
+        self.workers = [self._actor(w) for w in range(c.num_workers)]
+        self._known: list[set[int]] = [set() for _ in self.workers]  # the storage keys each worker holds
+        self._replaced: list[int] = []
+        self._policies: dict[str, Policy] = {}
+        self._extras: tuple[str, ...] = ()
+
+    def _actor(self, w: int) -> Any:
+        c = self.worker_config
+        return self.actor_class.remote(c, w, self.restarts, self.first_envs[w], self.envs_per_worker)
+
+    def start(self, policies: dict[str, Policy], extras: tuple[str, ...]) -> None:
+        """Give every worker its copy of ``policies`` (on the CPU) and the extras to store."""
+        self._policies = {pid: copy.deepcopy(policy).cpu() for pid, policy in policies.items()}
+        self._extras = extras
+        self._each(lambda w: self.workers[w].start.remote(self._policies, extras))
+
+    def reset(self, seed: Seed = None) -> None:
+        """Reset every worker's envs: each env gets the seed it would get in a local run."""
+        per_env = None if seed is None or isinstance(seed, int) else env_seeds(seed, self.num_envs, 0, self.name)
+        # (a list of seeds holds ints only: env_seeds checked it)
+
+        def share(w: int) -> Seed:
+            first = self.first_envs[w]
+            return seed if per_env is None else cast(list[int], per_env[first : first + self.envs_per_worker])
+
+        self._each(lambda w: self.workers[w].reset.remote(share(w)))
+
+    def sample(
+        self, weights: Weights, rollout: TensorDict, start_states: list[TensorDict], until_done: bool
+    ) -> tuple[list[Fragment], list[int]]:
+        """Every worker's fragment of the next rollout (acting with ``weights``), and the workers
+        replaced on the way, whose fragments start new episodes."""
+        ref = self.ray.put(weights)  # once: every worker reads the same copy from the object store
+        key = hash((id(rollout), tuple(rollout.batch_size), tuple(sorted(map(str, rollout.keys(True))))))
+
+        def call(w: int) -> Any:
+            share = None
+            if key not in self._known[w]:  # the worker's first rollout of this storage: send its share
+                rows = self.shares[w]
+                share = (rollout[rows].clone().cpu(), [states[rows].clone().cpu() for states in start_states])
+                self._known[w].add(key)
+            return self.workers[w].sample.remote(ref, key, share, until_done)
+
+        self._replaced = []
+        return self._each(call), self._replaced
+
+    def _each(self, call: Callable[[int], Any]) -> list[Any]:
+        """``call(w)`` (a remote call) for every worker at once, then each result; a worker whose
+        actor died is replaced and called again."""
+        pending = [call(w) for w in range(len(self.workers))]
+        results = []
+        for w, ref in enumerate(pending):
+            for attempt in range(1, self.ATTEMPTS + 1):
+                try:
+                    results.append(self.ray.get(ref))
+                    break
+                except self.ray.exceptions.RayActorError as e:
+                    if attempt == self.ATTEMPTS:
+                        raise EnvError(
+                            f"Ray rollout worker {w} of '{self.name}' died {attempt} times in a row; the last: {e}"
+                        ) from None
+                    self._replace(w, e)
+                    ref = call(w)
+        return results
+
+    def _replace(self, w: int, error: Exception) -> None:
+        """A new actor over worker ``w``'s envs, with new seeds, started like the one that died."""
+        self.restarts += 1
+        first = self.first_envs[w]
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        warnings.warn(
+            f"Ray rollout worker {w} (envs {first}-{first + self.envs_per_worker - 1} of '{self.name}') died "
+            f"({cause}); a new actor took its envs with new seeds, and the episodes they had under way are "
+            f"dropped. Replaced so far: {self.restarts}.",
+            stacklevel=2,
+        )
+        actor = self.workers[w] = self._actor(w)
+        self._known[w] = set()
+        self._replaced.append(w)
+        if self._policies:
+            self.ray.get(actor.start.remote(self._policies, self._extras))
+            self.ray.get(actor.reset.remote(_seed(self.worker_config.seed, w, self.restarts)))
+
+    def worker_states(self) -> list[dict[str, Any]]:
+        """Each worker's collector state (reward statistics, recurrent state, policy assignment)."""
+        return self._each(lambda w: self.workers[w].state_dict.remote())
+
+    def load_worker_states(self, states: list[dict[str, Any]]) -> None:
+        self._each(lambda w: self.workers[w].load_state_dict.remote(states[w]))
+
+    def close(self) -> None:
+        for actor in self.workers:
+            self.ray.kill(actor)
+        self.workers = []
+        if self.owns_ray and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+class RemoteCollector(Collector):
+    """A collector whose envs step in Ray rollout workers (a ``WorkerSet``): the same calls fill
+    the same rollout, and episodes are counted here."""
+
+    def __init__(self, workers: WorkerSet, policies: PolicyMap, tracker: EpisodeTracker, extras: tuple[str, ...]):
+        super().__init__(workers, policies, tracker, extras)
+        self.workers = workers
+        self._overhead_s = 0.0
+        workers.start(dict(zip(policies.ids, policies.modules)), extras)
+
+    def reset(self, seed: Seed) -> None:
+        self.workers.reset(seed)
+        assert self.tracker is not None  # the driver's collector always counts episodes
+        self.tracker.reset_episodes()
+
+    def collect(
+        self, rollout: TensorDict, start_states: list[TensorDict] | None = None, until_done: bool = False
+    ) -> int:
+        start = time.perf_counter()
+        horizon = rollout.batch_size[1] - 1
+        if self.raw_reward.shape != rollout.batch_size:
+            self.raw_reward = torch.zeros(rollout.batch_size)
+        weights: Weights = {
+            pid: (
+                {key: value.cpu() for key, value in policy.state_dict().items()},
+                {name: getattr(policy, name) for name in policy.synced_attributes},
+            )
+            for pid, policy in zip(self.policies.ids, self.policies.modules)
+        }
+        fragments, replaced = self.workers.sample(weights, rollout, start_states or [], until_done)
+        assert self.tracker is not None
+        for w in replaced:
+            self.tracker.reset_episodes(self.workers.shares[w])
+        step_infos: StepInfos = {}
+        for rows, fragment in zip(self.workers.shares, fragments):
+            share, states = fragment.storage
+            rollout[rows] = share.to(rollout.device)
+            for stored, part in zip(start_states or [], states):
+                stored[rows] = part.to(stored.device)
+            self.raw_reward[rows, :horizon] = fragment.raw_reward
+            for t, infos in fragment.step_infos.items():
+                step_infos.setdefault(t, {}).update({rows.start + row: info for row, info in infos.items()})
+        parts = [(rows.start, fragment.truncations) for rows, fragment in zip(self.workers.shares, fragments)]
+        self.truncations = joined(parts, rollout["reward"].device)
+        self._track(rollout, horizon, step_infos)
+        steps = sum(f.steps for f in fragments)
+        self.env_steps += steps
+        elapsed = time.perf_counter() - start
+        self.sample_time_s += elapsed
+        self._overhead_s += elapsed - max(fragment.seconds for fragment in fragments)
+        return steps
+
+    def iteration_stats(self) -> dict[str, float]:
+        """``num_worker_restarts`` so far, and ``remote_overhead_ms``: the iteration's sampling time
+        beyond the slowest worker's own collecting (sending weights, the calls, moving fragments)."""
+        overhead, self._overhead_s = self._overhead_s, 0.0
+        return {"num_worker_restarts": self.workers.restarts, "remote_overhead_ms": 1e3 * overhead}
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.tracker is not None
+        workers = self.workers.worker_states()
+        return {"tracker": self.tracker.state_dict(), "env_steps": self.env_steps, "workers": workers}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self.tracker is not None
+        self.tracker.load_state_dict(state["tracker"])
+        self.env_steps = state["env_steps"]
+        saved = state.get("workers", [])
+        if len(saved) == len(self.workers.workers):
+            self.workers.load_worker_states(saved)
+        else:
+            warnings.warn(
+                f"the checkpoint holds {len(saved)} Ray workers' state and this run has {len(self.workers.workers)}; "
+                f"the workers start with fresh reward statistics and recurrent state.",
+                stacklevel=2,
+            )
+
+
+def joined(parts: list[tuple[int, Truncations]], device: torch.device) -> Truncations:
+    """The truncations of several workers' shares (each with its first row) as one rollout's."""
+    first = parts[0][1]
+    cut = [t for _, t in parts if len(t)]  # a share without truncations may list no states
+    return Truncations(
+        torch.cat([t.row + offset for offset, t in parts]).to(device),
+        torch.cat([t.step for _, t in parts]).to(device),
+        torch.cat([t.obs for _, t in parts]).to(device),
+        None if first.critic_obs is None else torch.cat([t.critic_obs for _, t in parts]).to(device),  # type: ignore[misc]
+        [cast(TensorDict, torch.cat(states)).to(device) for states in zip(*(t.states for t in cut))],
+        first.next_step,
+    )

@@ -1,0 +1,179 @@
+"""Ray rollout workers: they learn like local envs, count every step once when an actor dies, and
+carry recurrent state, replay exploration and checkpoints. One local cluster (2 CPUs) serves the module."""
+
+import copy
+import os
+import signal
+import sys
+
+import gymnasium as gym
+import pytest
+import torch
+
+import shoal
+from shoal.config import DQNConfig, PPOConfig
+from shoal.errors import ConfigError
+from shoal.train.ray_workers import RolloutWorker
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test file
+    yield
+    ray.shutdown()
+
+
+class DiesOnce(gym.Wrapper):
+    """CartPole whose process is killed (as the OOM killer would) at its ``after``-th step, in the
+    first env of the whole run to get there: ``marker`` is created by that env alone."""
+
+    def __init__(self, config):
+        super().__init__(gym.make("CartPole-v1"))
+        self.marker, self.after, self.steps = config["marker"], config["after"], 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.after:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.env.step(action)
+
+
+@pytest.mark.slow
+def test_ppo_learns_cartpole_with_two_ray_workers(cluster):
+    with shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, seed=1, save_outputs=False, verbose=0) as algo:
+        result = algo.learn(80_000)
+        assert result["timesteps_total"] == algo.iteration * algo.config.train_batch_size
+        assert result["num_worker_restarts"] == 0
+        assert algo.evaluate(num_episodes=10)["episode_reward_mean"] >= 475
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(cluster, tmp_path):
+    """The actor dies in the middle of sampling; its fragment is sampled again by a new actor,
+    the counters hold each iteration's batch exactly once, and a resumed run continues them."""
+    config = dict(
+        env=DiesOnce,
+        env_config={"marker": str(tmp_path / "died"), "after": 100},
+        backend="ray",
+        num_workers=2,
+        num_envs=4,
+        rollout_fragment_length=64,
+        seed=2,
+        run_dir=str(tmp_path / "run"),
+        verbose=0,
+    )
+    died = r"Ray rollout worker \d \(envs \d-\d of 'DiesOnce'\) died"
+    with pytest.warns(UserWarning, match=died), shoal.PPO(**config) as algo:
+        pids = ray.get([worker.pid.remote() for worker in algo.backend.workers])
+        for _ in range(4):  # 64 steps per env an iteration: the first env to take its 100th step dies in the second
+            result = algo.train()
+        assert (tmp_path / "died").exists()
+        assert result["num_worker_restarts"] == 1
+        assert result["timesteps_total"] == 4 * 256 and algo.collector.env_steps == 4 * 256
+        now = ray.get([worker.pid.remote() for worker in algo.backend.workers])
+        assert sum(a != b for a, b in zip(pids, now)) == 1
+        algo.save()
+    with (
+        pytest.warns(UserWarning, match="starts new episodes"),  # the envs were in the actors
+        shoal.PPO.from_checkpoint(tmp_path / "run", env=DiesOnce) as resumed,
+    ):
+        assert resumed.timesteps_total == 4 * 256
+        assert resumed.train()["timesteps_total"] == 5 * 256
+
+
+RECURRENT = dict(
+    env="CartPoleNoVel-v1",
+    model_config={"core": "lstm", "core_size": 16},
+    rollout_fragment_length=32,
+    bptt_horizon=8,
+    sgd_minibatch_size=32,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "algo, settings",
+    [
+        ("ppo", RECURRENT),
+        ("grpo", dict(env="CartPole-v1", group_size=2, rollout_fragment_length=60, sgd_minibatch_size=64)),
+        ("dqn", dict(env="CartPole-v1", rollout_fragment_length=16, learning_starts=64, timesteps_per_iteration=64)),
+        ("sac", dict(env="Pendulum-v1", rollout_fragment_length=16, learning_starts=64, timesteps_per_iteration=64)),
+    ],
+)
+def test_every_algorithm_samples_through_ray_workers(cluster, algo, settings):
+    common = dict(backend="ray", num_workers=2, num_envs=4, seed=3, save_outputs=False, verbose=0, tuned=False)
+    with shoal.Trainer(algo=algo, **common, **settings) as trainer:
+        for _ in range(2):
+            result = trainer.train()
+        assert result["num_worker_restarts"] == 0
+        assert result["timesteps_total"] == trainer.collector.env_steps > 0
+        if algo == "dqn":
+            assert result["replay_size"] == result["timesteps_total"]
+        if algo == "ppo":  # the workers' LSTM state at each later segment's start came back
+            (states,) = trainer.algorithm.buffer.start_states
+            assert all(bool(value[:, 1:].abs().sum() > 0) for value in states.values(True, True))
+
+
+def test_a_worker_acts_with_the_weights_and_attributes_it_is_sent():
+    """The actor's body, here in process: each sample loads the driver's weights and the attributes
+    acting reads (DQN's exploration rate), and env i starts from the seed a local run gives it."""
+    config = DQNConfig.build(env="CartPole-v1", num_envs=4, seed=5)
+    with shoal.DQN(env="CartPole-v1", num_envs=4, seed=5, tuned=False, save_outputs=False) as local:
+        policy = local.policies["default_policy"]
+        worker = RolloutWorker(config, index=1, incarnation=0, first_env=2, num_envs=2)
+        worker.start({"default_policy": copy.deepcopy(policy)}, local.algorithm.stored_extras())
+        worker.reset(5)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(1.0)
+        policy.epsilon = 1.0
+        rollout = local.algorithm.rollout.start_rollout()
+        weights = {"default_policy": (policy.state_dict(), {"epsilon": 1.0})}
+        fragment = worker.sample(weights, 0, (rollout[2:4].clone(), []), until_done=False)
+        acting = worker.policies["default_policy"]
+        assert acting.epsilon == 1.0
+        assert all(torch.equal(a, b) for a, b in zip(acting.parameters(), policy.parameters()))
+        local.collector.reset(5)
+        local.collector.collect(rollout)
+        assert torch.equal(fragment.storage[0]["obs"][:, 0], rollout["obs"][2:4, 0])  # envs 2 and 3 of the run
+        assert fragment.steps == 2 * (rollout.batch_size[1] - 1)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(backend="ray"), "needs num_workers >= 1"),
+        (dict(backend="ray", num_workers=2, async_factor=2), "async_factor=2 is for worker processes"),
+        (dict(backend="ray", num_workers=2, vectorization_mode="sync"), "vectorization_mode='sync' is for local envs"),
+        (dict(backend="local", ray_address="auto"), "ray_address='auto' is for backend='ray'"),
+        (dict(backend="rey"), "backend"),
+    ],
+)
+def test_ray_settings_that_cannot_work_are_refused(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        PPOConfig.build(env="CartPole-v1", **settings)
+
+
+def test_ray_address_alone_chooses_the_ray_backend():
+    config = PPOConfig.build(env="CartPole-v1", num_workers=2, ray_address="auto")
+    assert config.backend == "ray"
+
+
+def test_without_ray_installed_asking_for_it_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'shoal\[ray\]'"):
+        shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, save_outputs=False)
+
+
+def test_ray_workers_under_torchrun_are_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
+    with pytest.raises(ConfigError, match="backend='ray' under torchrun is not supported"):
+        shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, save_outputs=False)
