@@ -26,6 +26,17 @@ settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance (2 CPUs) for every test that needs Ray. Test modules whose classes
+    the actors unpickle register themselves with ``ray.cloudpickle.register_pickle_by_value``:
+    the actors cannot import test files."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture
 def no_flush_denormal():
     """Every Trainer turns on flush-to-zero for the whole process (``torch.set_flush_denormal``),

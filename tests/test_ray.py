@@ -1,5 +1,6 @@
 """Ray rollout workers: they learn like local envs, count every step once when an actor dies, and
-carry recurrent state, replay exploration and checkpoints. One local cluster (2 CPUs) serves the module."""
+carry recurrent state, replay exploration and checkpoints. One local cluster (2 CPUs, the
+``ray_cluster`` fixture) serves the whole session."""
 
 import copy
 import os
@@ -16,14 +17,7 @@ from shoal.errors import ConfigError
 from shoal.train.ray_workers import RolloutWorker
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test file
-    yield
-    ray.shutdown()
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test file
 
 
 class DiesOnce(gym.Wrapper):
@@ -47,7 +41,7 @@ class DiesOnce(gym.Wrapper):
 
 
 @pytest.mark.slow
-def test_ppo_learns_cartpole_with_two_ray_workers(cluster):
+def test_ppo_learns_cartpole_with_two_ray_workers(ray_cluster):
     with shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, seed=1, save_outputs=False, verbose=0) as algo:
         result = algo.learn(80_000)
         assert result["timesteps_total"] == algo.iteration * algo.config.train_batch_size
@@ -56,7 +50,7 @@ def test_ppo_learns_cartpole_with_two_ray_workers(cluster):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(cluster, tmp_path):
+def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(ray_cluster, tmp_path):
     """The actor dies in the middle of sampling; its fragment is sampled again by a new actor,
     the counters hold each iteration's batch exactly once, and a resumed run continues them."""
     config = dict(
@@ -108,7 +102,7 @@ RECURRENT = dict(
         ("sac", dict(env="Pendulum-v1", rollout_fragment_length=16, learning_starts=64, timesteps_per_iteration=64)),
     ],
 )
-def test_every_algorithm_samples_through_ray_workers(cluster, algo, settings):
+def test_every_algorithm_samples_through_ray_workers(ray_cluster, algo, settings):
     common = dict(backend="ray", num_workers=2, num_envs=4, seed=3, save_outputs=False, verbose=0, tuned=False)
     with shoal.Trainer(algo=algo, **common, **settings) as trainer:
         for _ in range(2):

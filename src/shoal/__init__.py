@@ -9,6 +9,7 @@ from shoal.envs.multi_agent import MultiAgentEnv
 from shoal.envs.native import AgentEnv
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, EnvError, ShoalError
+from shoal.experiments import run_experiments
 from shoal.models.policy import ActorCriticPolicy, Policy
 from shoal.models.recurrent import RecurrentActorCriticPolicy
 from shoal.presets import DQN, GRPO, MADDPG, PPO, SAC, TD3
@@ -51,4 +52,5 @@ __all__ = [
     "make_backend",
     "register_algorithm",
     "register_env",
+    "run_experiments",
 ]

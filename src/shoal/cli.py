@@ -78,6 +78,15 @@ def _build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--jobs", type=int, help="runs at once (default: one per CPU core)")
     suite.add_argument("--out", default="runs/benchmark", help="directory of the runs and the report")
     suite.add_argument("--references", help="references file (default: shoal's, configs/references.yaml)")
+    tune = sub.add_parser(
+        "tune",
+        help="run a YAML file of experiments (search spaces, seeds, stop criteria) on Ray Tune, or one trial at a time",
+    )
+    tune.add_argument("file", help="YAML file of named experiments (docs/scaling.md#experiments)")
+    tune.add_argument("--out", help="directory of the trials and the results (default: runs/tune/<file name>)")
+    tune.add_argument("--concurrent", type=int, help="trials at once on Tune (default: as the cluster's CPUs allow)")
+    tune.add_argument("--sequential", action="store_true", help="one trial after another in this process, no Tune")
+    tune.add_argument("--address", help="Ray cluster to run the trials on (default: a local one)")
     bench = sub.add_parser("bench", help="throughput: env-only stepping or end-to-end training")
     what = bench.add_subparsers(dest="bench_command", required=True)
     benv = what.add_parser("env", help="env-only agent steps per second with random actions")
@@ -249,7 +258,27 @@ def benchmark(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-COMMANDS = {"train": train, "eval": evaluate, "plot": plot, "compare": compare, "bench": bench, "benchmark": benchmark}
+def tune(args: argparse.Namespace) -> int:
+    from shoal.experiments import run_experiments
+
+    out = args.out or str(Path("runs/tune") / Path(args.file).stem)
+    words = ["shoal", "tune", args.file, *(["--out", args.out] if args.out else [])]
+    command = " ".join(words + (["--sequential"] if args.sequential else []))
+    complete = run_experiments(
+        args.file, out, args.sequential or None, args.concurrent, args.address, verbose=1, command=command
+    )
+    return 0 if complete else 130
+
+
+COMMANDS = {
+    "train": train,
+    "eval": evaluate,
+    "plot": plot,
+    "compare": compare,
+    "bench": bench,
+    "benchmark": benchmark,
+    "tune": tune,
+}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,0 +1,250 @@
+"""Experiment files: named experiments, each a config with search spaces, seeds and stop criteria
+(RLlib's ``run_experiments`` format, in shoal's keys). Read with ``yaml.safe_load`` only.
+
+    cartpole-lr:                        # the experiment's name
+      algo: ppo                         # or `run`, RLlib's name for it
+      env: CartPole-v1
+      stop: {timesteps_total: 50000, episode_reward_mean: 475, time_total_s: 600}
+      seeds: [1, 2]                     # every configuration once per seed
+      num_samples: 1                    # draws of the random spaces per grid point
+      checkpoint_freq: 10               # iterations between checkpoints (and one at the end)
+      resources_per_trial: {cpu: 1}
+      config:                           # any key of the algorithm's config
+        learning_rate: {grid_search: [0.0003, 0.001]}
+        num_sgd_iter: {grid_search: [4, 10]}
+        ent_coef: {uniform: [0.0, 0.01]}
+
+A search space is a one-key mapping: ``grid_search`` (every value), ``choice`` (one at random),
+``uniform``, ``loguniform`` (a float in ``[low, high]``) or ``randint`` (an int in ``[low, high)``),
+at any depth of ``config`` (e.g. inside ``model_config``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shoal.config import load_yaml
+from shoal.errors import ConfigError, did_you_mean
+
+SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
+STOP_KEYS = ("timesteps_total", "training_iteration", "time_total_s", "episode_reward_mean", "episodes_total")
+EXPERIMENT_KEYS = (
+    "algo",
+    "run",
+    "env",
+    "stop",
+    "seeds",
+    "num_samples",
+    "checkpoint_freq",
+    "resources_per_trial",
+    "config",
+)
+Path_ = tuple[str, ...]  # where a search space sits in the config: ("model_config", "hiddens")
+
+
+@dataclass
+class Space:
+    kind: str
+    values: list[Any]  # grid_search / choice: the options; uniform, loguniform, randint: [low, high]
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        if self.kind == "choice":
+            return self.values[int(rng.integers(len(self.values)))]
+        low, high = self.values
+        if self.kind == "uniform":
+            return float(rng.uniform(low, high))
+        if self.kind == "loguniform":
+            return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+        return int(rng.integers(low, high))  # randint
+
+
+@dataclass
+class Experiment:
+    name: str
+    settings: dict[str, Any]
+    """``algo``, ``env`` and the config, with ``Space`` leaves where a search space was given."""
+    stop: dict[str, float]
+    seeds: list[int]
+    num_samples: int = 1
+    checkpoint_freq: int = 10
+    cpus_per_trial: float = 1.0
+
+    @property
+    def spaces(self) -> list[tuple[Path_, Space]]:
+        """Every search space of the config, in the file's order."""
+        return list(_spaces(self.settings, ()))
+
+
+@dataclass
+class Trial:
+    """One configuration of an experiment with one seed."""
+
+    experiment: str
+    name: str
+    params: dict[str, Any]
+    """The searched values (``model_config.hiddens`` for nested keys) and the seed."""
+    settings: dict[str, Any]
+    """The whole config to train with."""
+
+
+def _spaces(node: Any, path: Path_) -> Any:
+    if isinstance(node, Space):
+        yield path, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _spaces(value, (*path, key))
+
+
+def with_values(settings: dict[str, Any], values: dict[Path_, Any]) -> dict[str, Any]:
+    """A copy of ``settings`` with the value at each path replaced."""
+    out: dict[str, Any] = _copy(settings)
+    for path, value in values.items():
+        node = out
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return out
+
+
+def _copy(node: Any) -> Any:
+    return {k: _copy(v) for k, v in node.items()} if isinstance(node, dict) else node
+
+
+def param_name(path: Path_) -> str:
+    return ".".join(path)
+
+
+def trials(experiment: Experiment) -> list[Trial]:
+    """The trials run one after another without Tune, in Tune's order: ``num_samples`` times the
+    grid (random spaces drawn anew each time), each grid point once per seed. The draws depend on
+    the experiment's name alone, so a restarted sweep gets the same trials."""
+    spaces = experiment.spaces
+    grid = [(path, space) for path, space in spaces if space.kind == "grid_search"]
+    drawn = [(path, space) for path, space in spaces if space.kind != "grid_search"]
+    rng = np.random.default_rng(zlib.crc32(experiment.name.encode()))
+    out: list[Trial] = []
+    for _ in range(experiment.num_samples):
+        for point in itertools.product(*(space.values for _, space in grid)):
+            values = {path: value for (path, _), value in zip(grid, point)}
+            values |= {path: space.sample(rng) for path, space in drawn}
+            for seed in experiment.seeds:
+                params = {param_name(path): value for path, value in values.items()} | {"seed": seed}
+                settings = with_values(experiment.settings, values) | {"seed": seed}
+                out.append(Trial(experiment.name, f"trial_{len(out):05d}", params, settings))
+    return out
+
+
+# ----- reading and checking a file -------------------------------------------------------------
+def load_experiments(source: str | Path | dict[str, Any]) -> list[Experiment]:
+    """The experiments of a YAML file (or of the same mapping in Python), every key and every value
+    of every search space checked against the algorithm's config before anything runs."""
+    data = source if isinstance(source, dict) else load_yaml(source)
+    where = "the experiments" if isinstance(source, dict) else f"'{source}'"
+    if not data:
+        raise ConfigError(f"{where} holds no experiments: a mapping of name -> experiment.")
+    return [_experiment(str(name), spec, where) for name, spec in data.items()]
+
+
+def _experiment(name: str, spec: Any, where: str) -> Experiment:
+    at = f"{where}, experiment '{name}'"
+    if not re.fullmatch(r"[\w.-]+", name):
+        raise ConfigError(f"{at}: a name is one word of letters, digits, '.', '-' and '_' (it names a directory).")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{at} must be a mapping with algo, env, stop and config, got {spec!r}.")
+    for key in spec:
+        if key not in EXPERIMENT_KEYS:
+            raise ConfigError(f"{at}: unknown key '{key}'.{did_you_mean(str(key), EXPERIMENT_KEYS)}")
+    if "algo" in spec and "run" in spec:
+        raise ConfigError(f"{at}: `algo` and `run` name the same thing; give one.")
+    config = spec.get("config") or {}
+    if not isinstance(config, dict):
+        raise ConfigError(f"{at}: config must be a mapping of key: value or search space, got {config!r}.")
+    settings = {"algo": spec.get("algo", spec.get("run", "ppo")), "env": spec.get("env", "CartPole-v1")}
+    for key in ("algo", "env", "seed"):
+        if key in config:
+            raise ConfigError(f"{at}: give `{key}` beside config (`seeds` for seeds), not inside it.")
+    settings |= {key: _parse(value, f"{at}, config.{key}") for key, value in config.items()}
+    stop = spec.get("stop") or {}
+    if not isinstance(stop, dict) or not stop:
+        raise ConfigError(f"{at}: stop must be a mapping of criteria, e.g. {{timesteps_total: 100000}}.")
+    for key, value in stop.items():
+        if key not in STOP_KEYS:
+            raise ConfigError(f"{at}: unknown stop criterion '{key}'.{did_you_mean(str(key), STOP_KEYS)}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{at}: stop.{key} must be a number, got {value!r}.")
+    seeds = spec.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds):
+        raise ConfigError(f"{at}: seeds must be a list of non-negative integers, got {seeds!r}.")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{at}: seeds {seeds} repeat a seed.")
+    counts = {key: spec.get(key, default) for key, default in (("num_samples", 1), ("checkpoint_freq", 10))}
+    for key, value in counts.items():
+        if type(value) is not int or value < (1 if key == "num_samples" else 0):
+            raise ConfigError(f"{at}: {key} must be an integer >= {1 if key == 'num_samples' else 0}, got {value!r}.")
+    resources = spec.get("resources_per_trial") or {"cpu": 1}
+    if not isinstance(resources, dict) or set(resources) != {"cpu"} or not _positive(resources["cpu"]):
+        raise ConfigError(f"{at}: resources_per_trial must be {{cpu: N}} with N > 0, got {resources!r}.")
+    experiment = Experiment(
+        name, settings, dict(stop), seeds, counts["num_samples"], counts["checkpoint_freq"], float(resources["cpu"])
+    )
+    _check_config(experiment, at)
+    return experiment
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _parse(value: Any, at: str) -> Any:
+    """A config value, with one-key mappings of a space kind turned into ``Space``."""
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SPACES:
+        kind, options = next(iter(value.items()))
+        if not isinstance(options, list) or not options:
+            raise ConfigError(f"{at}: {kind} takes a non-empty list, got {options!r}.")
+        if kind in ("uniform", "loguniform", "randint"):
+            ok = len(options) == 2 and all(_number(o) for o in options) and options[0] < options[1]
+            if not ok or (kind == "loguniform" and options[0] <= 0):
+                raise ConfigError(
+                    f"{at}: {kind} takes [low, high] with low < high{' and low > 0' * (kind == 'loguniform')}, "
+                    f"got {options!r}."
+                )
+        return Space(kind, options)
+    if isinstance(value, dict):
+        return {k: _parse(v, f"{at}.{k}") for k, v in value.items()}
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_config(experiment: Experiment, at: str) -> None:
+    """Build the algorithm's config with each option of each space in turn (the others at their
+    first option), so a typo or a bad value fails now, naming the key, not hours into a sweep."""
+    from shoal.algos.registry import algorithm_class
+
+    config_class = algorithm_class(experiment.settings["algo"]).config_class
+    spaces = experiment.spaces
+    first = {path: space.values[0] for path, space in spaces}
+    variants = [first] + [first | {path: option} for path, space in spaces for option in _options(space)]
+    for values in variants:
+        try:
+            config_class.build(**with_values(experiment.settings, values))
+        except ConfigError as e:
+            raise ConfigError(f"{at}: {e}") from None
+
+
+def _options(space: Space) -> list[Any]:
+    """The values a space can take that a check should try: all of a list, both ends of a range."""
+    if space.kind in ("grid_search", "choice"):
+        return space.values[1:]
+    low, high = space.values
+    return [high - 1 if space.kind == "randint" else high, low]
