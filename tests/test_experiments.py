@@ -56,6 +56,18 @@ class Interrupt(Callback):
         return None
 
 
+class Explode(Callback):
+    """Raises in the trial with ``seed`` and ``learning_rate``, as a bug in a user's callback would."""
+
+    def __init__(self, seed=1, learning_rate=3e-4):
+        self.seed, self.learning_rate = seed, learning_rate
+
+    def on_train_result(self, trainer, result):
+        c = trainer.config
+        if c.seed == self.seed and c.learning_rate == self.learning_rate and c.num_sgd_iter == 2:
+            raise RuntimeError("a bug in a callback")
+
+
 # ----- the file ---------------------------------------------------------------------------------
 def test_a_grid_with_seeds_expands_to_every_combination_once_per_seed():
     (experiment,) = load_experiments(grid())
@@ -181,10 +193,24 @@ def test_a_sweep_on_tune_writes_its_table_and_plot_and_resumes_after_an_interrup
     before = _finished(out)
     assert len(before) < 8
     assert run_experiments(spec, out, sequential=False, verbose=0)  # the same call: Tune restores the sweep
+    (experiment,) = load_experiments(spec)
+    planned = {t.name: t.params for t in trials(experiment)}  # the same trials, drawn alike, as without Tune
+    ran = {p.parent.name: json.loads(p.read_text())["params"] for p in (out / "cartpole").glob("*/trial.json")}
+    assert ran == planned
     after = _finished(out)
     assert len(after) == 8 and all(after[name] == lines for name, lines in before.items())
     _check_results(out)
     assert (out / "tune" / "cartpole").is_dir()
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_reported_and_the_others_still_run(tmp_path, capsys):
+    assert not run_experiments(grid(callbacks=[Explode()]), tmp_path, sequential=True, verbose=0)
+    assert len(_finished(tmp_path)) == 7
+    (error,) = (tmp_path / "cartpole").glob("*/error.txt")
+    assert "RuntimeError: a bug in a callback" in error.read_text()
+    assert "failed: a bug in a callback" in capsys.readouterr().err
+    assert "| 1 of 2 |" in (tmp_path / "results.md").read_text()
 
 
 def test_without_tune_trials_run_one_at_a_time_and_say_so(tmp_path, monkeypatch, capsys):

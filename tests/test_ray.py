@@ -81,6 +81,9 @@ def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(ray_cluster,
     ):
         assert resumed.timesteps_total == 4 * 256
         assert resumed.train()["timesteps_total"] == 5 * 256
+    with shoal.PPO.from_checkpoint(tmp_path / "run", env=DiesOnce, backend="local", ray_address=None) as local:
+        assert local.timesteps_total == 4 * 256  # the newest checkpoint, as `shoal eval` loads it: no Ray workers
+        assert local.evaluate(num_episodes=1)["episodes"] == 1
 
 
 RECURRENT = dict(
@@ -99,14 +102,17 @@ RECURRENT = dict(
         ("ppo", RECURRENT),
         ("grpo", dict(env="CartPole-v1", group_size=2, rollout_fragment_length=60, sgd_minibatch_size=64)),
         ("dqn", dict(env="CartPole-v1", rollout_fragment_length=16, learning_starts=64, timesteps_per_iteration=64)),
-        ("sac", dict(env="Pendulum-v1", rollout_fragment_length=16, learning_starts=64, timesteps_per_iteration=64)),
+        ("td3", dict(env="Pendulum-v1", rollout_fragment_length=16, learning_starts=64, timesteps_per_iteration=64)),
     ],
 )
 def test_every_algorithm_samples_through_ray_workers(ray_cluster, algo, settings):
     common = dict(backend="ray", num_workers=2, num_envs=4, seed=3, save_outputs=False, verbose=0, tuned=False)
     with shoal.Trainer(algo=algo, **common, **settings) as trainer:
-        for _ in range(2):
-            result = trainer.train()
+        result = trainer.train()
+        if algo == "td3":  # before learning_starts the workers act uniformly at random, as a local run does
+            actions = trainer.algorithm.replay.storage["action"][:, : result["timesteps_total"] // 4]  # [envs, steps]
+            assert actions.std() > 0.9 and actions.abs().max() > 1.9  # uniform on [-2, 2]: std 1.15
+        result = trainer.train()
         assert result["num_worker_restarts"] == 0
         assert result["timesteps_total"] == trainer.collector.env_steps > 0
         if algo == "dqn":
@@ -171,3 +177,40 @@ def test_ray_workers_under_torchrun_are_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
     with pytest.raises(ConfigError, match="backend='ray' under torchrun is not supported"):
         shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, save_outputs=False)
+
+
+DRIVER = os.getpid()
+
+
+def cartpole(config=None):
+    return gym.make("CartPole-v1")
+
+
+def breaks_in_workers(config):
+    if os.getpid() != DRIVER:
+        raise RuntimeError("no display in this worker")
+    return gym.make("CartPole-v1")
+
+
+@pytest.mark.slow
+def test_envs_registered_in_the_driver_reach_the_workers(ray_cluster):
+    shoal.register_env("my-cartpole", cartpole)
+    gym.register("MyCartPole-v0", entry_point=cartpole)
+    for env in ("my-cartpole", "MyCartPole-v0"):
+        with shoal.PPO(
+            env=env, backend="ray", num_workers=1, num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0
+        ) as algo:
+            assert algo.train()["timesteps_total"] == algo.config.train_batch_size
+
+
+@pytest.mark.slow
+def test_an_env_that_fails_to_build_in_a_worker_stops_the_run_with_its_error(ray_cluster):
+    with pytest.raises(RuntimeError, match="no display in this worker"):
+        shoal.PPO(
+            env=breaks_in_workers, backend="ray", num_workers=1, num_envs=2, sgd_minibatch_size=64, save_outputs=False
+        )
+
+
+def test_more_workers_than_the_cluster_can_place_are_refused(ray_cluster):
+    with pytest.raises(ConfigError, match=r"num_workers=3 x num_cpus_per_worker=1 = 3 CPUs, and the Ray cluster has 2"):
+        shoal.PPO(env="CartPole-v1", backend="ray", num_workers=3, num_envs=3, save_outputs=False)

@@ -164,7 +164,8 @@ def evaluate(args: argparse.Namespace) -> int:
     from shoal.train.checkpoint import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.path)
-    algo = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0)
+    # evaluation steps envs of its own here: a Ray run's workers are not started again
+    algo = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, backend="local", ray_address=None)
     with algo:
         video_dir = None
         if args.video:
@@ -267,7 +268,7 @@ def tune(args: argparse.Namespace) -> int:
     complete = run_experiments(
         args.file, out, args.sequential or None, args.concurrent, args.address, verbose=1, command=command
     )
-    return 0 if complete else 130
+    return 0 if complete else 1
 
 
 COMMANDS = {

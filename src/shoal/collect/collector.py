@@ -40,7 +40,17 @@ from shoal.errors import ConfigError, EnvError
 from shoal.models.normalize import RewardScaler
 from shoal.vector.base import Seed, StepBatch, VecBackend
 
-_FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "first", "valid", "policy_id")
+FIELDS = (
+    "obs",
+    "action",
+    "reward",
+    "done",
+    "terminated",
+    "truncated",
+    "first",
+    "valid",
+    "policy_id",
+)  # written each step
 
 
 @dataclass
@@ -124,7 +134,7 @@ class Collector:
                 self.critic.init(rollout["critic_obs"])
         views = self._views.get(id(batch))
         if views is None:
-            keys = _FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
+            keys = FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
             views = {key: rollout[key][batch.rows].unbind(1) for key in keys}
             views["raw_reward"] = self.raw_reward[batch.rows].unbind(1)
             views["extras"] = rollout.select(*self.extras)[batch.rows].unbind(1)

@@ -31,6 +31,11 @@ def registered_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered_creator(env: Any) -> EnvCreator | None:
+    """The creator ``register_env`` gave the name ``env`` (None for anything else)."""
+    return _REGISTRY.get(env) if isinstance(env, str) else None
+
+
 PETTINGZOO = "pettingzoo:"
 
 

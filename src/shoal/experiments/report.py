@@ -14,42 +14,46 @@ import numpy as np
 
 from shoal.errors import ConfigError
 from shoal.experiments.run import finished
-from shoal.experiments.spec import Experiment
+from shoal.experiments.spec import Experiment, trials
 from shoal.logging.runs import Run, load_run, plot_runs, resolve_metric
 
 
-def _trials(out: Path, experiment: Experiment) -> list[tuple[dict[str, Any], Run, bool]]:
-    """Each trial of the experiment that has logged an iteration: its params, its run, and
-    whether it finished."""
+def _trials(out: Path, experiment: Experiment) -> list[tuple[dict[str, Any], Run | None, bool]]:
+    """Each planned trial of the experiment: its params, its run (None before it has logged an
+    iteration), and whether it finished."""
     found = []
-    for record in sorted((out / experiment.name).glob("*/trial.json")):
+    for trial in trials(experiment):
+        run_dir = out / experiment.name / trial.name
+        run = None
         with contextlib.suppress(ConfigError):  # not started yet
-            run = load_run(record.parent)
-            found.append((json.loads(record.read_text())["params"], run, finished(record.parent)))
+            run = load_run(run_dir)
+        found.append((trial.params, run, finished(run_dir)))
     return found
 
 
 def experiment_table(out: Path, experiment: Experiment) -> str:
-    trials = _trials(out, experiment)
-    if not trials:
+    planned = _trials(out, experiment)
+    runs = [run for _, run, _ in planned if run is not None]
+    if not runs:
         return "no trial has logged an iteration yet.\n"
-    key = resolve_metric([run for _, run, _ in trials], "episode_reward_mean")
-    groups: dict[str, list[tuple[dict[str, Any], Run, bool]]] = {}
-    for params, run, done in trials:
+    key = resolve_metric(runs, "episode_reward_mean")
+    groups: dict[str, list[tuple[dict[str, Any], Run | None, bool]]] = {}
+    for params, run, done in planned:
         searched = {k: v for k, v in params.items() if k != "seed"}
         groups.setdefault(json.dumps(searched, sort_keys=True, default=str), []).append((params, run, done))
     names = list(json.loads(next(iter(groups))))
     rows = []
     for group in groups.values():
-        finals = [_final(run, key) for _, run, _ in group]
-        last = [run.rows[-1] for _, run, _ in group]
-        mean = float(np.nanmean(finals)) if not all(np.isnan(finals)) else float("nan")
+        started = [run for _, run, _ in group if run is not None]
+        finals = [_final(run, key) for run in started]
+        last = [run.rows[-1] for run in started]
+        mean = float(np.nanmean(finals)) if finals and not all(np.isnan(finals)) else float("nan")
         cells = [_value(group[0][0][name]) for name in names]
         cells += [
             f"{sum(done for *_, done in group)} of {len(group)}",
-            f"{np.mean([r.get('timesteps_total') or 0 for r in last]):,.0f}",
+            f"{np.mean([r.get('timesteps_total') or 0 for r in last]):,.0f}" if last else "-",
             f"{mean:.1f} ± {float(np.nanstd(finals)):.1f}" if not np.isnan(mean) else "-",
-            f"{np.mean([r.get('time_total_s') or 0.0 for r in last]):.0f} s",
+            f"{np.mean([r.get('time_total_s') or 0.0 for r in last]):.0f} s" if last else "-",
         ]
         rows.append((mean, cells))
     rows.sort(key=lambda row: -np.inf if np.isnan(row[0]) else -row[0])
@@ -78,7 +82,7 @@ def write_results(experiments: list[Experiment], out: Path, command: str) -> tup
         what = f"{experiment.settings['algo']} on {experiment.settings['env']}"
         parts.append(f"\n## {experiment.name}\n\n{what}; a trial stops at {stop}.\n")
         parts.append("\n" + experiment_table(out, experiment))
-        runs = [str(run.path) for _, run, _ in _trials(out, experiment)]
+        runs = [str(run.path) for _, run, _ in _trials(out, experiment) if run is not None]
         if runs:
             with contextlib.suppress(ConfigError):  # no matplotlib: the table alone
                 plots.append(plot_runs(runs, "episode_reward_mean", "timesteps", out / f"{experiment.name}.png"))

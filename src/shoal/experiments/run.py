@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError
-from shoal.experiments.spec import Experiment, Space, Trial, param_name, trials
+from shoal.experiments.spec import Experiment, Trial, trials
 from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import Callback
 from shoal.train.trainer import Trainer
@@ -40,9 +41,9 @@ class TrialCallback(Callback):
         self.stop, self.checkpoint_freq, self.report = stop, checkpoint_freq, report
 
     def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> bool:
-        done = stop_reached(result, self.stop)
+        done = stop_reached(result, self.stop)  # then learn() stops and writes the last checkpoint itself
         due = bool(self.checkpoint_freq) and trainer.iteration % self.checkpoint_freq == 0
-        path = trainer.save() if done or due else None
+        path = trainer.save() if due and not done else None
         if self.report is not None:
             self.report(result, path)
         return done
@@ -99,19 +100,27 @@ def finished(run_dir: Path) -> bool:
 
 
 def run_sequential(experiments: list[Experiment], out: Path, verbose: int = 1) -> bool:
-    """Every trial in turn, in this process; False when one was interrupted (Ctrl-C, SIGTERM)."""
+    """Every trial in turn, in this process. A trial that raises is reported (its traceback in
+    ``error.txt``) and the others still run; an interrupt (Ctrl-C, SIGTERM) ends the sweep. False
+    unless every trial finished."""
+    complete = True
     for experiment in experiments:
         planned = trials(experiment)
         for index, trial in enumerate(planned, start=1):
             run_dir = out / experiment.name / trial.name
             if finished(run_dir):
                 continue
+            params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
             if verbose:
-                params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
                 print(f"shoal: {experiment.name} trial {index}/{len(planned)}: {params}", file=sys.stderr)
-            if run_trial(trial, experiment, run_dir, verbose) in INTERRUPTED:
-                return False
-    return True
+            try:
+                if run_trial(trial, experiment, run_dir, verbose) in INTERRUPTED:
+                    return False
+            except Exception as e:
+                (run_dir / "error.txt").write_text(traceback.format_exc())
+                print(f"shoal: {experiment.name} trial {trial.name} ({params}) failed: {e}", file=sys.stderr)
+                complete = False
+    return complete
 
 
 # ----- Ray Tune --------------------------------------------------------------------------------
@@ -128,76 +137,66 @@ def tune_module() -> Any:
 def run_on_tune(
     experiments: list[Experiment], out: Path, concurrent: int | None = None, address: str | None = None
 ) -> bool:
-    """Each experiment as one Tune run (its trials at once, as the cluster's CPUs allow, or
-    ``concurrent``); an experiment Tune already has state of is restored, its unfinished trials
-    continuing from their last checkpoints. False when a trial did not finish."""
+    """Each experiment as one Tune run over its planned trials (``trials``: the same ones, drawn
+    the same way, as without Tune), at once as the cluster's CPUs allow or ``concurrent``; an
+    experiment Tune already has state of is restored, its unfinished trials continuing from their
+    last checkpoints. False unless every trial finished."""
+    tune = tune_module()
     import ray
 
-    tune = tune_module()
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False)
     complete = True
     for experiment in experiments:
-        state = out / "tune" / experiment.name
+        planned = trials(experiment)
+        state = (out / "tune" / experiment.name).resolve()
+        plan = state.parent / f"{experiment.name}.plan.json"
+        names = [t.name for t in planned]
         trainable = tune.with_resources(
-            tune.with_parameters(_tune_trial, experiment=experiment, out=str(out.resolve())),
+            tune.with_parameters(_tune_trial, experiment=experiment, planned=planned, out=str(out.resolve())),
             {"cpu": experiment.cpus_per_trial},
         )
-        if tune.Tuner.can_restore(str(state.resolve())):
-            tuner = tune.Tuner.restore(str(state.resolve()), trainable, resume_unfinished=True, resume_errored=True)
+        if tune.Tuner.can_restore(str(state)):
+            if json.loads(plan.read_text()) != names:
+                raise ConfigError(
+                    f"experiment '{experiment.name}' changed since its sweep in '{state}' started; Tune restores a "
+                    f"sweep as it was planned. Run the edited file with another --out, or delete '{state}'."
+                )
+            tuner = tune.Tuner.restore(str(state), trainable, resume_unfinished=True, resume_errored=True)
         else:
+            state.parent.mkdir(parents=True, exist_ok=True)
+            plan.write_text(json.dumps(names))
             tuner = tune.Tuner(
                 trainable,
-                param_space=_param_space(tune, experiment),
+                param_space={"trial": tune.grid_search(names)},
                 tune_config=tune.TuneConfig(
-                    num_samples=experiment.num_samples,
                     max_concurrent_trials=concurrent,
-                    reuse_actors=True,
+                    reuse_actors=True,  # a trial's process serves the next: torch and shoal import once
                     trial_name_creator=_trial_name,
                     trial_dirname_creator=_trial_name,
                 ),
                 run_config=tune.RunConfig(
                     name=experiment.name,
-                    storage_path=str((out / "tune").resolve()),
+                    storage_path=str(state.parent),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                     verbose=1,
                 ),
             )
         grid = tuner.fit()
-        complete = (
-            complete
-            and not grid.errors
-            and all(finished(out / experiment.name / Path(result.path).name) for result in grid)
-        )
+        complete = complete and not grid.errors and all(finished(out / experiment.name / name) for name in names)
     return complete
 
 
-def _param_space(tune: Any, experiment: Experiment) -> dict[str, Any]:
-    def convert(node: Any) -> Any:
-        if isinstance(node, Space):
-            if node.kind in ("grid_search", "choice"):
-                return getattr(tune, node.kind)(node.values)
-            return getattr(tune, node.kind)(*node.values)
-        if isinstance(node, dict):
-            return {k: convert(v) for k, v in node.items()}
-        return node
-
-    space: dict[str, Any] = convert(experiment.settings)
-    return space | {"seed": tune.grid_search(experiment.seeds)}
-
-
 def _trial_name(trial: Any) -> str:
-    return f"trial_{trial.trial_id}"
+    name: str = trial.config["trial"]
+    return name
 
 
-def _tune_trial(settings: dict[str, Any], experiment: Experiment, out: str) -> None:
+def _tune_trial(params: dict[str, Any], experiment: Experiment, planned: list[Trial], out: str) -> None:
     """One Tune trial: a shoal run reporting each iteration to Tune, with its checkpoints."""
     from ray import tune
 
-    context = tune.get_context()
-    name = context.get_trial_name()
-    params = {param_name(path): _at(settings, path) for path, _ in experiment.spaces} | {"seed": settings["seed"]}
-    trial = Trial(experiment.name, name, params, settings)
+    (trial,) = [t for t in planned if t.name == params["trial"]]
 
     def report(result: dict[str, Any], path: Path | None) -> None:
         metrics = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}
@@ -205,11 +204,4 @@ def _tune_trial(settings: dict[str, Any], experiment: Experiment, out: str) -> N
 
     checkpoint = tune.get_checkpoint()
     start = None if checkpoint is None else Path(checkpoint.path)
-    run_trial(trial, experiment, Path(out) / experiment.name / name, verbose=0, report=report, start=start)
-
-
-def _at(settings: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = settings
-    for key in path:
-        node = node[key]
-    return node
+    run_trial(trial, experiment, Path(out) / experiment.name / trial.name, verbose=0, report=report, start=start)

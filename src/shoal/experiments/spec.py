@@ -21,7 +21,9 @@ at any depth of ``config`` (e.g. inside ``model_config``).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import re
 import zlib
@@ -131,15 +133,21 @@ def trials(experiment: Experiment) -> list[Trial]:
     drawn = [(path, space) for path, space in spaces if space.kind != "grid_search"]
     rng = np.random.default_rng(zlib.crc32(experiment.name.encode()))
     out: list[Trial] = []
-    for _ in range(experiment.num_samples):
+    for sample in range(experiment.num_samples):
         for point in itertools.product(*(space.values for _, space in grid)):
             values = {path: value for (path, _), value in zip(grid, point)}
             values |= {path: space.sample(rng) for path, space in drawn}
             for seed in experiment.seeds:
                 params = {param_name(path): value for path, value in values.items()} | {"seed": seed}
                 settings = with_values(experiment.settings, values) | {"seed": seed}
-                out.append(Trial(experiment.name, f"trial_{len(out):05d}", params, settings))
+                out.append(Trial(experiment.name, _name(params, sample), params, settings))
     return out
+
+
+def _name(params: dict[str, Any], sample: int) -> str:
+    """A trial's directory name, from its values: an edited file never gives an old name to new values."""
+    digest = hashlib.sha1(json.dumps([sample, params], sort_keys=True, default=str).encode()).hexdigest()
+    return f"trial_{digest[:10]}"
 
 
 # ----- reading and checking a file -------------------------------------------------------------
@@ -164,10 +172,12 @@ def _experiment(name: str, spec: Any, where: str) -> Experiment:
             raise ConfigError(f"{at}: unknown key '{key}'.{did_you_mean(str(key), EXPERIMENT_KEYS)}")
     if "algo" in spec and "run" in spec:
         raise ConfigError(f"{at}: `algo` and `run` name the same thing; give one.")
+    if "env" not in spec or not {"algo", "run"} & spec.keys():
+        raise ConfigError(f"{at} needs `algo` (or `run`) and `env`.")
     config = spec.get("config") or {}
     if not isinstance(config, dict):
         raise ConfigError(f"{at}: config must be a mapping of key: value or search space, got {config!r}.")
-    settings = {"algo": spec.get("algo", spec.get("run", "ppo")), "env": spec.get("env", "CartPole-v1")}
+    settings = {"algo": spec.get("algo", spec.get("run")), "env": spec["env"]}
     for key in ("algo", "env", "seed"):
         if key in config:
             raise ConfigError(f"{at}: give `{key}` beside config (`seeds` for seeds), not inside it.")
@@ -178,7 +188,7 @@ def _experiment(name: str, spec: Any, where: str) -> Experiment:
     for key, value in stop.items():
         if key not in STOP_KEYS:
             raise ConfigError(f"{at}: unknown stop criterion '{key}'.{did_you_mean(str(key), STOP_KEYS)}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if not _number(value):
             raise ConfigError(f"{at}: stop.{key} must be a number, got {value!r}.")
     seeds = spec.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds):
@@ -190,17 +200,18 @@ def _experiment(name: str, spec: Any, where: str) -> Experiment:
         if type(value) is not int or value < (1 if key == "num_samples" else 0):
             raise ConfigError(f"{at}: {key} must be an integer >= {1 if key == 'num_samples' else 0}, got {value!r}.")
     resources = spec.get("resources_per_trial") or {"cpu": 1}
-    if not isinstance(resources, dict) or set(resources) != {"cpu"} or not _positive(resources["cpu"]):
+    if (
+        not isinstance(resources, dict)
+        or set(resources) != {"cpu"}
+        or not _number(resources["cpu"])
+        or resources["cpu"] <= 0
+    ):
         raise ConfigError(f"{at}: resources_per_trial must be {{cpu: N}} with N > 0, got {resources!r}.")
     experiment = Experiment(
         name, settings, dict(stop), seeds, counts["num_samples"], counts["checkpoint_freq"], float(resources["cpu"])
     )
     _check_config(experiment, at)
     return experiment
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _parse(value: Any, at: str) -> Any:

@@ -78,6 +78,8 @@ class ReplayActorPolicy(Policy):
     the actor's output becomes an action, and how critics read stored actions (``critic_input``);
     MADDPG's actors also give their own actions as critics read them (``critic_action``)."""
 
+    synced_attributes = ("random_actions",)
+
     def __init__(self, actor: nn.Module, obs_normalizer: ObsNormalizer | None):
         super().__init__()
         self.actor, self.obs_normalizer = actor, obs_normalizer

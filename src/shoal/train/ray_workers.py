@@ -38,10 +38,11 @@ import torch
 from tensordict import TensorDict
 
 from shoal.collect import Collector, EpisodeTracker
-from shoal.collect.collector import Truncations
+from shoal.collect.collector import FIELDS, Truncations
 from shoal.collect.episodes import StepInfos
 from shoal.collect.policies import PolicyMap
 from shoal.config import TrainerConfig
+from shoal.envs.registry import registered_creator
 from shoal.errors import ConfigError, EnvError
 from shoal.models.policy import Policy
 from shoal.train import setup
@@ -51,6 +52,11 @@ from shoal.vector.vmas import is_vmas
 
 Weights = dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]  # policy id -> (state dict, synced attributes)
 Storage = tuple[TensorDict, list[TensorDict]]  # a worker's share of the rollout and of each policy's start states
+WRITTEN = (
+    *FIELDS,
+    "action_mask",
+    "critic_obs",
+)  # what a collector writes besides the extras; the rest is the learner's
 
 
 def ray_module() -> Any:
@@ -83,16 +89,36 @@ class RolloutWorker:
     """The body of one Ray actor: envs ``first_env .. first_env + num_envs - 1`` of the run, a copy
     of the policies and a collector over them."""
 
-    def __init__(self, config: TrainerConfig, index: int, incarnation: int, first_env: int, num_envs: int):
+    def __init__(
+        self,
+        config: TrainerConfig,
+        index: int,
+        incarnation: int,
+        first_env: int,
+        num_envs: int,
+        gym_spec: gym.envs.registration.EnvSpec | None = None,
+    ):
+        """``gym_spec``: the Gymnasium registration of the env id, for ids the driver registered
+        itself (a fresh process does not know them)."""
         torch.set_num_threads(config.torch_threads)
         setup.seed_everything(_seed(config.seed, index, incarnation))
+        if gym_spec is not None and gym_spec.id not in gym.registry:
+            gym.registry[gym_spec.id] = gym_spec
         self.config = config
-        self.backend = setup.build_backend(config, num_envs, first_env_id=first_env)
         self.policies: dict[str, Policy] = {}
         self.collector: Collector | None = None
         self.storage: dict[int, Storage] = {}
+        # An env that fails to build is reported by start() as the env's error: raised here, it
+        # would look like the actor dying, which the driver answers with a replacement.
+        self.error: Exception | None = None
+        try:
+            self.backend = setup.build_backend(config, num_envs, first_env_id=first_env)
+        except Exception as e:
+            self.error = e
 
     def start(self, policies: dict[str, Policy], extras: tuple[str, ...]) -> None:
+        if self.error is not None:
+            raise self.error
         c = self.config
         critic = setup.central_critic(c.central_critic, self.backend, self.backend.name)
         policy_map = setup.policy_map(policies, self.backend, c.policy_mapping_fn)
@@ -125,7 +151,8 @@ class RolloutWorker:
         truncations = collector.truncations
         assert truncations is not None  # collect() sets them
         raw_reward = collector.raw_reward[:, :horizon]
-        return Fragment(steps, seconds, (rollout, start_states), truncations, raw_reward, collector.step_infos)
+        written = rollout.select(*(key for key in WRITTEN if key in rollout.keys()), *collector.extras)  # noqa: SIM118
+        return Fragment(steps, seconds, (written, start_states), truncations, raw_reward, collector.step_infos)
 
     def state_dict(self) -> dict[str, Any]:
         return self._collector().state_dict()
@@ -168,11 +195,20 @@ class WorkerSet(VecBackend):
         del probe  # not closed: it may hold the user's own env instance
         # what the actors get: the config without what only the driver uses (callbacks, device, cluster)
         self.worker_config = c.model_copy(
-            update={"backend": "local", "ray_address": None, "num_workers": 0, "callbacks": [], "device": "cpu"}
+            update={
+                "backend": "local",
+                "ray_address": None,
+                "num_workers": 0,
+                "callbacks": [],
+                "device": "cpu",
+                "env": registered_creator(c.env) or c.env,  # a fresh process does not know shoal.register_env names
+            }
         )
         self.owns_ray = not self.ray.is_initialized()
         if self.owns_ray:
             self.ray.init(address=c.ray_address, include_dashboard=False)
+        self._check_resources(c)
+        self.env_spec = gym.registry.get(c.env) if isinstance(c.env, str) else None
         self.actor_class = self.ray.remote(num_cpus=c.num_cpus_per_worker, max_restarts=0)(RolloutWorker)
         self.envs_per_worker = c.num_envs // c.num_workers
         self.first_envs = [w * self.envs_per_worker for w in range(c.num_workers)]
@@ -181,15 +217,29 @@ class WorkerSet(VecBackend):
         """Each worker's agent rows of the flat batch."""
         self.restarts = 0
         """Workers replaced so far (their actors died)."""
+        self.replaced: list[int] = []
+        """Workers replaced since the driver's collector last looked: their envs start new episodes."""
         self.workers = [self._actor(w) for w in range(c.num_workers)]
         self._known: list[set[int]] = [set() for _ in self.workers]  # the storage keys each worker holds
-        self._replaced: list[int] = []
+        self._seeds: list[Seed] = [None] * c.num_workers  # each worker's last reset seed
         self._policies: dict[str, Policy] = {}
         self._extras: tuple[str, ...] = ()
 
+    def _check_resources(self, config: TrainerConfig) -> None:
+        """Actors that cannot be placed would wait forever: refuse a request the cluster cannot hold."""
+        needed = config.num_workers * config.num_cpus_per_worker
+        total = float(self.ray.cluster_resources().get("CPU", 0.0))
+        if needed > total:
+            self.close()
+            raise ConfigError(
+                f"backend='ray' asks for num_workers={config.num_workers} x num_cpus_per_worker="
+                f"{config.num_cpus_per_worker:g} = {needed:g} CPUs, and the Ray cluster has {total:g}; use fewer "
+                f"workers or num_cpus_per_worker={total / config.num_workers:g}."
+            )
+
     def _actor(self, w: int) -> Any:
         c = self.worker_config
-        return self.actor_class.remote(c, w, self.restarts, self.first_envs[w], self.envs_per_worker)
+        return self.actor_class.remote(c, w, self.restarts, self.first_envs[w], self.envs_per_worker, self.env_spec)
 
     def start(self, policies: dict[str, Policy], extras: tuple[str, ...]) -> None:
         """Give every worker its copy of ``policies`` (on the CPU) and the extras to store."""
@@ -202,17 +252,14 @@ class WorkerSet(VecBackend):
         per_env = None if seed is None or isinstance(seed, int) else env_seeds(seed, self.num_envs, 0, self.name)
         # (a list of seeds holds ints only: env_seeds checked it)
 
-        def share(w: int) -> Seed:
-            first = self.first_envs[w]
-            return seed if per_env is None else cast(list[int], per_env[first : first + self.envs_per_worker])
-
-        self._each(lambda w: self.workers[w].reset.remote(share(w)))
+        for w, first in enumerate(self.first_envs):
+            self._seeds[w] = seed if per_env is None else cast(list[int], per_env[first : first + self.envs_per_worker])
+        self._each(lambda w: self.workers[w].reset.remote(self._seeds[w]))
 
     def sample(
         self, weights: Weights, rollout: TensorDict, start_states: list[TensorDict], until_done: bool
-    ) -> tuple[list[Fragment], list[int]]:
-        """Every worker's fragment of the next rollout (acting with ``weights``), and the workers
-        replaced on the way, whose fragments start new episodes."""
+    ) -> list[Fragment]:
+        """Every worker's fragment of the next rollout, acting with ``weights``."""
         ref = self.ray.put(weights)  # once: every worker reads the same copy from the object store
         key = hash((id(rollout), tuple(rollout.batch_size), tuple(sorted(map(str, rollout.keys(True))))))
 
@@ -224,45 +271,53 @@ class WorkerSet(VecBackend):
                 self._known[w].add(key)
             return self.workers[w].sample.remote(ref, key, share, until_done)
 
-        self._replaced = []
-        return self._each(call), self._replaced
+        return self._each(call)
 
     def _each(self, call: Callable[[int], Any]) -> list[Any]:
         """``call(w)`` (a remote call) for every worker at once, then each result; a worker whose
-        actor died is replaced and called again."""
+        actor died is replaced and called again. An exception the call raises (an env's) is not a
+        death: it comes through, with its traceback."""
         pending = [call(w) for w in range(len(self.workers))]
         results = []
         for w, ref in enumerate(pending):
-            for attempt in range(1, self.ATTEMPTS + 1):
+            error: Exception | None = None
+            for _ in range(self.ATTEMPTS):
                 try:
+                    if error is not None:
+                        self._replace(w, error)
+                        ref = call(w)
                     results.append(self.ray.get(ref))
                     break
                 except self.ray.exceptions.RayActorError as e:
-                    if attempt == self.ATTEMPTS:
-                        raise EnvError(
-                            f"Ray rollout worker {w} of '{self.name}' died {attempt} times in a row; the last: {e}"
-                        ) from None
-                    self._replace(w, e)
-                    ref = call(w)
+                    error = e
+            else:
+                raise EnvError(
+                    f"Ray rollout worker {w} of '{self.name}' died {self.ATTEMPTS} times in a row; the last: {error}"
+                )
         return results
 
     def _replace(self, w: int, error: Exception) -> None:
-        """A new actor over worker ``w``'s envs, with new seeds, started like the one that died."""
+        """A new actor over worker ``w``'s envs, started and reset like the one that died: with new
+        seeds, unless the last reset gave each env its own (an algorithm's chosen starts, as GRPO's
+        groups), which the new envs then start from again."""
         self.restarts += 1
         first = self.first_envs[w]
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         warnings.warn(
             f"Ray rollout worker {w} (envs {first}-{first + self.envs_per_worker - 1} of '{self.name}') died "
-            f"({cause}); a new actor took its envs with new seeds, and the episodes they had under way are "
-            f"dropped. Replaced so far: {self.restarts}.",
-            stacklevel=2,
+            f"({cause}); a new actor took its envs, and the episodes they had under way are dropped. "
+            f"Replaced so far: {self.restarts}.",
+            stacklevel=3,
         )
         actor = self.workers[w] = self._actor(w)
         self._known[w] = set()
-        self._replaced.append(w)
+        self.replaced.append(w)
         if self._policies:
+            seed = self._seeds[w]
             self.ray.get(actor.start.remote(self._policies, self._extras))
-            self.ray.get(actor.reset.remote(_seed(self.worker_config.seed, w, self.restarts)))
+            self.ray.get(
+                actor.reset.remote(seed if isinstance(seed, list) else _seed(self.worker_config.seed, w, self.restarts))
+            )
 
     def worker_states(self) -> list[dict[str, Any]]:
         """Each worker's collector state (reward statistics, recurrent state, policy assignment)."""
@@ -272,7 +327,7 @@ class WorkerSet(VecBackend):
         self._each(lambda w: self.workers[w].load_state_dict.remote(states[w]))
 
     def close(self) -> None:
-        for actor in self.workers:
+        for actor in getattr(self, "workers", []):  # (none yet when the resource check fails)
             self.ray.kill(actor)
         self.workers = []
         if self.owns_ray and self.ray.is_initialized():
@@ -308,21 +363,22 @@ class RemoteCollector(Collector):
             )
             for pid, policy in zip(self.policies.ids, self.policies.modules)
         }
-        fragments, replaced = self.workers.sample(weights, rollout, start_states or [], until_done)
+        fragments = self.workers.sample(weights, rollout, start_states or [], until_done)
         assert self.tracker is not None
+        replaced, self.workers.replaced = self.workers.replaced, []
         for w in replaced:
             self.tracker.reset_episodes(self.workers.shares[w])
         step_infos: StepInfos = {}
         for rows, fragment in zip(self.workers.shares, fragments):
             share, states = fragment.storage
-            rollout[rows] = share.to(rollout.device)
+            rollout[rows].update_(share.to(rollout.device))
             for stored, part in zip(start_states or [], states):
                 stored[rows] = part.to(stored.device)
             self.raw_reward[rows, :horizon] = fragment.raw_reward
             for t, infos in fragment.step_infos.items():
                 step_infos.setdefault(t, {}).update({rows.start + row: info for row, info in infos.items()})
         parts = [(rows.start, fragment.truncations) for rows, fragment in zip(self.workers.shares, fragments)]
-        self.truncations = joined(parts, rollout["reward"].device)
+        self.truncations = join_truncations(parts, rollout["reward"].device)
         self._track(rollout, horizon, step_infos)
         steps = sum(f.steps for f in fragments)
         self.env_steps += steps
@@ -338,9 +394,9 @@ class RemoteCollector(Collector):
         return {"num_worker_restarts": self.workers.restarts, "remote_overhead_ms": 1e3 * overhead}
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.tracker is not None
-        workers = self.workers.worker_states()
-        return {"tracker": self.tracker.state_dict(), "env_steps": self.env_steps, "workers": workers}
+        """A local collector's state (so the checkpoint also loads into a run with local envs, as
+        ``shoal eval`` makes), and each worker's."""
+        return super().state_dict() | {"workers": self.workers.worker_states()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         assert self.tracker is not None
@@ -357,7 +413,7 @@ class RemoteCollector(Collector):
             )
 
 
-def joined(parts: list[tuple[int, Truncations]], device: torch.device) -> Truncations:
+def join_truncations(parts: list[tuple[int, Truncations]], device: torch.device) -> Truncations:
     """The truncations of several workers' shares (each with its first row) as one rollout's."""
     first = parts[0][1]
     cut = [t for _, t in parts if len(t)]  # a share without truncations may list no states

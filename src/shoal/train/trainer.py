@@ -95,22 +95,23 @@ class Trainer:
                 c.check_batch(self.backend.rows_per_env)
             critic = setup.central_critic(c.central_critic, self.backend, self.env_name)
             self.algorithm: Algorithm = algo_cls(c, setup.env_info(self.backend, self.env_name, critic))
-        except BaseException:  # the envs (and worker processes) must not outlive a failed start
+            self.policy_map = setup.policy_map(self.policies, self.backend, c.policy_mapping_fn)
+            on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
+            self.tracker = EpisodeTracker(
+                self.backend.num_rows,
+                c.metrics_num_episodes_for_smoothing,
+                self.backend.batch.env_id.numpy(),
+                on_episode_end,
+                self.backend.agents,
+                c.policy_ids,
+            )
+            self.collector = setup.collector(
+                c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
+            )
+            self.collector.reset(c.seed)
+        except BaseException:  # the envs (worker processes, Ray actors) must not outlive a failed start
             self.backend.close()
             raise
-        self.policy_map = setup.policy_map(self.policies, self.backend, c.policy_mapping_fn)
-        on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
-        self.tracker = EpisodeTracker(
-            self.backend.num_rows,
-            c.metrics_num_episodes_for_smoothing,
-            self.backend.batch.env_id.numpy(),
-            on_episode_end,
-            self.backend.agents,
-            c.policy_ids,
-        )
-        self.collector = setup.collector(
-            c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
-        )
 
         self.iteration = 0
         """Iterations (``train()`` calls) so far, across resumes."""
@@ -121,7 +122,6 @@ class Trainer:
         self.analysis = MetricAnalysis()
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
-        self.collector.reset(c.seed)
         self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
         """Where logs and checkpoints go (None with ``save_outputs=False``)."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
