@@ -19,7 +19,7 @@ train: $(STAMP)
 	$(BIN)/shoal train CartPole-v1 $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest --durations=15 $(ARGS)
 
 # unit tests only: no learning runs, no worker processes
 test-fast: $(STAMP)
