@@ -1,4 +1,5 @@
-"""``shoal`` command line: ``train``, ``eval``, ``plot`` and ``compare``."""
+"""``shoal`` command line: ``train``, ``eval``, ``plot``, ``compare``, ``benchmark``, ``tune``, ``serve``
+and ``bench``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,29 @@ def _build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--concurrent", type=int, help="trials at once on Tune (default: as the cluster's CPUs allow)")
     tune.add_argument("--sequential", action="store_true", help="one trial after another in this process, no Tune")
     tune.add_argument("--address", help="Ray cluster to run the trials on (default: a local one)")
+    serve = sub.add_parser(
+        "serve",
+        help="a policy server for simulators that call in for actions: training on their episodes, or a checkpoint",
+    )
+    serve.add_argument(
+        "target",
+        nargs="?",
+        metavar="CONFIG|RUN_DIR|ENV",
+        help="a YAML config or env id naming the spaces (trains), or a run directory or checkpoint (serves it)",
+    )
+    serve.add_argument("overrides", nargs="*", metavar="key=value", help="config keys of the training run")
+    serve.add_argument("--algo", help="algorithm of the training run (the key algo=; default ppo)")
+    serve.add_argument("--no-tuned", action="store_true", help="do not start from shoal's tuned config")
+    serve.add_argument("--run-dir", help="where the training run's outputs go (default runs/<name>)")
+    serve.add_argument("--resume", metavar="RUN_DIR", help="continue the served training run in RUN_DIR")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
+    serve.add_argument("--port", type=int, default=9900, help="port (default 9900; 0 picks a free one)")
+    serve.add_argument("--token", help="bearer token clients must send (default: $SHOAL_SERVE_TOKEN)")
+    serve.add_argument("--max-requests-per-s", type=float, default=1000.0, help="per connection (default 1000)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request (default 1 MiB)")
+    serve.add_argument("--max-wait-ms", type=float, default=2.0, help="checkpoints: how long a batch waits to fill")
+    serve.add_argument("--max-batch", type=int, default=256, help="checkpoints: most requests per forward pass")
+    serve.add_argument("--explore", action="store_true", help="checkpoints: sample actions, not the most likely")
     bench = sub.add_parser("bench", help="throughput: env-only stepping or end-to-end training")
     what = bench.add_subparsers(dest="bench_command", required=True)
     benv = what.add_parser("env", help="env-only agent steps per second with random actions")
@@ -131,6 +156,8 @@ def train(args: argparse.Namespace) -> int:
     from shoal.train import Trainer
 
     settings = _resolve(args)
+    if settings.get("backend") == "external":
+        raise ShoalError("backend='external' trains on simulators that call in: start it with `shoal serve`.")
     if args.resume:
         settings.setdefault("run_dir", args.resume)
         algo = Trainer.from_checkpoint(args.resume, **settings)
@@ -143,20 +170,28 @@ def train(args: argparse.Namespace) -> int:
         result = algo.learn()
         if not distributed.is_main():  # one of several torchrun ranks: rank 0 reports
             return EXIT_CODES.get(algo.stop_reason, 0)
-        if algo.stop_reason is not None:
-            hint = f"; continue with: shoal train --resume {algo.run_dir}" if algo.run_dir else ""
-            print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)
-        summary = {
-            "env": algo.env_name,
-            "timesteps_total": algo.timesteps_total,
-            "time_total_s": round(algo.time_total_s, 2),
-            "episode_reward_mean": result.get("episode_reward_mean"),
-            "stop_reason": algo.stop_reason,
-            "evaluation": None if algo.stop_reason in EXIT_CODES else algo.evaluate(args.eval_episodes),
-            "run_dir": str(algo.run_dir) if algo.run_dir else None,
-        }
+        summary = _summary(algo, result, args.eval_episodes)
     print(json.dumps(summary, indent=2))
     return EXIT_CODES.get(algo.stop_reason, 0)
+
+
+def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> dict[str, Any]:
+    """What ``train`` and ``serve`` print when a run ends: a finished training run on local envs is
+    also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes)."""
+    command = "serve" if algo.config.backend == "external" else "train"
+    if algo.stop_reason is not None:
+        hint = f"; continue with: shoal {command} --resume {algo.run_dir}" if algo.run_dir else ""
+        print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)
+    finished = algo.stop_reason not in EXIT_CODES
+    return {
+        "env": algo.env_name,
+        "timesteps_total": algo.timesteps_total,
+        "time_total_s": round(algo.time_total_s, 2),
+        "episode_reward_mean": result.get("episode_reward_mean"),
+        "stop_reason": algo.stop_reason,
+        "evaluation": algo.evaluate(eval_episodes) if finished and command == "train" else None,
+        "run_dir": str(algo.run_dir) if algo.run_dir else None,
+    }
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -259,6 +294,31 @@ def benchmark(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    from shoal.serve import checkpoint_server, serve_training
+
+    options = {
+        "host": args.host,
+        "port": args.port,
+        "token": args.token or os.environ.get("SHOAL_SERVE_TOKEN"),
+        "max_requests_per_s": args.max_requests_per_s,
+        "max_body_bytes": args.max_body_bytes,
+    }
+    target = Path(args.target) if args.target else None
+    if target is not None and (target.is_dir() or target.suffix == ".pt"):
+        if args.overrides or args.resume:
+            raise ShoalError("a served checkpoint learns nothing: key=value settings and --resume are for training.")
+        server = checkpoint_server(target, args.max_batch, args.max_wait_ms, not args.explore, **options)
+        with server:
+            print(f"shoal: serving {target} at {server.url} (inference only; Ctrl-C stops)", file=sys.stderr)
+            threading.Event().wait()
+        return 0
+    args.config, args.env = (args.target, None) if target is not None and target.is_file() else (None, args.target)
+    trainer, result = serve_training(_resolve(args), args.resume, **options)
+    print(json.dumps(_summary(trainer, result, None), indent=2))
+    return EXIT_CODES.get(trainer.stop_reason, 0)
+
+
 def tune(args: argparse.Namespace) -> int:
     from shoal.experiments import run_experiments
 
@@ -279,6 +339,7 @@ COMMANDS = {
     "bench": bench,
     "benchmark": benchmark,
     "tune": tune,
+    "serve": serve,
 }
 
 

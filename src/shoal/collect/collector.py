@@ -215,6 +215,8 @@ class Collector:
                 if t < horizon:
                     self._pad(rollout, batch.rows, t, horizon)
                 continue
+            if backend.logs_actions:  # external clients may have taken actions of their own
+                action = backend.logged(action, batch)
             views["action"][t].copy_(action)
             backend.send(action, batch)
             self._position[batch.rows] = t + 1

@@ -62,14 +62,17 @@ class TrainerConfig(BaseModel):
     async_factor: int = Field(default=1, ge=1)
     """Groups of worker processes: the policy acts on one group while the others step (`num_workers` a multiple of
     it)."""
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray", "external"] = "local"
     """Who steps the envs: `local`, this process or its `num_workers` worker processes; `ray`, `num_workers` Ray actors,
-    each acting with its own copy of the policies (`pip install 'shoal[ray]'`)."""
+    each acting with its own copy of the policies (`pip install 'shoal[ray]'`); `external`, simulators that call a
+    policy server (`shoal serve`), `num_envs` episodes at a time in `async_factor` groups."""
     ray_address: str | None = None
     """The Ray cluster of `backend='ray'` (setting it chooses that backend): None starts a local one, `auto` finds a
     running one, `ray://host:10001` connects to a remote one."""
     num_cpus_per_worker: float = Field(default=1.0, gt=0)
     """CPU cores Ray reserves for each rollout worker actor (`backend='ray'`)."""
+    client_timeout_s: float = Field(default=60.0, gt=0)
+    """`backend='external'`: an episode whose client sends nothing this long after its action is closed (truncated)."""
     rollout_fragment_length: int | None = Field(default=None, ge=1)
     """Steps per env per iteration; None: `train_batch_size / num_envs`, or 32 when that is unset too."""
     train_batch_size: int | None = Field(default=None, ge=1)
@@ -232,6 +235,9 @@ class TrainerConfig(BaseModel):
             self.backend = "ray"
         if self.backend == "ray":
             self._check_ray()
+        if self.backend == "external":
+            self._check_external()
+            return self
         n, w = self.num_envs, self.num_workers
         if w and self.vectorization_mode:
             raise ConfigError(
@@ -277,6 +283,19 @@ class TrainerConfig(BaseModel):
         )
         if problem:
             raise ConfigError(f"backend='ray' {problem}.")
+
+    def _check_external(self) -> None:
+        n, f = self.num_envs, self.async_factor
+        if self.num_workers or self.vectorization_mode:
+            raise ConfigError(
+                "backend='external' has no envs to step in workers: clients run them; leave num_workers=0 "
+                "and vectorization_mode unset."
+            )
+        if n % f:
+            raise ConfigError(
+                f"num_envs={n} (served episodes at a time) must be a multiple of async_factor={f} (groups of "
+                f"equal size); try num_envs={(n // f + 1) * f}."
+            )
 
     @model_validator(mode="after")
     def _check_device(self) -> TrainerConfig:

@@ -17,11 +17,13 @@ from shoal.collect.critic import CriticInput, EnvState, TeamObs
 from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.config import TrainerConfig
 from shoal.envs.atari import is_atari_id
+from shoal.envs.registry import env_name
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
 from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
 from shoal.vector import VecBackend, make_backend
+from shoal.vector.external import ExternalBackend
 
 
 def build_backend(
@@ -43,7 +45,25 @@ def build_backend(
 
 
 def training_backend(config: TrainerConfig) -> VecBackend:
-    """The envs a run trains on: local ones, or those of its Ray rollout workers (``backend='ray'``)."""
+    """The envs a run trains on: local ones, those of its Ray rollout workers (``backend='ray'``), or
+    the slots external simulators call into (``backend='external'``: the env only names the spaces)."""
+    if config.backend == "external":
+        probe = build_backend(config, 1)
+        try:
+            if probe.rows_per_env != 1:
+                raise ConfigError(
+                    f"backend='external' serves single-agent envs; '{env_name(config.env)}' has several agents."
+                )
+            return ExternalBackend(
+                probe.name,
+                config.num_envs,
+                probe.obs_spec,
+                probe.act_spec,
+                config.async_factor,
+                config.client_timeout_s,
+            )
+        finally:
+            probe.close()
     if config.backend == "ray":
         from shoal.train.ray_workers import WorkerSet  # Ray is imported only when asked for
 

@@ -127,6 +127,7 @@ class VecBackend:
     async_factor: int = 1
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
+    logs_actions = False  # some rows' actions are chosen by the env's side (external clients): see ``logged``
 
     def __init__(
         self,
@@ -188,6 +189,11 @@ class VecBackend:
 
     def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
         raise NotImplementedError
+
+    def logged(self, actions: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """With ``logs_actions``: ``actions`` with the rows whose env chose its own action replaced
+        by that action, which is what the step takes and the rollout stores."""
+        return actions
 
     # ----- checkpoints: where every env is, so a resumed run continues the same episodes -----
     def _snapshot_envs(self) -> list[Any]:

@@ -1,0 +1,401 @@
+"""The policy server: the external-env backend's steps, the protocol's checks, the limits, training
+from served episodes (on- and off-policy), a hostile client beside well-behaved ones, and a served
+checkpoint acting as ``compute_actions`` does."""
+
+import contextlib
+import http.client
+import json
+import shlex
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.envs.spaces import action_spec, obs_spec
+from shoal.errors import ConfigError
+from shoal.serve import PolicyClient, PolicyServer, ServerError, checkpoint_server, protocol, serve_training
+from shoal.vector.external import ClientError, ExternalBackend
+
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+ROOT = Path(__file__).resolve().parents[1]
+DOCS_URL = "http://127.0.0.1:9900"
+CURL_SESSION = [line for line in (ROOT / "docs" / "serving.md").read_text().splitlines() if line.startswith("curl -s")]
+
+
+def _backend(num_envs=2, timeout=60.0, async_factor=1):
+    return ExternalBackend("sim", num_envs, obs_spec(BOX), action_spec(gym.spaces.Discrete(2)), async_factor, timeout)
+
+
+def _in_thread(fn, *args):
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn(*args)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _step(backend, action=1):
+    batch = backend.recv()
+    backend.send(torch.full((backend.num_envs,), action), batch)
+    return batch
+
+
+def test_backend_steps_are_next_step_transitions():
+    """A slot's first observation follows a padding step (not a transition), rewards go to the
+    action before them, and an episode's end returns its final observation with the done flag."""
+    backend = _backend(num_envs=2)
+    backend.reset()
+    batch = _step(backend)  # fresh: every slot is padding
+    assert not batch.valid.any()
+    a = backend.start_episode("a")
+    obs0 = np.full(3, 0.5, np.float32)
+    thread, out = _in_thread(backend.get_action, a, obs0)
+    batch = _step(backend, action=1)  # slot 0 posted its first observation: it is answered
+    thread.join(5)
+    assert out["value"] == 1
+    assert batch.obs[0].tolist() == [0.5] * 3 and not batch.valid[0]  # the step before it was padding
+    backend.log_returns(a, 2.0)
+    backend.log_returns(a, 0.5)
+    backend.end_episode(a, np.full(3, -0.25, np.float32), truncated=True)
+    batch = backend.recv()
+    assert batch.valid[0] and batch.reward[0] == 2.5 and batch.truncated[0] and not batch.terminated[0]
+    assert batch.obs[0].tolist() == [-0.25] * 3  # next-step autoreset: the final observation
+    assert not batch.valid[1] and batch.obs[1].tolist() == [0.0] * 3  # a slot without an episode is padding
+    backend.send(torch.zeros(2, dtype=torch.long), batch)
+    assert backend.stats()["batch_sizes"] == {1: 1}
+    with pytest.raises(ClientError, match="is closed: it ended") as e:
+        backend.log_returns(a, 1.0)
+    assert e.value.status == 404
+
+
+def test_backend_refuses_calls_out_of_order_and_closes_silent_clients():
+    backend = _backend(num_envs=1, timeout=0.2)
+    backend.reset()
+    _step(backend)
+    a = backend.start_episode()
+    with pytest.raises(ClientError, match="before its first action") as e:
+        backend.log_returns(a, 1.0)
+    assert e.value.status == 409
+    with pytest.raises(ClientError, match="all 1 slots") as e:
+        backend.start_episode()
+    assert e.value.status == 503 and e.value.retry_after_s
+    with pytest.raises(ClientError, match="already running"):
+        backend.start_episode(a)
+    with pytest.raises(ClientError, match="learns only from actions it chose"):
+        backend.log_action(a, np.zeros(3, np.float32), np.int64(0))
+    thread, _ = _in_thread(backend.get_action, a, np.zeros(3, np.float32))
+    _step(backend)
+    thread.join(5)
+    # the client never reports back: after the timeout its episode ends truncated at its last observation
+    start = time.monotonic()
+    batch = backend.recv()
+    assert 0.15 < time.monotonic() - start < 5
+    assert batch.truncated[0] and batch.valid[0]
+    assert backend.stats()["episodes_timed_out"] == 1
+    with pytest.raises(ClientError, match="sent nothing for 0.2 s"):
+        backend.get_action(a, np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ([0.1, 0.2], "has shape \\[2\\]; the space .* needs \\[3\\]"),
+        ([[0.1], [0.2], [0.3]], "has shape \\[3, 1\\]"),
+        (["a", "b", "c"], "not an array of numbers"),
+        ([0.1, [0.2], 0.3], "not a rectangular array"),
+        ({"dtype": "float32", "shape": [3], "data": "AAAA"}, "bytes do not hold shape"),
+        ({"dtype": "object", "shape": [3], "data": ""}, "not a little-endian"),
+        ({"shape": [3]}, "typed array needs"),
+        ([1e39, 0.0, 0.0], "not finite float32"),
+    ],
+)
+def test_observations_that_do_not_fit_the_space_are_400s(value, message):
+    spec = obs_spec(BOX)
+    with pytest.raises(ClientError, match=message) as e:
+        protocol.observation(value, spec, np.empty(3, np.float32))
+    assert e.value.status == 400
+
+
+def test_structured_and_typed_observations_are_read():
+    space = gym.spaces.Dict({"pos": BOX, "mode": gym.spaces.Discrete(3)})
+    spec = obs_spec(space)
+    out = protocol.observation({"pos": [0.1, 0.2, 0.3], "mode": 2}, spec, np.empty(spec.shape, np.float32))
+    assert np.allclose(out, gym.spaces.flatten(space, {"mode": 2, "pos": np.array([0.1, 0.2, 0.3], np.float32)}))
+    with pytest.raises(ClientError, match="keys \\['mode', 'pos'\\]"):
+        protocol.observation({"pos": [0, 0, 0]}, spec, np.empty(spec.shape, np.float32))
+    image = gym.spaces.Box(0, 255, (2, 2, 1), np.uint8)
+    client = PolicyClient(binary=True)
+    typed = client._encode(np.arange(4, dtype=np.uint8).reshape(2, 2, 1))
+    assert protocol.observation(typed, obs_spec(image), np.empty((2, 2, 1), np.uint8)).ravel().tolist() == [0, 1, 2, 3]
+    with pytest.raises(ClientError, match="holds floats"):
+        protocol.observation([[[0.5], [1]], [[2], [3]]], obs_spec(image), np.empty((2, 2, 1), np.uint8))
+
+
+def test_an_exposed_server_needs_a_token():
+    backend = _backend()
+    with pytest.raises(ConfigError, match="exposes the policy server"):
+        PolicyServer(backend, host="0.0.0.0", port=0)
+    with pytest.raises(ConfigError, match="at least 16"):
+        PolicyServer(backend, port=0, token="short")
+    with PolicyServer(backend, port=0, token="t" * 16) as server:
+        with pytest.raises(ServerError, match="wrong token") as e:
+            PolicyClient(server.url, token="x" * 16).info()
+        assert e.value.status == 401
+        assert PolicyClient(server.url, token="t" * 16).info()["auth"] is True
+
+
+def _raw(url, method, path, body=b"", headers=None):
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, body, headers or {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        conn.close()
+
+
+HOSTILE = [
+    ("POST", "/v1/get_action", b"{not json", 400),
+    ("POST", "/v1/get_action", b"[1, 2]", 400),
+    ("POST", "/v1/get_action", b'{"episode_id": "nope", "observation": [0, 0, 0, 0]}', 404),
+    ("POST", "/v1/get_action", b'{"episode_id": 7, "observation": [0, 0, 0, 0]}', 400),
+    ("POST", "/v1/log_returns", b'{"episode_id": "nope", "reward": NaN}', 400),
+    ("POST", "/v1/end_episode", b'{"episode_id": "nope"}', 400),
+    ("POST", "/v1/teleport", b"{}", 404),
+    ("POST", "/v2/get_action", b"{}", 404),
+    ("GET", "/etc/passwd", b"", 404),
+    ("POST", "/v1/get_action", b"[" * 100_000 + b"]" * 100_000, 400),
+    ("POST", "/v1/get_action", b"{}", 413),  # claims a body larger than the server takes
+]
+
+
+@pytest.mark.slow
+def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
+    """Two simulators drive CartPole through the server and PPO learns from them; meanwhile a
+    hostile client sends malformed, oversized and out-of-order requests and starts episodes it
+    abandons. Each is refused with a 4xx, and every episode the good clients end arrives."""
+    ended: list[float] = []  # returns of the episodes the good clients ended
+    seen: list[float] = []  # returns of the episodes training saw
+    stop, refused, errors = threading.Event(), [], []
+
+    class Seen(shoal.Callback):
+        def on_episode_end(self, trainer, episode):
+            seen.append(round(episode.episode_reward, 3))
+
+    def good(url, seed):
+        env = gym.make("CartPole-v1")
+        with PolicyClient(url) as client:
+            for n in range(10_000):
+                obs, _ = env.reset(seed=seed + n)
+                try:
+                    eid, total = client.start_episode(), 0.0
+                    while True:
+                        obs, reward, terminated, truncated, _ = env.step(client.get_action(eid, obs))
+                        reward += 1e-3 * (seed + n)  # tells the episodes apart
+                        client.log_returns(eid, reward)
+                        total += reward
+                        if terminated or truncated:
+                            break
+                    client.end_episode(eid, obs, truncated=truncated and not terminated)
+                    ended.append(round(total, 3))
+                except (ServerError, ConnectionError) as e:
+                    if "shutting down" not in str(e):  # the end of training
+                        errors.append(repr(e))
+                    return
+
+    def hostile(url):
+        with contextlib.suppress(OSError, ServerError):  # the server closed at the end of training
+            attack(url)
+
+    def attack(url):
+        while not stop.is_set():
+            for method, path, body, status in HOSTILE:
+                size = 1 << 30 if status == 413 else len(body)
+                got, reply = _raw(url, method, path, body, {"Content-Length": str(size)})
+                refused.append((path, got == status, reply.get("error", "")[:80]))
+            with PolicyClient(url) as client:
+                try:
+                    eid = client.start_episode(wait_s=0)  # and abandoned: freed after client_timeout_s
+                    client.get_action(eid, [0.0, 0.0, 0.0])
+                except ServerError as e:
+                    refused.append(("start+get", e.status in (400, 503), str(e)[:80]))
+            time.sleep(0.02)
+
+    def start(server):
+        for i, fn in enumerate([good, good]):
+            threading.Thread(target=fn, args=(server.url, 1000 * (i + 1)), daemon=True).start()
+        threading.Thread(target=hostile, args=(server.url,), daemon=True).start()
+
+    settings = dict(
+        env="CartPole-v1",
+        num_envs=3,
+        seed=0,
+        total_timesteps=12_000,
+        save_outputs=False,
+        verbose=0,
+        client_timeout_s=0.5,
+        callbacks=[Seen()],
+    )
+    _, result = serve_training(settings, on_ready=start, port=0)
+    stop.set()
+    assert not errors, errors
+    assert refused and all(ok for _, ok, _ in refused), [r for r in refused if not r[1]][:5]
+    assert {path for path, _, _ in refused} >= {"/v1/get_action", "/v1/teleport", "start+get"}
+    # every episode training saw is one a good client ended; at most one per slot was still unreported
+    assert not set(seen) - set(ended) and 0 <= len(ended) - len(seen) <= 3
+    assert result["episode_reward_mean"] > 60  # random play: about 22
+
+
+@pytest.mark.slow
+def test_logged_actions_reach_dqn_replay():
+    """A replay learner learns from actions the clients chose themselves: the buffer holds them."""
+
+    def client_loop(url, stop):
+        env = gym.make("CartPole-v1")
+        with PolicyClient(url) as client:
+            while not stop.is_set():
+                obs, _ = env.reset(seed=1)
+                try:
+                    eid, done = client.start_episode(), False
+                    while not done:
+                        action = int(obs[0] > 0)  # the client's own rule: push toward the centre
+                        client.log_action(eid, obs, action)
+                        obs, reward, terminated, truncated, _ = env.step(action)
+                        client.log_returns(eid, reward)
+                        done = terminated or truncated
+                    client.end_episode(eid, obs, truncated=truncated and not terminated)
+                except (ServerError, ConnectionError):
+                    return
+
+    stop = threading.Event()
+    settings = dict(
+        env="CartPole-v1",
+        algo="dqn",
+        num_envs=1,
+        total_timesteps=600,
+        learning_starts=100,
+        save_outputs=False,
+        verbose=0,
+        tuned=False,
+    )
+    trainer, _ = serve_training(
+        settings,
+        on_ready=lambda s: threading.Thread(target=client_loop, args=(s.url, stop), daemon=True).start(),
+        port=0,
+    )
+    stop.set()
+    replay = trainer.algorithm.replay
+    taken = replay.sampleable  # [1 row, columns]: the stored steps that are transitions
+    assert int(taken.sum()) > 400
+    obs, action = replay.storage["obs"][taken], replay.storage["action"][taken]
+    assert torch.equal(action, (obs[:, 0] > 0).long())
+
+
+def test_a_served_checkpoint_acts_as_compute_actions(tmp_path):
+    with shoal.PPO(
+        env="CartPole-v1",
+        seed=3,
+        run_dir=str(tmp_path / "run"),
+        verbose=0,
+        total_timesteps=512,
+        num_envs=2,
+        rollout_fragment_length=256,
+    ) as algo:
+        algo.learn()
+        checkpoint = algo.save()
+    obs = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    expected = algo.compute_actions(obs, deterministic=True)
+    with checkpoint_server(checkpoint, port=0, max_wait_ms=5) as server:
+        replies: dict[int, int] = {}
+
+        def ask(rows):
+            with PolicyClient(server.url) as client:
+                eid = client.start_episode()
+                for i in rows:
+                    replies[i] = client.get_action(eid, obs[i])
+
+        threads = [threading.Thread(target=ask, args=(range(k, 40, 4),)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        info = PolicyClient(server.url).info()
+        # the docs' curl session is a second client, in no language at all
+        for line in CURL_SESSION:
+            reply = json.loads(
+                subprocess.run(
+                    shlex.split(line.replace(DOCS_URL, server.url)), capture_output=True, check=True, timeout=30
+                ).stdout
+            )
+            assert "error" not in reply, (line, reply)
+            if "get_action" in line:
+                assert reply["action"] in (0, 1)
+    assert [replies[i] for i in range(40)] == expected.tolist()
+    assert info["mode"] == "inference" and info["observation_space"]["shape"] == [4]
+    assert sum(int(size) * n for size, n in info["stats"]["batch_sizes"].items()) == 40
+
+
+class SpacesOnly(gym.Env):
+    """A simulator's spaces, declared without any dynamics."""
+
+    observation_space = gym.spaces.Box(-5.0, 5.0, (6,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+def test_a_class_declaring_spaces_names_what_a_server_takes():
+    with shoal.Trainer(
+        env=SpacesOnly,
+        backend="external",
+        num_envs=4,
+        async_factor=2,
+        sgd_minibatch_size=64,
+        save_outputs=False,
+        verbose=0,
+    ) as algo:
+        backend = algo.backend
+        assert isinstance(backend, ExternalBackend) and backend.num_envs == 4 and backend.async_factor == 2
+        assert backend.obs_spec.shape == (6,) and backend.act_spec.shape == (2,)
+    with pytest.raises(ConfigError, match="leave num_workers=0"):
+        shoal.PPOConfig.build(env="CartPole-v1", backend="external", num_workers=2)
+    with pytest.raises(ConfigError, match="must be a multiple of async_factor=3"):
+        shoal.PPOConfig.build(env="CartPole-v1", backend="external", num_envs=4, async_factor=3)
+
+
+def test_shoal_train_points_served_runs_to_shoal_serve(capsys):
+    from shoal.cli import main
+
+    assert main(["train", "CartPole-v1", "backend=external"]) == 2
+    assert "shoal serve" in capsys.readouterr().err
+
+
+def test_rate_connection_and_size_limits_answer_with_4xx_and_5xx():
+    backend = _backend()
+    with PolicyServer(backend, port=0, max_requests_per_s=5, max_connections=2, max_body_bytes=64) as server:
+        statuses = []
+        with PolicyClient(server.url) as client:
+            for _ in range(8):  # a burst of one second's worth, then refused
+                try:
+                    client.info()
+                    statuses.append(200)
+                except ServerError as e:
+                    statuses.append(e.status)
+                    assert e.retry_after_s == 1
+        assert statuses[:5] == [200] * 5 and set(statuses[5:]) == {429}
+        held = [http.client.HTTPConnection(*server.address, timeout=5) for _ in range(2)]
+        for conn in held:
+            conn.request("GET", "/v1/info")
+            conn.getresponse().read()
+        status, reply = _raw(server.url, "GET", "/v1/info")  # a third connection
+        assert status == 503 and "too many open connections" in reply["error"]
+        for conn in held:
+            conn.close()
+        time.sleep(0.2)  # the server notices the closed connections
+        body = json.dumps({"episode_id": "x" * 100}).encode()
+        status, reply = _raw(server.url, "POST", "/v1/start_episode", body, {"Content-Length": str(len(body))})
+        assert status == 413 and "at most 64" in reply["error"]
