@@ -73,6 +73,10 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
+
 __all__ = [
     "DQN",
     "GRPO",

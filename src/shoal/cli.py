@@ -314,7 +314,10 @@ def serve(args: argparse.Namespace) -> int:
             threading.Event().wait()
         return 0
     args.config, args.env = (args.target, None) if target is not None and target.is_file() else (None, args.target)
-    trainer, result = serve_training(_resolve(args), args.resume, **options)
+    settings = _resolve(args)
+    if args.resume:
+        settings.setdefault("run_dir", args.resume)
+    trainer, result = serve_training(settings, args.resume, **options)
     print(json.dumps(_summary(trainer, result, None), indent=2))
     return EXIT_CODES.get(trainer.stop_reason, 0)
 

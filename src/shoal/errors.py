@@ -18,6 +18,16 @@ class EnvError(ShoalError):
     """An environment that cannot be created or returned something outside its contract."""
 
 
+class RequestError(Exception):
+    """A request to the policy server that is refused: ``status`` is the HTTP status it is answered
+    with, and ``retry_after_s`` (when set) says the same request may succeed that much later. Not a
+    ShoalError: the server answers it, the run goes on."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status, self.retry_after_s = status, retry_after_s
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

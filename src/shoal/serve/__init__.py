@@ -8,6 +8,7 @@ protocol of ``shoal.serve.protocol`` through ``PolicyServer``.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,23 +71,35 @@ def checkpoint_server(
     max_wait_ms: float = 2.0,
     deterministic: bool = True,
     policy_id: str | None = None,
+    client_timeout_s: float = 600.0,
     **server: Any,
 ) -> PolicyServer:
     """A server (not yet started) answering clients with the policy of a checkpoint, or of a run's
-    newest; nothing is learned. ``server``: the ``PolicyServer`` options."""
+    newest; nothing is learned. An episode whose client sends nothing for ``client_timeout_s``
+    gives its row back. ``server``: the ``PolicyServer`` options."""
     from shoal.serve.inference import InferenceSession
     from shoal.serve.server import PolicyServer
     from shoal.train import Trainer
     from shoal.train.checkpoint import resolve_checkpoint
 
-    local = {"backend": "local", "ray_address": None, "num_workers": 0, "async_factor": 1, "vectorization_mode": None}
-    trainer = Trainer.from_checkpoint(resolve_checkpoint(path), save_outputs=False, verbose=0, **local)
-    trainer.close()  # its envs named the spaces; the policy is all that serves
+    # slots, not envs: only the env's spaces are read, so an env class that declares nothing else serves too
+    served = {
+        "backend": "external",
+        "ray_address": None,
+        "num_workers": 0,
+        "async_factor": 1,
+        "vectorization_mode": None,
+    }
+    with warnings.catch_warnings():  # that no episode goes on is the point here, not news
+        warnings.filterwarnings("ignore", message=".*starts new episodes", category=UserWarning)
+        trainer = Trainer.from_checkpoint(resolve_checkpoint(path), save_outputs=False, verbose=0, **served)
+    trainer.close()
     session = InferenceSession(
         trainer.get_policy(policy_id),
         trainer.backend,
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         deterministic=deterministic,
+        client_timeout_s=client_timeout_s,
     )
     return PolicyServer(session, **server)

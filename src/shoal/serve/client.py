@@ -116,21 +116,25 @@ class PolicyClient:
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         payload = None if body is None else json.dumps(body).encode()
-        for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile is opened again once
+        for attempt in (0, 1):
+            reused = self._conn is not None
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
             try:
                 self._conn.request(method, path, payload, self._headers)
                 response = self._conn.getresponse()
                 data = response.read()
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest) as e:
+            except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short
                 self.close()
-                if attempt:
-                    raise ConnectionError(f"policy server {self.host}:{self.port}: {e}") from e
-                continue
+                if attempt == 0 and reused and not isinstance(e, TimeoutError):
+                    continue  # a kept-alive connection the server had closed: once more on a new one
+                raise ConnectionError(f"policy server {self.host}:{self.port}: {e!r}") from e
             if response.will_close:
                 self.close()
-            result: dict[str, Any] = json.loads(data) if data else {}
+            try:
+                result: dict[str, Any] = json.loads(data) if data else {}
+            except ValueError:
+                raise ServerError(response.status, f"not a shoal policy server's answer: {data[:200]!r}") from None
             if response.status != 200:
                 retry = response.getheader("Retry-After")
                 raise ServerError(

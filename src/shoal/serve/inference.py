@@ -20,9 +20,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from shoal.errors import RequestError
 from shoal.models.policy import Policy
 from shoal.vector.base import VecBackend
-from shoal.vector.external import POLL_S, ClientError
 
 
 class InferenceSession:
@@ -51,6 +51,7 @@ class InferenceSession:
         self._row_of: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
         self._waiting: list[tuple[int, npt.NDArray[Any], list[Any]]] = []  # (row, obs, [action or None])
+        self._busy: set[int] = set()  # rows with a request waiting or being answered
         self._closed = False
         self.batch_sizes: Counter[int] = Counter()
         self.episodes_started = 0
@@ -62,9 +63,9 @@ class InferenceSession:
             self._forget_silent()
             episode_id = episode_id or uuid.uuid4().hex
             if episode_id in self._row_of:
-                raise ClientError(409, f"episode '{episode_id}' is already running; ids must be unique.")
+                raise RequestError(409, f"episode '{episode_id}' is already running; ids must be unique.")
             if not self._free:
-                raise ClientError(503, f"{len(self._row_of)} episodes are running, the most this server holds.")
+                raise RequestError(503, f"{len(self._row_of)} episodes are running, the most this server holds.")
             row = self._free.pop()
             self._row_of[episode_id], self._last_seen[episode_id] = row, time.monotonic()
             self.first[row] = True
@@ -74,17 +75,14 @@ class InferenceSession:
     def get_action(self, episode_id: str, obs: npt.NDArray[Any]) -> npt.NDArray[Any]:
         answer: list[Any] = [None]
         with self._lock:
-            row = self._row(episode_id)
-            if any(r == row for r, _, _ in self._waiting):
-                raise ClientError(
-                    409, f"episode '{episode_id}' is waiting for an action; one request at a time per episode."
-                )
+            row = self._idle_row(episode_id)
+            self._busy.add(row)
             self._waiting.append((row, obs, answer))
             self._lock.notify_all()
             while answer[0] is None:
                 if self._closed:
-                    raise ClientError(503, "the server is shutting down.")
-                self._lock.wait(POLL_S)
+                    raise RequestError(503, "the server is shutting down.")
+                self._lock.wait(0.05)
         if isinstance(answer[0], Exception):
             raise answer[0]
         taken: npt.NDArray[Any] = answer[0]
@@ -100,11 +98,7 @@ class InferenceSession:
 
     def end_episode(self, episode_id: str, obs: npt.NDArray[Any], truncated: bool = False) -> None:
         with self._lock:
-            row = self._row(episode_id)
-            if any(r == row for r, _, _ in self._waiting):
-                raise ClientError(
-                    409, f"episode '{episode_id}' is waiting for an action; one request at a time per episode."
-                )
+            self._idle_row(episode_id)
             self._drop(episode_id)
 
     def stats(self) -> dict[str, Any]:
@@ -122,11 +116,20 @@ class InferenceSession:
 
     def _row(self, episode_id: str) -> int:
         if self._closed:
-            raise ClientError(503, "the server is shutting down.")
+            raise RequestError(503, "the server is shutting down.")
         row = self._row_of.get(episode_id)
         if row is None:
-            raise ClientError(404, f"episode '{episode_id}' is unknown or ended; call start_episode first.")
+            raise RequestError(404, f"episode '{episode_id}' is unknown or ended; call start_episode first.")
         self._last_seen[episode_id] = time.monotonic()
+        return row
+
+    def _idle_row(self, episode_id: str) -> int:
+        """The episode's row, which must not be waiting for (or getting) an action."""
+        row = self._row(episode_id)
+        if row in self._busy:
+            raise RequestError(
+                409, f"episode '{episode_id}' is waiting for an action; one request at a time per episode."
+            )
         return row
 
     def _drop(self, episode_id: str) -> None:
@@ -136,9 +139,8 @@ class InferenceSession:
     def _forget_silent(self) -> None:
         """Episodes whose clients have sent nothing for ``client_timeout_s`` give their rows back."""
         cutoff = time.monotonic() - self.client_timeout_s
-        waiting = {row for row, _, _ in self._waiting}
         for episode_id in [e for e, seen in self._last_seen.items() if seen < cutoff]:
-            if self._row_of[episode_id] not in waiting:
+            if self._row_of[episode_id] not in self._busy:
                 self._drop(episode_id)
 
     @torch.inference_mode()
@@ -146,7 +148,7 @@ class InferenceSession:
         while True:
             with self._lock:
                 while not self._waiting and not self._closed:
-                    self._lock.wait(POLL_S)
+                    self._lock.wait(0.05)
                 if self._closed:
                     return
                 # more requests may come, unless every running episode is waiting already
@@ -159,10 +161,11 @@ class InferenceSession:
             try:
                 answers: Any = self._act(batch)
             except Exception as e:  # a policy that fails on some input: those clients hear why, the server goes on
-                answers = [ClientError(500, f"the policy failed: {type(e).__name__}: {e}")] * len(batch)
+                answers = [RequestError(500, f"the policy failed: {type(e).__name__}: {e}") for _ in batch]
             with self._lock:
-                for (_, _, answer), given in zip(batch, answers):
+                for (row, _, answer), given in zip(batch, answers):
                     answer[0] = given
+                    self._busy.discard(row)
                 self.batch_sizes[len(batch)] += 1
                 self._lock.notify_all()
 

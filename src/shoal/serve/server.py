@@ -4,15 +4,17 @@ trained checkpoint.
 The standard library's threading HTTP server carries the requests (one thread per connection,
 keep-alive), behind the limits a server facing other programs needs: it binds 127.0.0.1 unless
 told otherwise and then requires a bearer token, bounds the body size, the connections and each
-connection's request rate, and times out idle or slow connections. Every refused request gets a
-4xx with a JSON reason; no request can stop the server or touch another client's episodes.
+connection's request rate, and closes idle or slow connections. Every refused request gets a 4xx
+(or 503) with a JSON reason and changes nothing; no request can stop the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
+import socket
 import sys
 import threading
 import time
@@ -25,10 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.envs.spaces import ActionSpec, ObsSpec
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, RequestError
 from shoal.serve import protocol
 from shoal.serve.protocol import field
-from shoal.vector.external import ClientError
 
 DEFAULT_PORT = 9900
 
@@ -63,8 +64,9 @@ class PolicyServer:
 
     Binding anywhere but loopback needs ``token``: clients then send ``Authorization: Bearer
     <token>``. ``max_body_bytes`` bounds a request, ``max_connections`` the open connections (more
-    are refused with 503), ``max_requests_per_s`` each connection's rate (429 past it), and
-    ``idle_timeout_s`` how long a connection may sit idle or trickle a request."""
+    are answered 503 and closed before any thread is started for them), ``max_requests_per_s``
+    each connection's rate (429 past it), and ``idle_timeout_s`` how long a connection may take to
+    send a whole request, or wait between requests, before it is closed."""
 
     def __init__(
         self,
@@ -88,14 +90,17 @@ class PolicyServer:
             )
         self.session = session
         self.limits = {"max_body_bytes": max_body_bytes, "max_requests_per_s": max_requests_per_s}
+        self.idle_timeout_s = idle_timeout_s
         handler = type("Handler", (_Handler,), {"server_ref": self, "timeout": idle_timeout_s})
         try:
-            self._http = _HTTPServer((host, port), handler)
+            self._http = _HTTPServer((host, port), handler, max_connections, self._count)
         except OSError as e:
             raise ConfigError(f"cannot serve on {host}:{port}: {e.strerror or e}; choose another --port.") from None
         self._token = None if token is None else token.encode()
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._reading: dict[_Handler, float] = {}  # connections reading a request -> since when
+        self._closed = threading.Event()
         self.requests = 0
         self.refused: dict[int, int] = {}  # status -> count of refused requests
 
@@ -110,8 +115,10 @@ class PolicyServer:
         return f"http://{host}:{port}"
 
     def start(self) -> PolicyServer:
-        self._thread = threading.Thread(target=self._http.serve_forever, name="shoal-serve", daemon=True)
-        self._thread.start()
+        for target, name in ((self._http.serve_forever, "shoal-serve"), (self._close_slow, "shoal-serve-reaper")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def close(self) -> None:
@@ -119,6 +126,7 @@ class PolicyServer:
         close = getattr(self.session, "close", None)
         if close is not None:
             close()
+        self._closed.set()
         self._http.shutdown()
         self._http.server_close()
 
@@ -128,6 +136,32 @@ class PolicyServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ----- connections ----------------------------------------------------------------------
+    def _count(self, status: int | None) -> None:
+        """Count a request, refused with ``status`` unless None."""
+        with self._lock:
+            self.requests += 1
+            if status is not None:
+                self.refused[status] = self.refused.get(status, 0) + 1
+
+    def reading(self, handler: _Handler, since: float | None) -> None:
+        """``handler``'s connection started reading a request at ``since`` (None: it has read it)."""
+        with self._lock:
+            if since is None:
+                self._reading.pop(handler, None)
+            else:
+                self._reading[handler] = since
+
+    def _close_slow(self) -> None:
+        """Close the connections that have been idle, or sending one request, for longer than
+        ``idle_timeout_s``: a client trickling bytes cannot hold a connection (or a thread) forever."""
+        while not self._closed.wait(min(1.0, self.idle_timeout_s / 4)):
+            cutoff = time.monotonic() - self.idle_timeout_s
+            with self._lock:
+                slow = [h for h, since in self._reading.items() if since < cutoff]
+            for handler in slow:
+                handler.drop()
+
     # ----- the routes ---------------------------------------------------------------------
     def authorized(self, header: str | None) -> bool:
         if self._token is None:
@@ -136,25 +170,23 @@ class PolicyServer:
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
 
     def call(self, route: str, data: dict[str, Any]) -> dict[str, Any]:
-        """Answer one POST route; ClientError for what the client got wrong."""
+        """Answer one POST route; RequestError for what the client got wrong."""
         s = self.session
         if route not in ROUTES:
-            raise ClientError(404, f"no route '/v1/{route}'; the routes are {', '.join('/v1/' + r for r in ROUTES)}.")
+            raise RequestError(404, f"no route '/v1/{route}'; the routes are {', '.join('/v1/' + r for r in ROUTES)}.")
         if route == "start_episode":
-            return {"episode_id": s.start_episode(field(data, "episode_id", str, None))}
-        episode_id = field(data, "episode_id", str)
+            given = field(data, "episode_id", str, None)
+            return {"episode_id": s.start_episode(None if given is None else protocol.episode_id(given))}
+        episode_id = protocol.episode_id(field(data, "episode_id", str))
         if route == "get_action":
-            obs = s.get_action(episode_id, self._obs(data))
-            return {"action": protocol.encode_action(obs)}
+            action = s.get_action(episode_id, self._obs(data))
+            return {"action": protocol.encode_action(action)}
         if route == "log_action":
             taken = protocol.action(field(data, "action", (int, list, dict)), s.act_spec)
             s.log_action(episode_id, self._obs(data), taken)
             return {}
         if route == "log_returns":
-            reward = field(data, "reward", (int, float))
-            if not -1e30 < reward < 1e30:
-                raise ClientError(400, f"'reward' must be a finite number, got {reward}.")
-            s.log_returns(episode_id, float(reward))
+            s.log_returns(episode_id, protocol.reward(field(data, "reward", (int, float))))
             return {}
         s.end_episode(episode_id, self._obs(data), bool(field(data, "truncated", bool, False)))  # route: end_episode
         return {}
@@ -167,6 +199,8 @@ class PolicyServer:
     def describe(self) -> dict[str, Any]:
         """What GET /v1/info answers: the protocol, the mode, the spaces, the limits and counts."""
         s = self.session
+        with self._lock:
+            counts = {"requests": self.requests, "refused": dict(self.refused)}
         return {
             "protocol": protocol.PROTOCOL_VERSION,
             "mode": s.mode,
@@ -174,17 +208,52 @@ class PolicyServer:
             "action_space": protocol.describe_space(s.act_spec.space),
             "auth": self._token is not None,
             "limits": self.limits,
-            "stats": {"requests": self.requests, "refused": dict(self.refused), **s.stats()},
+            "stats": {**counts, **s.stats()},
         }
 
 
 ROUTES = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
 
 
+def _json_response(status: int, payload: dict[str, Any], close: bool, headers: dict[str, str] | None = None) -> bytes:
+    body = json.dumps(payload).encode()
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many clients connecting at once must not be refused by the backlog
     block_on_close = False
+
+    def __init__(self, address: tuple[str, int], handler: Any, max_connections: int, count: Any):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._count = count
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A connection over the limit is answered 503 and closed here, before a thread is made for it."""
+        if not self._slots.acquire(blocking=False):
+            self._count(503)
+            with contextlib.suppress(OSError):
+                reply = {"error": "the server has too many open connections; try again later.", "status": 503}
+                request.sendall(_json_response(503, reply, close=True, headers={"Retry-After": "1"}))
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -196,40 +265,58 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self._admitted = self.server_ref._slots.acquire(blocking=False)
         self._rate = self.server_ref.limits["max_requests_per_s"]
         self._tokens, self._refilled = self._rate, time.monotonic()  # a burst of one second's worth
 
-    def finish(self) -> None:
-        super().finish()
-        if self._admitted:
-            self.server_ref._slots.release()
+    def handle_one_request(self) -> None:
+        self.server_ref.reading(self, time.monotonic())  # from here until its body is read
+        try:
+            super().handle_one_request()
+        finally:
+            self.server_ref.reading(self, None)
+
+    def drop(self) -> None:
+        """Close the connection under the reading thread (it was too slow)."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, headers too long) as JSON, closing."""
+        self._error(code, message or HTTPStatus(code).phrase, close=True)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per request would drown the training progress
 
     def do_GET(self) -> None:
+        self.server_ref.reading(self, None)
         if not self._admit():
             return
         if self.path.rstrip("/") == "/v1/info":
+            self.server_ref._count(None)
             self._reply(200, self.server_ref.describe())
         else:
             self._error(404, f"no route GET {self.path}; GET /v1/info describes the server.")
 
     def do_POST(self) -> None:
-        if not self._admit():
+        if not self._admit(close=True):  # its body is not read: the connection cannot go on
             return
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self._error(411, "a POST needs a Content-Length header (chunked bodies are not accepted).", close=True)
+        length = self.headers.get("Content-Length", "")
+        size = int(length) if length.isascii() and length.isdigit() and len(length) < 16 else None
+        if size is None:
+            self._error(411, "a POST needs a Content-Length header of digits (chunked bodies are not accepted).", True)
             return
-        size, limit = int(length), self.server_ref.limits["max_body_bytes"]
+        limit = self.server_ref.limits["max_body_bytes"]
         if size > limit:
             self._error(413, f"the body is {size} bytes; this server accepts at most {limit}.", close=True)
             return
         try:
             body = self.rfile.read(size)
-        except TimeoutError:
+        except OSError:  # timed out or dropped while trickling
+            self.close_connection = True
+            return
+        self.server_ref.reading(self, None)
+        if len(body) < size:
             self.close_connection = True
             return
         if not self.path.startswith("/v1/"):
@@ -237,7 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             result = self.server_ref.call(self.path[4:].rstrip("/"), protocol.parse_body(body))
-        except ClientError as e:
+        except RequestError as e:
             retry = None if e.retry_after_s is None else {"Retry-After": str(max(1, round(e.retry_after_s)))}
             self._error(e.status, str(e), headers=retry)
             return
@@ -245,14 +332,12 @@ class _Handler(BaseHTTPRequestHandler):
             traceback.print_exc(file=sys.stderr)
             self._error(500, f"the server failed on this request: {type(e).__name__}: {e}")
             return
+        self.server_ref._count(None)
         self._reply(200, result)
 
-    def _admit(self) -> bool:
-        """Refuse (and count) requests over the connection, token and rate limits."""
-        self.server_ref.requests += 1
-        if not self._admitted:
-            self._error(503, "the server has too many open connections; try again later.", close=True)
-            return False
+    def _admit(self, close: bool = False) -> bool:
+        """Refuse (and count) requests without the token or over the rate; ``close``: a refused
+        request's connection closes (its body was not read)."""
         if not self.server_ref.authorized(self.headers.get("Authorization")):
             self._error(401, "missing or wrong token: send 'Authorization: Bearer <token>'.", close=True)
             return False
@@ -260,33 +345,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._tokens = min(self._rate, self._tokens + (now - self._refilled) * self._rate)
         self._refilled = now
         if self._tokens < 1.0:
-            self._error(
-                429,
-                f"more than {self._rate:g} requests per second on this connection; slow down.",
-                headers={"Retry-After": "1"},
-            )
+            message = f"more than {self._rate:g} requests per second on this connection; slow down."
+            self._error(429, message, close, headers={"Retry-After": "1"})
             return False
         self._tokens -= 1.0
         return True
 
     def _error(self, status: int, message: str, close: bool = False, headers: dict[str, str] | None = None) -> None:
-        refused = self.server_ref.refused
-        refused[status] = refused.get(status, 0) + 1
+        self.server_ref._count(status)
         if close:
             self.close_connection = True
-        self._reply(status, {"error": message, "status": status, "reason": HTTPStatus(status).phrase}, headers)
+        self._reply(status, {"error": message, "status": status}, headers)
 
     def _reply(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(payload).encode()
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(_json_response(status, payload, self.close_connection, headers))
         except OSError:  # the client went away
             self.close_connection = True

@@ -32,7 +32,7 @@ import numpy.typing as npt
 import torch
 
 from shoal.envs.spaces import ActionSpec, ObsSpec
-from shoal.errors import EnvError
+from shoal.errors import EnvError, RequestError
 from shoal.vector.base import Seed, StepBatch, VecBackend, batch_view
 
 # What a slot is doing; the learner reads and the server threads change these under one lock.
@@ -43,15 +43,6 @@ OWING = 3  # its client has the action; the learner waits for what happened next
 ENDED = 4  # its client ended the episode; the final observation waits for the next step
 
 POLL_S = 0.05  # how often a waiting learner looks for timed-out clients and for close()
-
-
-class ClientError(Exception):
-    """A request the backend refuses; ``status`` is the HTTP status a server answers with, and
-    ``retry_after_s`` (when set) says the same request may succeed that much later."""
-
-    def __init__(self, status: int, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.status, self.retry_after_s = status, retry_after_s
 
 
 class ExternalBackend(VecBackend):
@@ -73,7 +64,7 @@ class ExternalBackend(VecBackend):
             raise EnvError(f"num_envs={num_envs} slots do not split into async_factor={async_factor} equal groups.")
         super().__init__(name, num_envs, obs, act)
         self.async_factor, self.client_timeout_s = async_factor, client_timeout_s
-        size = num_envs // async_factor
+        size = self._group_size = num_envs // async_factor
         groups = [slice(g * size, (g + 1) * size) for g in range(async_factor)]
         self._groups = [batch_view(self._buffers, r, self.batch.env_id[r], self.batch.agent_id[r]) for r in groups]
         self._lock = threading.Condition()
@@ -108,17 +99,18 @@ class ExternalBackend(VecBackend):
             self._check_open()
             episode_id = episode_id or uuid.uuid4().hex
             if episode_id in self._slot_of:
-                raise ClientError(409, f"episode '{episode_id}' is already running; ids must be unique.")
-            # a slot whose last episode has ended is free at once; its new episode's first request
-            # waits for the step that reports the end
+                raise RequestError(409, f"episode '{episode_id}' is already running; ids must be unique.")
+            # A slot whose last episode has ended is free at once (its new episode's first request
+            # waits for the step that reports the end); an idle one is preferred, in the group that
+            # holds the fewest episodes, so every group has clients to step.
             free = [i for i, e in enumerate(self._episode) if e is None and self._phase[i] in (IDLE, ENDED)]
             if not free:
-                raise ClientError(
+                raise RequestError(
                     503,
                     f"all {self.num_envs} slots hold running episodes; end one first, or serve with more num_envs.",
                     retry_after_s=1.0,
                 )
-            slot = free[0]
+            slot = min(free, key=lambda i: (self._held(i // self._group_size), self._phase[i] == ENDED, i))
             self._episode[slot], self._slot_of[episode_id] = episode_id, slot
             self._deadline[slot] = time.monotonic() + self.client_timeout_s  # to ask for a first action
             self._closed_why.pop(episode_id, None)
@@ -134,7 +126,7 @@ class ExternalBackend(VecBackend):
         """Post ``obs`` with the action the client took itself (off-policy); returns once the slot's
         step has recorded it."""
         if not self.accepts_logged_actions:
-            raise ClientError(
+            raise RequestError(
                 409,
                 "this run's learner is on-policy: it learns only from actions it chose, so episodes must call "
                 "get_action; log_action feeds replay learners (dqn, sac, td3).",
@@ -145,13 +137,14 @@ class ExternalBackend(VecBackend):
         with self._lock:
             slot = self._slot(episode_id)
             self._check_not_waiting(slot, episode_id)
+            self._deadline[slot] = np.inf  # it asked: no longer a silent start
             while self._phase[slot] == ENDED:  # the slot's previous episode's end is not yet stepped
                 self._lock.wait(POLL_S)
                 slot = self._slot(episode_id)
             self._staged[slot] = obs
             self._logged[slot] = action is not None
             if action is not None:
-                self._logged_actions[slot] = torch.from_numpy(action)
+                self._logged_actions[slot] = torch.as_tensor(action)
             self._phase[slot] = POSTED
             self._answered[slot].clear()
             self._lock.notify_all()
@@ -168,11 +161,10 @@ class ExternalBackend(VecBackend):
         with self._lock:
             slot = self._slot(episode_id)
             if self._phase[slot] != OWING:
-                raise ClientError(
+                raise RequestError(
                     409, f"log_returns for episode '{episode_id}' before its first action: a reward follows an action."
                 )
             self._pending_reward[slot] += reward
-            self._deadline[slot] = time.monotonic() + self.client_timeout_s
 
     def end_episode(self, episode_id: str, obs: npt.NDArray[Any], truncated: bool = False) -> None:
         """End the episode with its final observation: terminated, or ``truncated`` (cut short, so
@@ -204,15 +196,20 @@ class ExternalBackend(VecBackend):
         slot = self._slot_of.get(episode_id)
         if slot is None:
             why = self._closed_why.get(episode_id)
-            raise ClientError(
+            raise RequestError(
                 404,
                 f"episode '{episode_id}' " + (f"is closed: {why}." if why else "is unknown; call start_episode first."),
             )
         return slot
 
+    def _held(self, group: int) -> int:
+        """Episodes the group's slots hold."""
+        start = group * self._group_size
+        return sum(e is not None for e in self._episode[start : start + self._group_size])
+
     def _check_not_waiting(self, slot: int, episode_id: str) -> None:
         if self._phase[slot] in (POSTED, ACTING):
-            raise ClientError(
+            raise RequestError(
                 409, f"episode '{episode_id}' is waiting for an action; one request at a time per episode."
             )
 
@@ -227,7 +224,7 @@ class ExternalBackend(VecBackend):
 
     def _check_open(self) -> None:
         if self._stopping:
-            raise ClientError(503, "the server is shutting down.")
+            raise RequestError(503, "the server is shutting down.")
 
     # ----- the learner side ----------------------------------------------------------------
     def reset(self, seed: Seed = None) -> None:
@@ -280,12 +277,18 @@ class ExternalBackend(VecBackend):
                 self._answered[slot].set()
             if len(acting):
                 self.batch_sizes[len(acting)] += 1
-            self._waiting[rows.start // (self.num_envs // self.async_factor)] = True
+            for g in range(rows.start // self._group_size, -(-rows.stop // self._group_size)):
+                self._waiting[g] = True  # its next step is owed (every group, when sent all rows at once)
 
     def _ready(self, rows: slice) -> bool:
-        """Every slot given an action has reported back, and one has something new."""
+        """Every slot given an action has reported back, and one has something new; or the group
+        holds no episode while others do (it steps as padding, so it does not hold up the rollout)."""
         phase = self._phase[rows]
-        return not (phase == OWING).any() and bool(((phase == POSTED) | (phase == ENDED)).any())
+        if (phase == OWING).any():
+            return False
+        if ((phase == POSTED) | (phase == ENDED)).any():
+            return True
+        return self._held(rows.start // self._group_size) == 0 and bool(self._slot_of)
 
     def _write_step(self, rows: slice) -> None:
         """The group's step result into the shared buffers; slots that report turn to ACTING."""
@@ -325,6 +328,10 @@ class ExternalBackend(VecBackend):
     def _check_open_learner(self) -> None:
         if self._stopping:
             raise EnvError(f"env '{self.name}': the server of the external envs closed.")
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Envs stepped elsewhere (a run with local envs, resumed as served) cannot be put back."""
+        return False
 
     def close(self) -> None:
         """Refuse new requests and release every waiting client."""
