@@ -20,7 +20,7 @@ import torch
 
 import shoal
 from shoal.envs.spaces import action_spec, obs_spec
-from shoal.errors import ConfigError, RequestError
+from shoal.errors import ConfigError, EnvError, RequestError
 from shoal.serve import PolicyClient, PolicyServer, ServerError, checkpoint_server, protocol, serve_training
 from shoal.vector.external import ExternalBackend
 
@@ -233,15 +233,15 @@ def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
                 refused.append((path, got == status, reply.get("error", "")[:80]))
             # now and then (each holds a slot, or its group, for client_timeout_s): an episode
             # started and abandoned after a bad request, and one that vanishes owing a step's result
-            with PolicyClient(url) as client, contextlib.suppress(ServerError):  # a full server refuses a start
-                if rounds % 20 == 10:
-                    eid = client.start_episode(wait_s=0)
+            with PolicyClient(url) as client:
+                if rounds % 20 == 1:
+                    eid = client.start_episode(wait_s=10)
                     try:
                         client.get_action(eid, [0.0, 0.0, 0.0])
                     except ServerError as e:
                         refused.append(("start+get", e.status == 400, str(e)[:80]))
                 if rounds % 20 == 0:
-                    eid = client.start_episode(wait_s=0)
+                    eid = client.start_episode(wait_s=10)
                     client.get_action(eid, [0.0, 0.0, 0.0, 0.0])
                     vanished.append(eid)
             time.sleep(0.02)
@@ -394,8 +394,10 @@ def test_a_simulator_with_only_spaces_is_served_by_its_registered_id(tmp_path, m
         shoal.PPOConfig.build(env="CartPole-v1", backend="external", num_workers=2)
     with pytest.raises(ConfigError, match="must be a multiple of async_factor=3"):
         shoal.PPOConfig.build(env="CartPole-v1", backend="external", num_envs=4, async_factor=3)
-    with pytest.raises(ConfigError, match="GRPO restarts every env"):
-        shoal.GRPOConfig.build(env="CartPole-v1", backend="external")
+    running = _backend()
+    running.start_episode()
+    with pytest.raises(EnvError, match="restarts its envs each iteration \\(GRPO\\)"):
+        running.reset()
 
 
 def test_shoal_train_points_served_runs_to_shoal_serve(capsys):
@@ -431,6 +433,9 @@ def test_rate_connection_size_and_time_limits():
         time.sleep(0.1)
         with socket.create_connection(server.address, timeout=5) as third:
             assert b"503" in third.recv(4096).split(b"\r\n")[0]
+        with pytest.raises(ServerError, match="too many open connections") as e:  # a client that sends first
+            PolicyClient(server.url).info()
+        assert e.value.status == 503 and e.value.retry_after_s == 1
         # connections idle, or trickling a request, are closed after idle_timeout_s
         held[0].sendall(b"POST /v1/start_episode HTTP/1.1\r\n")
         for conn in held:

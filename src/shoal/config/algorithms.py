@@ -208,11 +208,6 @@ class GRPOConfig(SurrogateConfig):
 
     @model_validator(mode="after")
     def _check_groups(self) -> GRPOConfig:
-        if self.backend == "external":
-            raise ConfigError(
-                "GRPO restarts every env each iteration so that each group's episodes start alike; external "
-                "simulators run their own episodes (backend='external'). Serve ppo, dqn, sac or td3 instead."
-            )
         n, g = self.num_envs, self.group_size
         if n % g:
             lo = n // g * g

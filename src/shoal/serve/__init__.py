@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shoal.errors import ConfigError
 from shoal.serve.client import PolicyClient, ServerError
 
 if TYPE_CHECKING:
@@ -82,17 +83,17 @@ def checkpoint_server(
     from shoal.train import Trainer
     from shoal.train.checkpoint import resolve_checkpoint
 
-    # slots, not envs: only the env's spaces are read, so an env class that declares nothing else serves too
-    served = {
-        "backend": "external",
-        "ray_address": None,
-        "num_workers": 0,
-        "async_factor": 1,
-        "vectorization_mode": None,
-    }
+    checkpoint = resolve_checkpoint(path)
+    local = {"ray_address": None, "num_workers": 0, "async_factor": 1, "vectorization_mode": None}
     with warnings.catch_warnings():  # that no episode goes on is the point here, not news
         warnings.filterwarnings("ignore", message=".*starts new episodes", category=UserWarning)
-        trainer = Trainer.from_checkpoint(resolve_checkpoint(path), save_outputs=False, verbose=0, **served)
+        try:  # slots, not envs: only the spaces are read, so an env class declaring nothing else serves too
+            trainer = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, backend="external", **local)
+        except ConfigError as e:
+            if "several agents" not in str(e):
+                raise
+            # a multi-agent env's copies give its agents' spaces (one policy of them serves)
+            trainer = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, backend="local", **local)
     trainer.close()
     session = InferenceSession(
         trainer.get_policy(policy_id),

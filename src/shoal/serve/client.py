@@ -126,8 +126,11 @@ class PolicyClient:
                 data = response.read()
             except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short
                 self.close()
-                if attempt == 0 and reused and not isinstance(e, TimeoutError):
-                    continue  # a kept-alive connection the server had closed: once more on a new one
+                # A kept-alive connection the server had closed (idle) answers nothing: the request
+                # was not taken, so it goes once more on a new connection. Any other failure may
+                # come after the server acted on it, and repeating would act twice.
+                if attempt == 0 and reused and isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError)):
+                    continue
                 raise ConnectionError(f"policy server {self.host}:{self.port}: {e!r}") from e
             if response.will_close:
                 self.close()

@@ -95,9 +95,13 @@ def _typed_array(value: dict[str, Any], what: str) -> npt.NDArray[Any]:
         ) from None
     if dtype.kind not in "biuf" or dtype.byteorder == ">":
         raise RequestError(400, f"{what}: dtype {dtype} is not a little-endian bool, int, uint or float type.")
+    bad = f"{what}: {len(raw)} bytes do not hold shape {list(shape)[:MAX_DIMS]} of {dtype}."
     if len(shape) > MAX_DIMS or any(n < 0 for n in shape) or len(raw) != dtype.itemsize * math.prod(shape):
-        raise RequestError(400, f"{what}: {len(raw)} bytes do not hold shape {list(shape)[:MAX_DIMS]} of {dtype}.")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+        raise RequestError(400, bad)
+    try:
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    except ValueError:  # an empty array with dimensions numpy cannot index
+        raise RequestError(400, bad) from None
 
 
 def _array(value: Any, space: gym.spaces.Box | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary, what: str) -> Any:

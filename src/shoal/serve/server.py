@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -83,6 +84,11 @@ class PolicyServer:
             raise ConfigError(
                 f"serving on host '{host}' exposes the policy server beyond this machine; give it a token "
                 f"(--token or SHOAL_SERVE_TOKEN), which clients send as 'Authorization: Bearer <token>'."
+            )
+        if not idle_timeout_s > 0 or not max_connections >= 1 or not max_requests_per_s > 0 or not max_body_bytes >= 1:
+            raise ConfigError(
+                "idle_timeout_s and max_requests_per_s must be > 0, max_connections and max_body_bytes >= 1; got "
+                f"{idle_timeout_s}, {max_requests_per_s}, {max_connections}, {max_body_bytes}."
             )
         if token is not None and len(token) < 16:
             raise ConfigError(
@@ -157,10 +163,11 @@ class PolicyServer:
         ``idle_timeout_s``: a client trickling bytes cannot hold a connection (or a thread) forever."""
         while not self._closed.wait(min(1.0, self.idle_timeout_s / 4)):
             cutoff = time.monotonic() - self.idle_timeout_s
-            with self._lock:
-                slow = [h for h, since in self._reading.items() if since < cutoff]
-            for handler in slow:
-                handler.drop()
+            with self._lock:  # under the lock: a handler that has just read its request is not dropped
+                for handler in [h for h, since in self._reading.items() if since < cutoff]:
+                    handler.drop()
+                    del self._reading[handler]
+            self._http.close_refused()
 
     # ----- the routes ---------------------------------------------------------------------
     def authorized(self, header: str | None) -> bool:
@@ -217,8 +224,11 @@ ROUTES = ("start_episode", "get_action", "log_action", "log_returns", "end_episo
 
 def _json_response(status: int, payload: dict[str, Any], close: bool, headers: dict[str, str] | None = None) -> bytes:
     body = json.dumps(payload).encode()
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        f"Date: {formatdate(usegmt=True)}",
         "Content-Type: application/json",
         f"Content-Length: {len(body)}",
         *(f"{k}: {v}" for k, v in (headers or {}).items()),
@@ -236,18 +246,36 @@ class _HTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: Any, max_connections: int, count: Any):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._count = count
+        self._refused: list[tuple[socket.socket, float]] = []  # answered 503, closed a little later
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """A connection over the limit is answered 503 and closed here, before a thread is made for it."""
+        """A connection over the limit is answered 503 here, before a thread is made for it. Its
+        socket closes a second later (``close_refused``), once the client has sent its request and
+        read the answer: closing at once would reset the connection under it."""
         if not self._slots.acquire(blocking=False):
             self._count(503)
             with contextlib.suppress(OSError):
                 reply = {"error": "the server has too many open connections; try again later.", "status": 503}
                 request.sendall(_json_response(503, reply, close=True, headers={"Retry-After": "1"}))
-            self.shutdown_request(request)
+                request.shutdown(socket.SHUT_WR)
+            self._refused.append((request, time.monotonic() + 1.0))
             return
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread was started to give the slot back
+            self._slots.release()
+            raise
+
+    def close_refused(self) -> None:
+        """Close the refused connections whose second is up (called by the reaper)."""
+        now, keep = time.monotonic(), []
+        for request, when in list(self._refused):
+            if when <= now:
+                self.shutdown_request(request)
+            else:
+                keep.append((request, when))
+        self._refused = keep
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

@@ -74,6 +74,7 @@ class ExternalBackend(VecBackend):
         self._end_truncated = np.zeros(num_envs, dtype=np.bool_)  # how an ENDED slot's episode ended
         self._deadline = np.full(num_envs, np.inf)  # when an OWING slot's client is given up on
         self._actions = np.zeros((num_envs, *act.shape), dtype=act.dtype)
+        self._asking = np.zeros(num_envs, dtype=np.bool_)  # a request waits for the slot's previous end
         self._logged = np.zeros(num_envs, dtype=np.bool_)  # the posted step comes with the client's own action
         self._logged_actions = torch.zeros((num_envs, *act.shape), dtype=torch.from_numpy(self._actions).dtype)
         self.accepts_logged_actions = False
@@ -110,7 +111,8 @@ class ExternalBackend(VecBackend):
                     f"all {self.num_envs} slots hold running episodes; end one first, or serve with more num_envs.",
                     retry_after_s=1.0,
                 )
-            slot = min(free, key=lambda i: (self._held(i // self._group_size), self._phase[i] == ENDED, i))
+            held = self._held()
+            slot = min(free, key=lambda i: (held[i // self._group_size], self._phase[i] == ENDED, i))
             self._episode[slot], self._slot_of[episode_id] = episode_id, slot
             self._deadline[slot] = time.monotonic() + self.client_timeout_s  # to ask for a first action
             self._closed_why.pop(episode_id, None)
@@ -138,9 +140,13 @@ class ExternalBackend(VecBackend):
             slot = self._slot(episode_id)
             self._check_not_waiting(slot, episode_id)
             self._deadline[slot] = np.inf  # it asked: no longer a silent start
-            while self._phase[slot] == ENDED:  # the slot's previous episode's end is not yet stepped
-                self._lock.wait(POLL_S)
-                slot = self._slot(episode_id)
+            self._asking[slot] = True
+            try:
+                while self._phase[slot] == ENDED:  # the slot's previous episode's end is not yet stepped
+                    self._lock.wait(POLL_S)
+                    self._slot(episode_id)
+            finally:
+                self._asking[slot] = False
             self._staged[slot] = obs
             self._logged[slot] = action is not None
             if action is not None:
@@ -202,13 +208,15 @@ class ExternalBackend(VecBackend):
             )
         return slot
 
-    def _held(self, group: int) -> int:
-        """Episodes the group's slots hold."""
-        start = group * self._group_size
-        return sum(e is not None for e in self._episode[start : start + self._group_size])
+    def _held(self) -> list[int]:
+        """Episodes each group's slots hold."""
+        held = [0] * self.async_factor
+        for slot, episode in enumerate(self._episode):
+            held[slot // self._group_size] += episode is not None
+        return held
 
     def _check_not_waiting(self, slot: int, episode_id: str) -> None:
-        if self._phase[slot] in (POSTED, ACTING):
+        if self._phase[slot] in (POSTED, ACTING) or self._asking[slot]:
             raise RequestError(
                 409, f"episode '{episode_id}' is waiting for an action; one request at a time per episode."
             )
@@ -228,11 +236,15 @@ class ExternalBackend(VecBackend):
 
     # ----- the learner side ----------------------------------------------------------------
     def reset(self, seed: Seed = None) -> None:
-        """Start over: running episodes are closed (their clients' next request is refused)."""
+        """Start with every slot empty (before the server takes requests, or after a checkpoint is
+        loaded). The clients run their own episodes, so no learner may restart them."""
         with self._lock:
-            for slot in range(self.num_envs):
-                self._release(slot, "the learner started over")
-                self._answered[slot].set()
+            if self._slot_of:
+                raise EnvError(
+                    f"env '{self.name}': the learner restarted every env while simulators held {len(self._slot_of)} "
+                    f"episodes; an algorithm that restarts its envs each iteration (GRPO) cannot train on "
+                    f"external simulators: serve ppo, dqn, sac or td3."
+                )
             self._phase[:] = IDLE
             self._continuing[:] = False
             self._pending_reward[:] = 0.0
@@ -245,15 +257,22 @@ class ExternalBackend(VecBackend):
             while True:
                 self._check_open_learner()
                 self._time_out_clients()
-                for g, batch in enumerate(self._groups):
-                    if self._fresh[g] or (self._waiting[g] and self._ready(batch.rows)):
-                        self._fresh[g] = self._waiting[g] = False
-                        self._write_step(batch.rows)
-                        self._lock.notify_all()  # new episodes may wait for their slot's previous end
-                        return batch
+                # a fresh group first, then one with news, then one stepping as padding
+                priority, g = max((self._priority(g), -g) for g in range(self.async_factor))
+                if priority:
+                    batch = self._groups[-g]
+                    self._fresh[-g] = self._waiting[-g] = False
+                    self._write_step(batch.rows)
+                    self._lock.notify_all()  # new episodes may wait for their slot's previous end
+                    return batch
                 if not self._slot_of and self.stop_requested():
                     raise KeyboardInterrupt  # asked to stop, and no client is there to finish the step
                 self._lock.wait(POLL_S)
+
+    def _priority(self, group: int) -> int:
+        if self._fresh[group]:
+            return 3
+        return self._ready(self._groups[group].rows) if self._waiting[group] else 0
 
     def logged(self, actions: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         """``actions`` of the batch's rows, with the actions clients took themselves in their rows."""
@@ -280,15 +299,16 @@ class ExternalBackend(VecBackend):
             for g in range(rows.start // self._group_size, -(-rows.stop // self._group_size)):
                 self._waiting[g] = True  # its next step is owed (every group, when sent all rows at once)
 
-    def _ready(self, rows: slice) -> bool:
-        """Every slot given an action has reported back, and one has something new; or the group
-        holds no episode while others do (it steps as padding, so it does not hold up the rollout)."""
+    def _ready(self, rows: slice) -> int:
+        """2 when every slot given an action has reported back and one has something new; 1 when
+        the group holds no episode while others do (it steps as padding, so it does not hold up the
+        rollout); else 0."""
         phase = self._phase[rows]
         if (phase == OWING).any():
-            return False
+            return 0
         if ((phase == POSTED) | (phase == ENDED)).any():
-            return True
-        return self._held(rows.start // self._group_size) == 0 and bool(self._slot_of)
+            return 2
+        return int(self._held()[rows.start // self._group_size] == 0 and bool(self._slot_of))
 
     def _write_step(self, rows: slice) -> None:
         """The group's step result into the shared buffers; slots that report turn to ACTING."""
