@@ -525,3 +525,37 @@ def test_two_groups_with_one_client_do_not_hold_up_the_rollout():
     )
     stop.set()
     assert trainer.timesteps_total >= 512 and result["episodes_total"] > 0
+
+
+def test_a_served_recurrent_checkpoint_keeps_each_episodes_state(tmp_path):
+    """Two episodes at once from an LSTM policy: each gets the actions compute_actions gives when
+    the state of that episode alone is carried from step to step."""
+    lstm = dict(core="lstm", core_size=16, hiddens=[], head_hiddens=[16])
+    with shoal.PPO(env="CartPole-v1", model_config=lstm, seed=5, run_dir=str(tmp_path / "run"), verbose=0) as algo:
+        checkpoint = algo.save()
+    rng = np.random.default_rng(1)
+    episodes = [rng.normal(size=(12, 4)).astype(np.float32) for _ in range(2)]
+    expected = []
+    for obs in episodes:
+        state, actions = algo.initial_state(1), []
+        for o in obs:
+            action, state = algo.compute_actions(o[None], state, deterministic=True)
+            actions.append(int(action[0]))
+        expected.append(actions)
+    served: list[list[int]] = [[], []]
+    with checkpoint_server(checkpoint, port=0, max_wait_ms=5) as server:
+
+        def play(k):
+            with PolicyClient(server.url) as client:
+                eid = client.start_episode()
+                served[k] = [client.get_action(eid, o) for o in episodes[k]]
+
+        threads = [threading.Thread(target=play, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert served == expected
+    # the state matters: acting from the initial state at every step gives other actions
+    stateless = [algo.compute_actions(obs, deterministic=True).tolist() for obs in episodes]
+    assert stateless != expected
