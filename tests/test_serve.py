@@ -1,6 +1,7 @@
-"""The policy server: the external-env backend's steps, the protocol's checks, the limits, training
-from served episodes (on- and off-policy), a hostile client beside well-behaved ones, and a served
-checkpoint acting as ``compute_actions`` does."""
+"""The policy server over HTTP: the token and limits, training from served episodes (on- and
+off-policy, one or two slot groups), a hostile client beside well-behaved ones, a served
+checkpoint acting as ``compute_actions`` does, and the docs' curl session. (The backend's steps
+and the protocol's checks: tests/test_external_backend.py.)"""
 
 import contextlib
 import http.client
@@ -17,125 +18,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from test_external_backend import _backend, _until
 
 import shoal
-from shoal.envs.spaces import action_spec, obs_spec
-from shoal.errors import ConfigError, EnvError, RequestError
-from shoal.serve import PolicyClient, PolicyServer, ServerError, checkpoint_server, protocol, serve_training
+from examples.external_cartpole import simulate
+from shoal.errors import ConfigError, EnvError
+from shoal.serve import PolicyClient, PolicyServer, ServerError, checkpoint_server, serve_training
 from shoal.vector.external import ExternalBackend
 
-BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ROOT = Path(__file__).resolve().parents[1]
 DOCS_URL = "http://127.0.0.1:9900"
 CURL_SESSION = [line for line in (ROOT / "docs" / "serving.md").read_text().splitlines() if line.startswith("curl -s")]
-
-
-def _backend(num_envs=2, timeout=60.0, async_factor=1):
-    return ExternalBackend("sim", num_envs, obs_spec(BOX), action_spec(gym.spaces.Discrete(2)), async_factor, timeout)
-
-
-def _in_thread(fn, *args):
-    out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("value", fn(*args)), daemon=True)
-    thread.start()
-    return thread, out
-
-
-def _step(backend, action=1):
-    batch = backend.recv()
-    backend.send(torch.full((backend.num_envs,), action), batch)
-    return batch
-
-
-def test_backend_steps_are_next_step_transitions():
-    """A slot's first observation follows a padding step (not a transition), rewards go to the
-    action before them, and an episode's end returns its final observation with the done flag."""
-    backend = _backend(num_envs=2)
-    backend.reset()
-    batch = _step(backend)  # fresh: every slot is padding
-    assert not batch.valid.any()
-    a = backend.start_episode("a")
-    obs0 = np.full(3, 0.5, np.float32)
-    thread, out = _in_thread(backend.get_action, a, obs0)
-    batch = _step(backend, action=1)  # slot 0 posted its first observation: it is answered
-    thread.join(5)
-    assert out["value"] == 1
-    assert batch.obs[0].tolist() == [0.5] * 3 and not batch.valid[0]  # the step before it was padding
-    backend.log_returns(a, 2.0)
-    backend.log_returns(a, 0.5)
-    backend.end_episode(a, np.full(3, -0.25, np.float32), truncated=True)
-    batch = backend.recv()
-    assert batch.valid[0] and batch.reward[0] == 2.5 and batch.truncated[0] and not batch.terminated[0]
-    assert batch.obs[0].tolist() == [-0.25] * 3  # next-step autoreset: the final observation
-    assert not batch.valid[1] and batch.obs[1].tolist() == [0.0] * 3  # a slot without an episode is padding
-    backend.send(torch.zeros(2, dtype=torch.long), batch)
-    assert backend.stats()["batch_sizes"] == {1: 1}
-    with pytest.raises(RequestError, match="is closed: it ended") as e:
-        backend.log_returns(a, 1.0)
-    assert e.value.status == 404
-
-
-def test_backend_refuses_calls_out_of_order_and_closes_silent_clients():
-    backend = _backend(num_envs=1, timeout=0.2)
-    backend.reset()
-    _step(backend)
-    a = backend.start_episode()
-    with pytest.raises(RequestError, match="before its first action") as e:
-        backend.log_returns(a, 1.0)
-    assert e.value.status == 409
-    with pytest.raises(RequestError, match="all 1 slots") as e:
-        backend.start_episode()
-    assert e.value.status == 503 and e.value.retry_after_s
-    with pytest.raises(RequestError, match="already running"):
-        backend.start_episode(a)
-    with pytest.raises(RequestError, match="learns only from actions it chose"):
-        backend.log_action(a, np.zeros(3, np.float32), np.int64(0))
-    thread, _ = _in_thread(backend.get_action, a, np.zeros(3, np.float32))
-    _step(backend)
-    thread.join(5)
-    # the client never reports back: after the timeout its episode ends truncated at its last observation
-    start = time.monotonic()
-    batch = backend.recv()
-    assert 0.15 < time.monotonic() - start < 5
-    assert batch.truncated[0] and batch.valid[0]
-    assert backend.stats()["episodes_timed_out"] == 1
-    with pytest.raises(RequestError, match="sent nothing for 0.2 s"):
-        backend.get_action(a, np.zeros(3, np.float32))
-
-
-@pytest.mark.parametrize(
-    "value, message",
-    [
-        ([0.1, 0.2], "has shape \\[2\\]; the space .* needs \\[3\\]"),
-        ([[0.1], [0.2], [0.3]], "has shape \\[3, 1\\]"),
-        (["a", "b", "c"], "not an array of numbers"),
-        ([0.1, [0.2], 0.3], "not a rectangular array"),
-        ({"dtype": "float32", "shape": [3], "data": "AAAA"}, "bytes do not hold shape"),
-        ({"dtype": "object", "shape": [3], "data": ""}, "not a little-endian"),
-        ({"shape": [3]}, "typed array needs"),
-        ([1e39, 0.0, 0.0], "not finite float32"),
-    ],
-)
-def test_observations_that_do_not_fit_the_space_are_400s(value, message):
-    spec = obs_spec(BOX)
-    with pytest.raises(RequestError, match=message) as e:
-        protocol.observation(value, spec, np.empty(3, np.float32))
-    assert e.value.status == 400
-
-
-def test_structured_and_typed_observations_are_read():
-    space = gym.spaces.Dict({"pos": BOX, "mode": gym.spaces.Discrete(3)})
-    spec = obs_spec(space)
-    out = protocol.observation({"pos": [0.1, 0.2, 0.3], "mode": 2}, spec, np.empty(spec.shape, np.float32))
-    assert np.allclose(out, gym.spaces.flatten(space, {"mode": 2, "pos": np.array([0.1, 0.2, 0.3], np.float32)}))
-    with pytest.raises(RequestError, match="keys \\['mode', 'pos'\\]"):
-        protocol.observation({"pos": [0, 0, 0]}, spec, np.empty(spec.shape, np.float32))
-    image = gym.spaces.Box(0, 255, (2, 2, 1), np.uint8)
-    client = PolicyClient(binary=True)
-    typed = client._encode(np.arange(4, dtype=np.uint8).reshape(2, 2, 1))
-    assert protocol.observation(typed, obs_spec(image), np.empty((2, 2, 1), np.uint8)).ravel().tolist() == [0, 1, 2, 3]
-    with pytest.raises(RequestError, match="holds floats"):
-        protocol.observation([[[0.5], [1]], [[2], [3]]], obs_spec(image), np.empty((2, 2, 1), np.uint8))
 
 
 def test_an_exposed_server_needs_a_token():
@@ -392,7 +285,7 @@ def test_a_simulator_with_only_spaces_is_served_by_its_registered_id(tmp_path, m
         assert action.shape == (2,) and (abs(action) <= 1).all()
     with pytest.raises(ConfigError, match="leave num_workers=0"):
         shoal.PPOConfig.build(env="CartPole-v1", backend="external", num_workers=2)
-    with pytest.raises(ConfigError, match="must be a multiple of async_factor=3"):
+    with pytest.raises(ConfigError, match="a multiple of async_factor=3"):
         shoal.PPOConfig.build(env="CartPole-v1", backend="external", num_envs=4, async_factor=3)
     running = _backend()
     running.start_episode()
@@ -405,13 +298,6 @@ def test_shoal_train_points_served_runs_to_shoal_serve(capsys):
 
     assert main(["train", "CartPole-v1", "backend=external"]) == 2
     assert "shoal serve" in capsys.readouterr().err
-
-
-def _until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_rate_connection_size_and_time_limits():
@@ -453,63 +339,10 @@ def test_rate_connection_size_and_time_limits():
         _until(refused_for_size)  # once the closed connections are counted out
 
 
-def test_a_slot_reused_before_its_end_is_stepped_keeps_the_new_episode():
-    """A client ends its episode and starts the next at once, in the same slot: the new episode's
-    first request waits for the step that reports the end, and is not taken for a silent start."""
-    backend = _backend(num_envs=1, timeout=0.3)
-    backend.reset()
-    _step(backend)
-    a = backend.start_episode("a")
-    thread, _ = _in_thread(backend.get_action, a, np.zeros(3, np.float32))
-    _step(backend)
-    thread.join(5)
-    backend.end_episode(a, np.ones(3, np.float32))
-    b = backend.start_episode("b")  # the slot of a, whose end is not stepped yet
-    thread, out = _in_thread(backend.get_action, b, np.full(3, 0.5, np.float32))
-    time.sleep(0.5)  # longer than client_timeout_s: b asked, so it is not closed
-    batch = _step(backend)  # reports a's end; b waits for the next step
-    assert batch.terminated[0] and batch.obs[0].tolist() == [1.0] * 3
-    batch = _step(backend, action=0)
-    thread.join(5)
-    assert out["value"] == 0 and batch.obs[0].tolist() == [0.5] * 3 and not batch.valid[0]
-    assert backend.stats()["episodes_timed_out"] == 0
-
-
-def test_logged_actions_are_what_the_step_takes():
-    backend = _backend(num_envs=2)
-    backend.accepts_logged_actions = True
-    backend.reset()
-    _step(backend)
-    a, b = backend.start_episode(), backend.start_episode()
-    logging, _ = _in_thread(backend.log_action, a, np.zeros(3, np.float32), np.int64(1))
-    asking, out = _in_thread(backend.get_action, b, np.zeros(3, np.float32))
-    _until(lambda: (backend._phase == 1).all())  # both posted
-    batch = backend.recv()
-    actions = backend.logged(torch.zeros(2, dtype=torch.long), batch)
-    assert actions.tolist() == [1, 0]  # the client's own action in its row, the policy's in the other
-    backend.send(actions, batch)
-    logging.join(5)
-    asking.join(5)
-    assert not logging.is_alive() and out["value"] == 0
-
-
 @pytest.mark.slow
 def test_two_groups_with_one_client_do_not_hold_up_the_rollout():
-    """async_factor=2 and a single client: the group without an episode steps as padding."""
-    stop = threading.Event()
-
-    def client(url):
-        env = gym.make("CartPole-v1")
-        with PolicyClient(url) as c, contextlib.suppress(ServerError, ConnectionError):
-            while not stop.is_set():
-                obs, _ = env.reset()
-                eid, done = c.start_episode(), False
-                while not done:
-                    obs, reward, terminated, truncated, _ = env.step(c.get_action(eid, obs))
-                    c.log_returns(eid, reward)
-                    done = terminated or truncated
-                c.end_episode(eid, obs, truncated=truncated and not terminated)
-
+    """async_factor=2 and a single client (the example's simulator): the group without an episode
+    steps as padding."""
     settings = dict(
         env="CartPole-v1",
         num_envs=4,
@@ -521,9 +354,8 @@ def test_two_groups_with_one_client_do_not_hold_up_the_rollout():
         tuned=False,
     )
     trainer, result = serve_training(
-        settings, on_ready=lambda s: threading.Thread(target=client, args=(s.url,), daemon=True).start(), port=0
+        settings, on_ready=lambda s: threading.Thread(target=simulate, args=(s.url,), daemon=True).start(), port=0
     )
-    stop.set()
     assert trainer.timesteps_total >= 512 and result["episodes_total"] > 0
 
 

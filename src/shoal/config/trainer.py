@@ -286,16 +286,15 @@ class TrainerConfig(BaseModel):
 
     def _check_external(self) -> None:
         n, f = self.num_envs, self.async_factor
-        if self.num_workers or self.vectorization_mode:
-            raise ConfigError(
-                "backend='external' has no envs to step in workers: clients run them; leave num_workers=0 "
-                "and vectorization_mode unset."
-            )
-        if n % f:
-            raise ConfigError(
-                f"num_envs={n} (served episodes at a time) must be a multiple of async_factor={f} (groups of "
-                f"equal size); try num_envs={(n // f + 1) * f}."
-            )
+        problem = (
+            "has no envs to step in workers (clients run them): leave num_workers=0 and vectorization_mode unset"
+            if self.num_workers or self.vectorization_mode
+            else f"needs num_envs={n} a multiple of async_factor={f} (equal groups); try num_envs={(n // f + 1) * f}"
+            if n % f
+            else None
+        )
+        if problem:
+            raise ConfigError(f"backend='external' {problem}.")
 
     @model_validator(mode="after")
     def _check_device(self) -> TrainerConfig:
