@@ -61,7 +61,9 @@ def test_clipped_rewards_reach_the_learner_while_returns_stay_raw(clip, learned)
     ) as algo:
         result = algo.train()
         assert algo.algorithm.buffer.rollout["reward"][:, :-1].unique().tolist() == [learned]
+        evaluation = algo.evaluate(2)
     assert result["episode_reward_mean"] == 20.0  # 4 steps of the raw 5
+    assert evaluation["episode_reward_mean"] == 20.0  # evaluation reports the raw score too
 
 
 class LivesEnv(CounterEnv):

@@ -9,8 +9,9 @@ minibatch 256, 349k vs 337k at 4096).
 
 It is used only where it is exactly the plain path (``fused_unavailable`` says why not
 otherwise): ``ActorCriticPolicy`` over the built-in ``MLPModel``, no hooks on its modules or
-parameters (they would not fire here), and ``fused_update`` left on. Custom models, hooks,
-data-parallel learners and gradient accumulation run on autograd. tests/test_fused.py checks one
+parameters (they would not fire here), and ``fused_update`` left on. Custom models, hooks and
+gradient accumulation run on autograd; data-parallel ranks average this step's gradient
+themselves (``_adam``) before stepping. tests/test_fused.py checks one
 whole PPO update against the autograd path (the same parameters to 1e-6) and each backward
 against autograd.
 """

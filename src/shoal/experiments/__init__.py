@@ -1,4 +1,4 @@
-"""Experiments (seed 004's ``run_experiments``): a YAML file of named experiments with search
+"""Experiments (``run_experiments``): a YAML file of named experiments with search
 spaces, seeds and stop criteria, run on Ray Tune when it is installed and one trial after another
 otherwise, resumable, with a results table and a comparison plot at the end."""
 

@@ -1,4 +1,5 @@
-"""Running statistics for observation normalization and reward scaling (PPO details #5-#7).
+"""Running statistics for observation normalization and reward scaling, as PPO
+implementations commonly apply them.
 
 Updated in place from whole batches with the parallel-variance formula (Chan et al.), so the
 rollout loop allocates nothing.
