@@ -198,6 +198,11 @@ def valid_configs(draw) -> dict[str, Any]:
     cfg["accumulate_minibatches"] = draw(st.sampled_from(divisors(n * frag // mb)))
     if draw(st.booleans()):
         cfg |= draw(policy_settings())
+    if cfg.get("soft_horizon") and cfg.get("horizon") is None:
+        cfg["horizon"] = draw(st.integers(1, 1000))
+    if cfg.get("vectorization_mode") is not None:  # horizons wrap the envs shoal makes itself
+        for key in ("horizon", "soft_horizon", "no_done_at_end"):
+            cfg.pop(key, None)
     return cfg
 
 
@@ -340,7 +345,7 @@ def field_mistakes(draw) -> tuple[dict[str, Any], str]:
 def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
     """Keys each valid alone that do not fit together (or not CartPole), with what the error says."""
     small = st.integers(1, 8)
-    case = draw(st.integers(0, 22))
+    case = draw(st.integers(0, 24))
     if case == 0:
         n, w = draw(small), draw(st.integers(2, 9))
         if n % w == 0:
@@ -466,6 +471,12 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
         return {"model": model}, message
     if case == 21:
         return {"central_critic": draw(st.sampled_from(["team_obs", "state"]))}, r"needs a multi-agent env"
+    if case == 22:
+        return {"soft_horizon": True}, r"soft_horizon=True cuts episodes at the horizon; set horizon=H too"
+    if case == 23:
+        mode = draw(st.sampled_from(["sync", "async", "vector_entry_point"]))
+        rules = draw(st.sampled_from([{"horizon": draw(st.integers(1, 1000))}, {"no_done_at_end": True}]))
+        return {"vectorization_mode": mode, **rules}, rf"vectorization_mode='{mode}' has Gymnasium make the envs"
     mapping, message = draw(
         st.sampled_from(
             [

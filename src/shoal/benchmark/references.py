@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.config.trainer import load_yaml
+from shoal.config.files import load_yaml
 from shoal.config.tuned import TUNED_DIR
 from shoal.errors import ConfigError
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, cast
 
-from shoal.config.trainer import load_yaml
+from shoal.config.files import load_yaml
 from shoal.config.tuned import env_slug
 from shoal.errors import ConfigError
 from shoal.train import signals

@@ -7,11 +7,12 @@ learners theirs (``shoal.config.replay``, ``shoal.config.sac`` and ``shoal.confi
 """
 
 from shoal.config.algorithms import GRPOConfig, PPOConfig, SurrogateConfig, declared_episode_steps
+from shoal.config.files import load_yaml, merge_settings, parse_overrides
 from shoal.config.layout import BatchLayout
 from shoal.config.maddpg import MADDPGConfig
 from shoal.config.replay import DQNConfig, OffPolicyConfig
 from shoal.config.sac import ReplayActorCriticConfig, SACConfig, TD3Config
-from shoal.config.trainer import TrainerConfig, load_yaml, merge_settings, parse_overrides
+from shoal.config.trainer import TrainerConfig
 
 __all__ = [
     "BatchLayout",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shoal.config.replay import OffPolicyConfig
+from shoal.errors import ConfigError
 
 
 class ReplayActorCriticConfig(OffPolicyConfig):
@@ -21,6 +22,15 @@ class ReplayActorCriticConfig(OffPolicyConfig):
     """Target network update after each critic step: `target <- tau * online + (1 - tau) * target`."""
     max_grad_norm: float | None = Field(default=None, gt=0.0)
     """Clip the global norm of each step's gradient to this; None: no clipping."""
+
+    @model_validator(mode="after")
+    def _check_action_rules(self) -> ReplayActorCriticConfig:
+        if self.normalize_actions or not self.clip_actions:
+            raise ConfigError(
+                f"normalize_actions={self.normalize_actions}, clip_actions={self.clip_actions}: SAC, TD3 and MADDPG "
+                f"always act in [-1, 1] and rescale to the bounds themselves; leave both keys at their defaults."
+            )
+        return self
 
 
 class SACConfig(ReplayActorCriticConfig):

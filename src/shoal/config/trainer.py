@@ -16,13 +16,12 @@ import os
 import types
 import typing
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import torch
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shoal.envs.horizon import EpisodeRules
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import spec_of
 from shoal.models.catalog import check_model_config, resolve_model
@@ -145,6 +144,20 @@ class TrainerConfig(BaseModel):
     clip_rewards: bool | float | None = None
     """Clip the rewards the learner sees (logged returns stay raw): True: their sign; a number c: to `[-c, c]`; None:
     the env's default (the sign for Atari games, off otherwise)."""
+    horizon: int | None = Field(default=None, ge=1)
+    """End every episode after this many steps as a truncation (the learner bootstraps from the value of the last
+    observation); None: the env's own limits only. Applies to evaluation too."""
+    soft_horizon: bool = False
+    """With `horizon`: cut the episode at the horizon for the metrics and the bootstrap but do not reset the env, which
+    goes on from where it is (continuing tasks). Single-agent envs."""
+    no_done_at_end: bool = False
+    """Treat the env's terminations as truncations (bootstrapped): for envs that signal a time limit as terminal."""
+    clip_actions: bool = True
+    """Clip Box actions to the action space's bounds before the env gets them (the rollout keeps the policy's own
+    sample). Off: the env gets them unclipped."""
+    normalize_actions: bool = False
+    """The policy acts in unit actions `[-1, 1]`, rescaled to the Box bounds (clipped to `[-1, 1]` first with
+    `clip_actions`): one `log_std_init` then suits any bounds. Box action spaces with finite bounds."""
     policies: dict[str, dict[str, Any] | None] | list[str] | None = None
     """Several policies: a list of ids, or ids -> per-policy overrides (`POLICY_KEYS`); None: one `default_policy`
     shared by every agent."""
@@ -189,6 +202,19 @@ class TrainerConfig(BaseModel):
     def _check_model(self) -> TrainerConfig:
         resolve_model(self.model)
         check_model_config(self.model, self.model_options)
+        if self.soft_horizon and self.horizon is None:
+            raise ConfigError("soft_horizon=True cuts episodes at the horizon; set horizon=H too.")
+        if self.episode_rules and self.vectorization_mode is not None:
+            raise ConfigError(
+                f"horizon / no_done_at_end wrap each env shoal makes; vectorization_mode="
+                f"'{self.vectorization_mode}' has Gymnasium make the envs as one vector. Leave it unset, or "
+                f"set the step limit in the env itself."
+            )
+        if self.episode_rules and self.backend == "external":
+            raise ConfigError(
+                "horizon / no_done_at_end act on envs shoal steps; with backend='external' the clients end "
+                "their episodes (end_episode with truncated=True at a time limit)."
+            )
         if isinstance(self.clip_rewards, float) and not self.clip_rewards > 0:
             raise ConfigError(
                 f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
@@ -451,6 +477,10 @@ class TrainerConfig(BaseModel):
         return not isinstance(self.env, str)
 
     @property
+    def episode_rules(self) -> EpisodeRules:
+        return EpisodeRules(self.horizon, self.soft_horizon, self.no_done_at_end)
+
+    @property
     def recurrent(self) -> bool:
         """Whether a policy has a recurrent core (``model_config`` ``core``)."""
         overrides = cast("dict[str, dict[str, Any]]", self.policies or {}).values()
@@ -468,38 +498,3 @@ def _is_union(annotation: Any) -> bool:
     if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
         return False
     return len([a for a in typing.get_args(annotation) if a is not type(None)]) > 1
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """Parse ``key=value`` command-line pairs; values are read as YAML (``model_config.hiddens=[64,64]``
-    sets one key of a dict-valued key)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"expected key=value, got '{pair}'.")
-        value = yaml.safe_load(raw) if raw.strip() else None
-        outer, dot, inner = key.strip().partition(".")
-        out = merge_settings(out, {outer: {inner: value}} if dot else {outer: value})
-    return out
-
-
-def merge_settings(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``extra``, where a dict value updates the dict it replaces key by key
-    (``model_config.hiddens=[32]`` on the command line keeps the YAML file's other model_config keys)."""
-    out = dict(base)
-    for key, value in extra.items():
-        both_dicts = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = out[key] | value if both_dicts else value
-    return out
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file (safe_load only: YAML tags cannot build Python objects)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist.")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of key: value, got {type(data).__name__}.")
-    return data

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.config.trainer import TrainerConfig, load_yaml
+from shoal.config.files import load_yaml
+from shoal.config.trainer import TrainerConfig
 from shoal.errors import ConfigError
 
 TUNED_DIR = Path(__file__).resolve().parent.parent / "tuned"

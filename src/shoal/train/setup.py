@@ -31,7 +31,7 @@ def build_backend(
 ) -> VecBackend:
     """Envs that step on this machine: in this process, or in ``num_workers`` worker processes."""
     c = config
-    return make_backend(
+    backend = make_backend(
         c.env,
         num_envs,
         c.env_config,
@@ -41,7 +41,20 @@ def build_backend(
         env_state=c.central_critic == "state",
         evaluation=evaluation,
         first_env_id=first_env_id,
+        rules=c.episode_rules,
     )
+    return with_action_rules(backend, c)
+
+
+def with_action_rules(backend: VecBackend, config: TrainerConfig) -> VecBackend:
+    """``backend`` turning the policies' Box actions into the env's as ``config`` says; a backend
+    refusing the rules is closed."""
+    try:
+        backend.configure_actions(config.clip_actions, config.normalize_actions)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
 
 
 def training_backend(config: TrainerConfig) -> VecBackend:
@@ -54,7 +67,7 @@ def training_backend(config: TrainerConfig) -> VecBackend:
                 raise ConfigError(
                     f"backend='external' serves single-agent envs; '{env_name(config.env)}' has several agents."
                 )
-            return ExternalBackend(
+            external = ExternalBackend(
                 probe.name,
                 config.num_envs,
                 probe.obs_spec,
@@ -62,12 +75,13 @@ def training_backend(config: TrainerConfig) -> VecBackend:
                 config.async_factor,
                 config.client_timeout_s,
             )
+            return with_action_rules(external, config)
         finally:
             probe.close()
     if config.backend == "ray":
         from shoal.train.ray_workers import WorkerSet  # Ray is imported only when asked for
 
-        return WorkerSet(config)
+        return with_action_rules(WorkerSet(config), config)
     return build_backend(config, config.num_envs, config.num_workers)
 
 

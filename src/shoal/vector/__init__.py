@@ -10,6 +10,7 @@ import gymnasium as gym
 
 from shoal.envs.aec import AECEnvAdapter
 from shoal.envs.atari import is_atari_id, is_minatar_id
+from shoal.envs.horizon import EpisodeRules, with_rules
 from shoal.envs.multi_agent import dict_env_adapter, is_dict_env
 from shoal.envs.native import AgentEnv
 from shoal.envs.pettingzoo import ParallelEnvAdapter
@@ -53,6 +54,7 @@ def make_backend(
     env_state: bool = False,
     evaluation: bool = False,
     first_env_id: int = 0,
+    rules: EpisodeRules | None = None,
 ) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
@@ -61,9 +63,15 @@ def make_backend(
     ``env_state``: multi-agent envs also write their global ``state()`` (a centralized critic's input).
     ``evaluation``: envs for evaluation, without training-only wrappers (Atari's life-loss terminals).
     ``first_env_id``: the id of the first env, when these envs are a share of a larger set (a Ray
-    rollout worker's): envs are made, seeded and reported by their ids in the whole set."""
+    rollout worker's): envs are made, seeded and reported by their ids in the whole set.
+    ``rules``: horizons and ``no_done_at_end`` (``envs/horizon.py``), applied to each env made."""
     env_config = env_config or {}
     name = env_name(env)
+    if rules and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None):
+        raise ConfigError(
+            f"horizon / no_done_at_end wrap each env shoal makes; '{name}' is stepped as one vector "
+            f"(a VMAS scenario, a VectorEnv or vectorization_mode), so set its step limit in the env itself."
+        )
     if is_vmas(env):
         if num_workers or vectorization_mode is not None:
             raise ConfigError(
@@ -94,6 +102,8 @@ def make_backend(
         )
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
+    if rules:
+        make = _under_rules(make, rules, name)
     make, serial_class = adapted(make, name, env_state)
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
@@ -116,6 +126,10 @@ def adapted(
     if adapter is None:
         return (lambda index: first if index == 0 else make(index)), SerialBackend
     return (lambda index: adapter(first if index == 0 else make(index), name, env_state)), AgentEnvBackend
+
+
+def _under_rules(make: Callable[[int], AnyEnv], rules: EpisodeRules, name: str) -> Callable[[int], AnyEnv]:
+    return lambda index: with_rules(make(index), rules, name)
 
 
 def _copies_of(env: AnyEnv, name: str) -> Callable[[int], AnyEnv]:

@@ -127,6 +127,7 @@ class VecBackend:
     async_factor: int = 1
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
+    clip_actions, normalize_actions = True, False  # see configure_actions
     logs_actions = False  # some rows' actions are chosen by the env's side (external clients): see ``logged``
 
     def __init__(
@@ -172,12 +173,40 @@ class VecBackend:
             f"env '{self.name}' (env {env_id}) raised {type(error).__name__} in {phase}(): {error}", env_id
         )
 
+    def configure_actions(self, clip: bool = True, normalize: bool = False) -> None:
+        """How the policies' Box actions become the env's: ``normalize`` reads them as unit actions
+        in [-1, 1] and rescales them to the bounds; ``clip`` first clips them to the bounds (to
+        [-1, 1] when normalized). Other action spaces are unaffected."""
+        space = self.act_spec.space
+        if (
+            normalize
+            and isinstance(space, gym.spaces.Box)
+            and not (space.is_bounded() and (space.high > space.low).all())
+        ):
+            raise ConfigError(
+                f"normalize_actions=True rescales [-1, 1] to the action bounds of env '{self.name}', but its action "
+                f"space {space} has infinite or zero-width bounds; leave normalize_actions off for it."
+            )
+        self.clip_actions, self.normalize_actions = clip, normalize
+        if normalize and isinstance(space, gym.spaces.Box):
+            self._act_center = (self._act_high + self._act_low) / 2
+            self._act_half_range = (self._act_high - self._act_low) / 2
+
+    def bounded_actions(self, actions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Continuous actions as the env takes them (see ``configure_actions``), into ``out`` when
+        given. The policy's own sample stays in the rollout, so log-probabilities match what it drew."""
+        if self.act_spec.kind != "continuous":
+            return actions if out is None else out.copy_(actions)
+        if self.normalize_actions:
+            unit = actions.clamp(-1.0, 1.0) if self.clip_actions else actions
+            return torch.addcmul(self._act_center, unit, self._act_half_range, out=out)
+        if self.clip_actions:
+            return torch.clamp(actions, self._act_low, self._act_high, out=out)
+        return actions if out is None else out.copy_(actions)
+
     def env_actions(self, actions: torch.Tensor) -> npt.NDArray[Any]:
-        """Actions as the env wants them: continuous ones clipped to the Box bounds (the unclipped
-        sample stays in the rollout, so log-probabilities match what the policy drew)."""
-        if self.act_spec.kind == "continuous":
-            actions = torch.maximum(torch.minimum(actions, self._act_high), self._act_low)
-        return actions.numpy()
+        """Actions as the env wants them (``bounded_actions``), as an array."""
+        return self.bounded_actions(actions).numpy()
 
     def reset(self, seed: Seed = None) -> None:
         """Reset every env: ``seed`` an int (env ``i`` of the backend gets ``seed + i``), a list of

@@ -143,14 +143,6 @@ class VmasBackend(VecBackend):
         self._actions = torch.zeros(num_envs, n, width, dtype=dtype)
         self._agent_actions = list(self._actions.unbind(1))
 
-    def _vmas_actions(self, actions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Actions as VMAS wants them, written into the tensor ``out``: continuous ones clipped to
-        the bounds (the unclipped sample stays in the rollout, so log-probabilities match what the
-        policy drew). ``env_actions`` gives the same actions as an array, as for every backend."""
-        if self.act_spec.kind == "continuous":
-            return torch.clamp(actions, self._act_low, self._act_high, out=out)
-        return out.copy_(actions)
-
     def reset(self, seed: int | Sequence[int] | None = None) -> None:
         if seed is not None and not isinstance(seed, int):
             raise ConfigError(
@@ -165,7 +157,7 @@ class VmasBackend(VecBackend):
         self._truncated[:] = False
 
     def send(self, actions: torch.Tensor, batch: StepBatch | None = None) -> None:
-        self._vmas_actions(actions.reshape(self._actions.shape), out=self._actions)
+        self.bounded_actions(actions.reshape(self._actions.shape), out=self._actions)
         obs, rewards, terminated, truncated, _ = self.env.step(self._agent_actions)
         torch.stack(rewards, dim=1, out=self._reward2)
         self._term2.copy_(terminated.unsqueeze(1))
