@@ -203,3 +203,13 @@ def test_clip_rewards_changes_what_the_loss_sees_not_the_logged_return():
         learned = algo.algorithm.buffer.rollout["reward"][:, :-1]
     assert learned[0, :3].tolist() == [-1.0, 0.0, 1.0] and set(learned.unique().tolist()) == {-1.0, 0.0, 1.0}
     assert result["episode_reward_mean"] == -2.0  # -5 + 0 + 3, raw
+
+
+def test_a_checkpoint_keeps_the_step_count_of_episodes_under_a_horizon(tmp_path):
+    settings = dict(env="CartPole-v1", horizon=30, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=16)
+    with shoal.PPO(**settings, run_dir=str(tmp_path / "run"), verbose=0) as algo:
+        algo.train()
+        path = algo.save()
+        counts = [env.episode_steps for env in algo.backend.envs]
+    with shoal.PPO.from_checkpoint(path) as resumed:
+        assert [env.episode_steps for env in resumed.backend.envs] == counts and max(counts) > 0

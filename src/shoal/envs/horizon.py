@@ -34,19 +34,19 @@ class HorizonWrapper(gym.Wrapper[Any, Any, Any, Any]):
 
     def __init__(self, env: gym.Env[Any, Any], rules: EpisodeRules):
         super().__init__(env)
-        self.rules = rules
+        # plain attributes, so a checkpoint's env snapshot records them (and the step count)
+        self.horizon, self.soft_horizon, self.no_done_at_end = rules.horizon, rules.soft_horizon, rules.no_done_at_end
         self.episode_steps = 0
         self.carried_obs: Any = None  # set at a soft cut: what the next reset() hands back
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.episode_steps += 1
-        if terminated and self.rules.no_done_at_end:
+        if terminated and self.no_done_at_end:
             terminated, truncated = False, True
-        horizon = self.rules.horizon
-        if horizon is not None and self.episode_steps >= horizon and not (terminated or truncated):
+        if self.horizon is not None and self.episode_steps >= self.horizon and not (terminated or truncated):
             truncated = True
-            if self.rules.soft_horizon:
+            if self.soft_horizon:
                 self.carried_obs = obs
         return obs, reward, terminated, truncated, info
 
