@@ -4,7 +4,7 @@ Three runs per seed, each with PPO's tuned Pendulum-v1 settings (``log_std_init`
 nothing else changed: Pendulum-v1 with ``normalize_actions=True``; "Pendulum 0-100", whose
 torque is read from a Box(0, 100) action (0 is -2, 100 is +2), with ``normalize_actions=True``;
 and Pendulum 0-100 without it, where the policy's Gaussian starts at 0 (full torque one way) with
-a spread of a few units on a range of 100. The table gives the final 20-episode deterministic
+a spread of about 0.6 on a range of 100. The table gives the final 20-episode deterministic
 evaluation; a return of -200 counts as learned.
 
     python benchmarks/normalize_actions.py [--seeds 1 2 3] [--steps 300000] [--plot curves.png]

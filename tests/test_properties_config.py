@@ -476,7 +476,10 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
     if case == 23:
         mode = draw(st.sampled_from(["sync", "async", "vector_entry_point"]))
         rules = draw(st.sampled_from([{"horizon": draw(st.integers(1, 1000))}, {"no_done_at_end": True}]))
-        return {"vectorization_mode": mode, **rules}, rf"vectorization_mode='{mode}' has Gymnasium make the envs"
+        return {
+            "vectorization_mode": mode,
+            **rules,
+        }, rf"with vectorization_mode='{mode}' the envs are stepped as one vector"
     mapping, message = draw(
         st.sampled_from(
             [

@@ -113,9 +113,13 @@ class TurnsEnv:
     "settings,message",
     [
         (dict(soft_horizon=True), r"soft_horizon=True cuts episodes at the horizon; set horizon=H too\."),
-        (dict(horizon=0), r"horizon"),
-        (dict(horizon=5, vectorization_mode="sync"), r"vectorization_mode='sync' has Gymnasium make the envs as one"),
-        (dict(no_done_at_end=True, env="vmas:balance"), r"'vmas:balance' is stepped as one vector"),
+        (dict(horizon=0), r"bad value for 'horizon': 0: Input should be greater than or equal to 1"),
+        (dict(env="ALE/Pong-v5", no_done_at_end=True), r"training episodes end at each lost life"),
+        (
+            dict(horizon=5, vectorization_mode="sync"),
+            r"with vectorization_mode='sync' the envs are stepped as one vector",
+        ),
+        (dict(no_done_at_end=True, env="vmas:balance"), r"with 'vmas:balance' the envs are stepped as one vector"),
         (dict(horizon=5, backend="external"), r"with backend='external' the clients end their episodes"),
         (
             dict(env="pettingzoo:mpe2.simple_spread_v3", horizon=5, soft_horizon=True),
@@ -205,11 +209,44 @@ def test_clip_rewards_changes_what_the_loss_sees_not_the_logged_return():
     assert result["episode_reward_mean"] == -2.0  # -5 + 0 + 3, raw
 
 
-def test_a_checkpoint_keeps_the_step_count_of_episodes_under_a_horizon(tmp_path):
+def test_a_checkpoint_keeps_the_step_count_under_the_resumed_runs_own_horizon(tmp_path):
     settings = dict(env="CartPole-v1", horizon=30, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=16)
     with shoal.PPO(**settings, run_dir=str(tmp_path / "run"), verbose=0) as algo:
         algo.train()
         path = algo.save()
         counts = [env.episode_steps for env in algo.backend.envs]
-    with shoal.PPO.from_checkpoint(path) as resumed:
-        assert [env.episode_steps for env in resumed.backend.envs] == counts and max(counts) > 0
+    with shoal.PPO.from_checkpoint(path, horizon=9) as resumed:
+        envs = resumed.backend.envs
+        assert [env.episode_steps for env in envs] == counts and max(counts) > 0  # the episodes go on
+        assert envs[0].rules.horizon == 9  # under the new horizon, not the saved one
+    with (
+        pytest.warns(UserWarning, match="wrappers differ from the checkpoint's"),
+        shoal.PPO.from_checkpoint(path, horizon=None) as resumed,
+    ):
+        resumed.train()  # without the wrapper: new episodes, no crash
+
+
+def test_video_evaluation_and_a_served_checkpoint_follow_the_rules(tmp_path):
+    pytest.importorskip("imageio")
+    from shoal.serve import checkpoint_server
+
+    settings = dict(env="CartPole-v1", horizon=7, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=16)
+    with shoal.PPO(**settings, run_dir=str(tmp_path / "run"), verbose=0) as algo:
+        out = algo.evaluate(1, video_dir=tmp_path / "video")
+        path = algo.save()
+    assert out["episode_len_mean"] <= 7
+    with checkpoint_server(path, port=0) as server:  # served episodes are the clients' to end
+        assert server.url
+
+
+def test_normalized_actions_stay_inside_any_bounds():
+    generator = torch.Generator().manual_seed(0)
+    low = torch.rand(4000, generator=generator) * 200 - 100
+    high = low + torch.rand(4000, generator=generator) * 50 + 1e-3
+    env = lambda: Aim()  # noqa: E731
+    with shoal.PPO(env=env, normalize_actions=True, **SMALL) as algo:
+        backend = algo.backend
+        backend._act_low, backend._act_high = low, high
+        backend.configure_actions(clip=True, normalize=True)
+        taken = torch.from_numpy(backend.env_actions(torch.tensor([-1.0, 1.0]).repeat_interleave(2000)))
+    assert ((taken >= low) & (taken <= high)).all()

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shoal.envs.horizon import EpisodeRules
+from shoal.envs.atari import is_atari_id
+from shoal.envs.horizon import EpisodeRules, stepped_as_one_vector
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import spec_of
 from shoal.models.catalog import check_model_config, resolve_model
@@ -202,23 +203,32 @@ class TrainerConfig(BaseModel):
     def _check_model(self) -> TrainerConfig:
         resolve_model(self.model)
         check_model_config(self.model, self.model_options)
-        if self.soft_horizon and self.horizon is None:
-            raise ConfigError("soft_horizon=True cuts episodes at the horizon; set horizon=H too.")
-        if self.episode_rules and self.vectorization_mode is not None:
-            raise ConfigError(
-                f"horizon / no_done_at_end wrap each env shoal makes; vectorization_mode="
-                f"'{self.vectorization_mode}' has Gymnasium make the envs as one vector. Leave it unset, or "
-                f"set the step limit in the env itself."
-            )
-        if self.episode_rules and self.backend == "external":
-            raise ConfigError(
-                "horizon / no_done_at_end act on envs shoal steps; with backend='external' the clients end "
-                "their episodes (end_episode with truncated=True at a time limit)."
-            )
         if isinstance(self.clip_rewards, float) and not self.clip_rewards > 0:
             raise ConfigError(
                 f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
                 f"True (their sign) or false."
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_episode_rules(self) -> TrainerConfig:
+        """Horizons and ``no_done_at_end`` wrap each env shoal makes: they need such envs."""
+        if self.soft_horizon and self.horizon is None:
+            raise ConfigError("soft_horizon=True cuts episodes at the horizon; set horizon=H too.")
+        if not self.episode_rules.active:
+            return self
+        if self.vectorization_mode is not None:
+            raise stepped_as_one_vector(f"vectorization_mode='{self.vectorization_mode}'")
+        if self.backend == "external":
+            raise ConfigError(
+                "horizon / no_done_at_end act on envs shoal steps; with backend='external' the clients end "
+                "their episodes (end_episode with truncated=True at a time limit)."
+            )
+        if isinstance(self.env, str) and is_atari_id(self.env):
+            raise ConfigError(
+                f"horizon / no_done_at_end on '{self.env}': training episodes end at each lost life and "
+                f"evaluation plays whole games, so a horizon would mean two things; limit the game with "
+                f"env_config={{'max_num_frames_per_episode': N}} instead."
             )
         return self
 

@@ -25,7 +25,9 @@ class EpisodeRules:
     soft_horizon: bool = False
     no_done_at_end: bool = False
 
-    def __bool__(self) -> bool:
+    @property
+    def active(self) -> bool:
+        """Whether the rules change any episode (``soft_horizon`` alone needs a horizon)."""
         return self.horizon is not None or self.no_done_at_end
 
 
@@ -34,19 +36,19 @@ class HorizonWrapper(gym.Wrapper[Any, Any, Any, Any]):
 
     def __init__(self, env: gym.Env[Any, Any], rules: EpisodeRules):
         super().__init__(env)
-        # plain attributes, so a checkpoint's env snapshot records them (and the step count)
-        self.horizon, self.soft_horizon, self.no_done_at_end = rules.horizon, rules.soft_horizon, rules.no_done_at_end
+        self.rules = rules  # configuration: env snapshots leave it out, so a resume takes the new config's
         self.episode_steps = 0
         self.carried_obs: Any = None  # set at a soft cut: what the next reset() hands back
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.episode_steps += 1
-        if terminated and self.no_done_at_end:
+        rules = self.rules
+        if terminated and rules.no_done_at_end:
             terminated, truncated = False, True
-        if self.horizon is not None and self.episode_steps >= self.horizon and not (terminated or truncated):
+        if rules.horizon is not None and self.episode_steps >= rules.horizon and not (terminated or truncated):
             truncated = True
-            if self.soft_horizon:
+            if rules.soft_horizon:
                 self.carried_obs = obs
         return obs, reward, terminated, truncated, info
 
@@ -76,6 +78,8 @@ class ParallelHorizonWrapper:
         return [] if self.cut else list(self.env.agents)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "env" or name.startswith("__"):  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.env, name)
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
@@ -83,18 +87,28 @@ class ParallelHorizonWrapper:
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: dict[str, Any]) -> Any:
+        still_in = list(self.env.agents)  # before the step: agents sitting it out end at a cut too
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
+        terminations, truncations = dict(terminations), dict(truncations)  # not the env's own dicts
         self.episode_steps += 1
         if self.rules.no_done_at_end:
             for agent, ended in terminations.items():
                 if ended:
                     terminations[agent], truncations[agent] = False, True
         if self.rules.horizon is not None and self.episode_steps >= self.rules.horizon:
-            for agent in obs:
+            for agent in {*obs, *still_in}:
                 if not terminations.get(agent, False):
                     truncations[agent] = True
             self.cut = True
         return obs, rewards, terminations, truncations, infos
+
+
+def stepped_as_one_vector(what: str) -> ConfigError:
+    """The refusal of horizons for envs stepped as one vector (``what`` says which)."""
+    return ConfigError(
+        f"horizon / no_done_at_end wrap each env shoal makes; with {what} the envs are stepped as one "
+        f"vector (a VMAS scenario, a VectorEnv or vectorization_mode), so set the step limit in the env itself."
+    )
 
 
 def with_rules(env: Any, rules: EpisodeRules, name: str) -> Any:

@@ -20,7 +20,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from shoal.envs.horizon import EpisodeRules
+
 _STATIC = (
+    EpisodeRules,  # configuration (horizons): a resumed run takes its own config's
     gym.Space,
     gym.envs.registration.EnvSpec,
     types.FunctionType,
@@ -119,6 +122,11 @@ def env_state(env: Any) -> dict[str, Any]:
                 }
         layers.append({"type": type(layer).__name__, "attrs": attrs})
     return {"exact": True, "layers": layers, "reason": ""}
+
+
+def fits(env: Any, state: dict[str, Any]) -> bool:
+    """Whether ``env`` has the wrapper chain ``state`` was recorded from."""
+    return [type(x).__name__ for x in _layers(env)] == [s["type"] for s in state["layers"]]
 
 
 def load_env_state(env: Any, state: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from shoal.collect.episodes import mark_episode_starts
 from shoal.config import TrainerConfig
+from shoal.envs.horizon import EpisodeRules, with_rules
 from shoal.envs.registry import config_creator, is_parallel_env
 from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
@@ -109,9 +110,10 @@ def filmed_backend(
     video_dir: Path,
     prefix: str,
     name: str,
+    rules: EpisodeRules | None = None,
 ) -> tuple[VecBackend, list[FrameWriter]]:
     """A serial backend of ``num_envs`` copies made with ``render_mode="rgb_array"``, each filmed
-    (Gymnasium and PettingZoo Parallel envs)."""
+    (Gymnasium and PettingZoo Parallel envs), under ``rules`` (horizons) when given."""
     try:
         import imageio.v2  # noqa: F401  (fail here, before any env is built)
     except ImportError:
@@ -126,6 +128,8 @@ def filmed_backend(
                 f"env '{name}' was made with render_mode={getattr(env, 'render_mode', None)!r}; video needs "
                 f"'rgb_array' (a registered creator should pass env_config['render_mode'] on to its env)."
             )
+        if rules is not None and rules.active:  # inside the filmer, which stops at the episode's end
+            env = with_rules(env, rules, name)
         path, fps = video_dir / f"{prefix}episode_{index:03d}.mp4", int(env.metadata.get("render_fps", 30))
         if is_parallel_env(env):
             filmer: FrameWriter = ParallelFilmer(env, path, fps)
@@ -237,7 +241,10 @@ def evaluate_policies(
         backend = setup.build_backend(config, num_episodes, evaluation=True)
     else:
         creator = config_creator(config.env, evaluation=True)
-        backend, filmers = filmed_backend(creator, config.env_config, num_episodes, *video, env_name)
+        filmed, filmers = filmed_backend(
+            creator, config.env_config, num_episodes, *video, env_name, config.episode_rules
+        )
+        backend = setup.with_action_rules(filmed, config)
     try:
         policy_map = setup.policy_map(policies, backend, policy_mapping_fn)
         policy_map.start_episodes(range(backend.num_envs))

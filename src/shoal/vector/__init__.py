@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from shoal.envs.aec import AECEnvAdapter
 from shoal.envs.atari import is_atari_id, is_minatar_id
-from shoal.envs.horizon import EpisodeRules, with_rules
+from shoal.envs.horizon import EpisodeRules, stepped_as_one_vector, with_rules
 from shoal.envs.multi_agent import dict_env_adapter, is_dict_env
 from shoal.envs.native import AgentEnv
 from shoal.envs.pettingzoo import ParallelEnvAdapter
@@ -67,11 +67,11 @@ def make_backend(
     ``rules``: horizons and ``no_done_at_end`` (``envs/horizon.py``), applied to each env made."""
     env_config = env_config or {}
     name = env_name(env)
-    if rules and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None):
-        raise ConfigError(
-            f"horizon / no_done_at_end wrap each env shoal makes; '{name}' is stepped as one vector "
-            f"(a VMAS scenario, a VectorEnv or vectorization_mode), so set its step limit in the env itself."
-        )
+    rules = rules if rules is not None and rules.active else None
+    if rules is not None and vectorization_mode is not None:
+        raise stepped_as_one_vector(f"vectorization_mode='{vectorization_mode}'")
+    if rules is not None and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv)):
+        raise stepped_as_one_vector(f"'{name}'")
     if is_vmas(env):
         if num_workers or vectorization_mode is not None:
             raise ConfigError(
@@ -102,7 +102,7 @@ def make_backend(
         )
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
-    if rules:
+    if rules is not None:
         make = _under_rules(make, rules, name)
     make, serial_class = adapted(make, name, env_state)
     if num_workers:

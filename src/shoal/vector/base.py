@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from shoal.envs.snapshot import env_state, load_env_state
+from shoal.envs.snapshot import env_state, fits, load_env_state
 from shoal.envs.spaces import ActionSpec, ObsSpec
 from shoal.errors import ConfigError, EnvError
 
@@ -189,7 +189,7 @@ class VecBackend:
             )
         self.clip_actions, self.normalize_actions = clip, normalize
         if normalize and isinstance(space, gym.spaces.Box):
-            self._act_center = (self._act_high + self._act_low) / 2
+            self._act_center = (self._act_high + self._act_low) / 2  # read only when normalizing
             self._act_half_range = (self._act_high - self._act_low) / 2
 
     def bounded_actions(self, actions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -198,8 +198,10 @@ class VecBackend:
         if self.act_spec.kind != "continuous":
             return actions if out is None else out.copy_(actions)
         if self.normalize_actions:
-            unit = actions.clamp(-1.0, 1.0) if self.clip_actions else actions
-            return torch.addcmul(self._act_center, unit, self._act_half_range, out=out)
+            if not self.clip_actions:
+                return torch.addcmul(self._act_center, actions, self._act_half_range, out=out)
+            scaled = torch.addcmul(self._act_center, actions.clamp(-1.0, 1.0), self._act_half_range, out=out)
+            return scaled.clamp_(self._act_low, self._act_high)  # float rounding can land one step outside
         if self.clip_actions:
             return torch.clamp(actions, self._act_low, self._act_high, out=out)
         return actions if out is None else out.copy_(actions)
@@ -248,7 +250,11 @@ class VecBackend:
         """Put every env back where it was; returns False (and changes nothing) for an inexact snapshot."""
         if not state["exact"]:
             return False
-        for env, saved in zip(self._snapshot_envs(), state["envs"], strict=True):
+        envs = self._snapshot_envs()
+        if len(envs) != len(state["envs"]) or not all(fits(env, saved) for env, saved in zip(envs, state["envs"])):
+            state["reason"] = "its wrappers differ from the checkpoint's, e.g. horizon or no_done_at_end changed"
+            return False
+        for env, saved in zip(envs, state["envs"], strict=True):
             load_env_state(env, saved)
         for key, buf in self._snapshot_buffers().items():
             buf[...] = state["buffers"][key].numpy()
