@@ -250,3 +250,48 @@ def test_normalized_actions_stay_inside_any_bounds():
         backend.configure_actions(clip=True, normalize=True)
         taken = torch.from_numpy(backend.env_actions(torch.tensor([-1.0, 1.0]).repeat_interleave(2000)))
     assert ((taken >= low) & (taken <= high)).all()
+
+
+def test_grpo_fragments_follow_the_horizon_and_refuse_a_soft_one():
+    with shoal.GRPO(env="CartPole-v1", horizon=40, num_envs=8, save_outputs=False, verbose=0) as algo:
+        assert algo.config.rollout_fragment_length == 40  # CartPole's own limit is 500
+    with pytest.raises(ConfigError, match="soft_horizon=True has no use with GRPO"):
+        shoal.GRPO(env="CartPole-v1", horizon=40, soft_horizon=True, save_outputs=False)
+
+
+class SitOut:
+    """A two-agent ParallelEnv where agent 'b' acts only on even steps (it sits the odd ones out);
+    its episodes never end by themselves."""
+
+    possible_agents = ["a", "b"]
+    metadata = {}
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, ["a", "b"]
+        return self._obs(), {a: {} for a in self._obs()}
+
+    def _obs(self):
+        present = ["a", "b"] if self.t % 2 == 0 else ["a"]
+        return {a: np.full(1, self.t, np.float32) for a in present}
+
+    def step(self, actions):
+        self.t += 1
+        obs = self._obs()
+        never = dict.fromkeys(obs, False)
+        return obs, dict.fromkeys(obs, 0.0), never, dict(never), {a: {} for a in obs}
+
+    def close(self):
+        pass
+
+
+def test_a_pettingzoo_cut_ends_agents_that_sat_the_step_out():
+    with shoal.PPO(env=lambda: SitOut(), horizon=3, **SMALL) as algo:
+        rollout = _collect(algo)
+    done = rollout["done"][:, :-1]  # rows: env 0's a, b, then env 1's
+    assert done[0, 2] and done[1, 2], done[:2]  # b sat out step 3 (t odd) and still ends with the episode

@@ -203,8 +203,8 @@ class GRPOConfig(SurrogateConfig):
     """Epochs of minibatch steps over each iteration's first-episode steps (also written `update_epochs`)."""
     rollout_fragment_length: int | None = Field(default=None, ge=1)
     """Most steps per env per iteration (an iteration ends as soon as every env's first episode has ended); None:
-    the env's `max_episode_steps` when it declares one (its Gymnasium spec, or `env_config`), else 500. An episode
-    still running at the end counts with the return it reached."""
+    the env's `max_episode_steps` when it declares one (its Gymnasium spec, or `env_config`), else 500, or `horizon`
+    when that is shorter. An episode still running at the end counts with the return it reached."""
 
     @model_validator(mode="after")
     def _check_groups(self) -> GRPOConfig:
@@ -223,11 +223,17 @@ class GRPOConfig(SurrogateConfig):
                 "normalize_reward=true has no use with GRPO, which normalizes each group's returns itself; "
                 "leave it false."
             )
+        if self.soft_horizon:
+            raise ConfigError(
+                "soft_horizon=True has no use with GRPO, which resets every env from its group's seed each "
+                "iteration and learns from first episodes only; use horizon=H alone."
+            )
         return self
 
     def _fill_rollout_shape(self) -> None:
         if self.rollout_fragment_length is None and self.train_batch_size is None:
-            self.rollout_fragment_length = declared_episode_steps(self.env, self.env_config) or 500
+            declared = declared_episode_steps(self.env, self.env_config) or 500
+            self.rollout_fragment_length = min(declared, self.horizon or declared)
         super()._fill_rollout_shape()
 
 
