@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, print_curves, seed_sweep_args
+from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
 
 
 def main() -> int:
@@ -34,10 +34,7 @@ def main() -> int:
             results[name].append(out)
             ok &= out["eval"] >= 475 or name == "PPO"
             print(curve_row(name, seed, out, 475), flush=True)
-    print_curves(results, args.seeds)
-    if args.plot:
-        plot_curves(results, args.plot, "CartPole-v1: GRPO vs PPO, library defaults", 475)
-        print(f"plot: {args.plot}")
+    report_curves(results, args.seeds, args.plot, "CartPole-v1: GRPO vs PPO, library defaults", 475)
     return 0 if ok else 1
 
 

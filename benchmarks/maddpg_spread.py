@@ -19,7 +19,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, print_curves, seed_sweep_args
+from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
 from shoal.config import load_yaml, merge_settings
 
 LEVEL = -60.0
@@ -55,10 +55,7 @@ def main() -> int:
             out = future.result()
             results[name].append(out)
             print(curve_row(name, seed, out, LEVEL), flush=True)
-    print_curves(results, args.seeds)
-    if args.plot:
-        plot_curves(results, args.plot, "simple_spread_v3: MADDPG vs MAPPO (team return)", LEVEL)
-        print(f"plot: {args.plot}")
+    report_curves(results, args.seeds, args.plot, "simple_spread_v3: MADDPG vs MAPPO (team return)", LEVEL)
     return 0
 
 

@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, print_curves, seed_sweep_args
+from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
 from shoal.config import merge_settings
 
 ENV = "CartPoleNoVel-v1"
@@ -62,10 +62,7 @@ def main() -> int:
             out = future.result()
             results[name].append(out)
             print(curve_row(name, seed, out, 475), flush=True)
-    print_curves(results, args.seeds)
-    if args.plot:
-        plot_curves(results, args.plot, f"{ENV}: LSTM vs MLP PPO", 475)
-        print(f"plot: {args.plot}")
+    report_curves(results, args.seeds, args.plot, f"{ENV}: LSTM vs MLP PPO", 475)
     return 0 if all(out["eval"] >= 475 for out in results["lstm"]) else 1
 
 

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, plot_curves, print_curves, seed_sweep_args
+from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
 from shoal.config import load_yaml
 
 LEARNED = -200.0
@@ -53,13 +53,10 @@ def main() -> int:
             out = learning_curve(shoal.PPO, {**tuned, **settings, "seed": seed}, args.steps, args.eval_every, LEARNED)
             results[name].append(out)
             print(curve_row(name, seed, out, LEARNED), flush=True)
-    print_curves(results, args.seeds)
+    report_curves(results, args.seeds, args.plot, "PPO on Pendulum with normalize_actions", LEARNED)
     for name, outs in results.items():
         finals = [out["eval"] for out in outs]
         print(f"{name}: final evaluation {np.mean(finals):.1f} ± {np.std(finals):.1f} over {len(finals)} seeds")
-    if args.plot:
-        plot_curves(results, args.plot, "PPO on Pendulum with normalize_actions", LEARNED)
-        print(f"plot: {args.plot}")
     return 0
 
 

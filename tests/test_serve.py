@@ -188,21 +188,8 @@ def test_logged_actions_reach_dqn_replay():
                     return
 
     stop = threading.Event()
-    settings = dict(
-        env="CartPole-v1",
-        algo="dqn",
-        num_envs=1,
-        total_timesteps=600,
-        learning_starts=100,
-        save_outputs=False,
-        verbose=0,
-        tuned=False,
-    )
-    trainer, _ = serve_training(
-        settings,
-        on_ready=lambda s: threading.Thread(target=client_loop, args=(s.url, stop), daemon=True).start(),
-        port=0,
-    )
+    settings = dict(env="CartPole-v1", algo="dqn", num_envs=1, total_timesteps=600, learning_starts=100)
+    trainer, _ = _train_with_client(settings, client_loop, stop)
     stop.set()
     replay = trainer.algorithm.replay
     taken = replay.sampleable  # [1 row, columns]: the stored steps that are transitions
@@ -344,19 +331,8 @@ def test_rate_connection_size_and_time_limits():
 def test_two_groups_with_one_client_do_not_hold_up_the_rollout():
     """async_factor=2 and a single client (the example's simulator): the group without an episode
     steps as padding."""
-    settings = dict(
-        env="CartPole-v1",
-        num_envs=4,
-        async_factor=2,
-        sgd_minibatch_size=64,
-        total_timesteps=512,
-        save_outputs=False,
-        verbose=0,
-        tuned=False,
-    )
-    trainer, result = serve_training(
-        settings, on_ready=lambda s: threading.Thread(target=simulate, args=(s.url,), daemon=True).start(), port=0
-    )
+    settings = dict(env="CartPole-v1", num_envs=4, async_factor=2, sgd_minibatch_size=64, total_timesteps=512)
+    trainer, result = _train_with_client(settings, simulate)
     assert trainer.timesteps_total >= 512 and result["episodes_total"] > 0
 
 
@@ -392,3 +368,13 @@ def test_a_served_recurrent_checkpoint_keeps_each_episodes_state(tmp_path):
     # the state matters: acting from the initial state at every step gives other actions
     stateless = [algo.compute_actions(obs, deterministic=True).tolist() for obs in episodes]
     assert stateless != expected
+
+
+def _train_with_client(settings, client, *args):
+    """``serve_training`` of ``settings`` (quiet, untuned, no outputs), with ``client(url, *args)``
+    started in a thread once the server is up."""
+
+    def start(server):
+        threading.Thread(target=client, args=(server.url, *args), daemon=True).start()
+
+    return serve_training({"save_outputs": False, "verbose": 0, "tuned": False, **settings}, on_ready=start, port=0)

@@ -173,6 +173,17 @@ def print_curves(results: dict[str, list[dict[str, Any]]], seeds: list[int]) -> 
             print(f"  {name} seed {seed}: {points}")
 
 
+def report_curves(
+    results: dict[str, list[dict[str, Any]]], seeds: list[int], plot: str | None, title: str, level: float
+) -> None:
+    """Print the learning curves of ``learning_curve`` runs and, given ``plot`` (a path), draw them
+    to a PNG with ``level`` as a dotted line."""
+    print_curves(results, seeds)
+    if plot:
+        plot_curves(results, plot, title, level)
+        print(f"plot: {plot}")
+
+
 def held_from(curve: Curve, level: float) -> int | None:
     """The env steps from which every evaluation of ``curve`` reached ``level`` (None: not at the end)."""
     held = None
