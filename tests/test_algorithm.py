@@ -22,6 +22,7 @@ def _weights(trainer) -> torch.Tensor:
 def test_reinforce_written_as_an_algorithm_learns_cartpole_with_the_unchanged_trainer():
     with shoal.Trainer(algo=Reinforce, env="CartPole-v1", seed=1, save_outputs=False, verbose=0) as trainer:
         assert trainer.algo_name == "REINFORCE" and trainer.config.rollout_fragment_length == 128  # its own default
+        assert trainer.config.batch_mode == "complete_episodes"
         first = trainer.train()
         trainer.learn(80_000)
         result = trainer.train()

@@ -203,6 +203,10 @@ def valid_configs(draw) -> dict[str, Any]:
     if cfg.get("vectorization_mode") is not None:  # horizons wrap the envs shoal makes itself
         for key in ("horizon", "soft_horizon", "no_done_at_end"):
             cfg.pop(key, None)
+    if cfg.get("batch_mode") == "complete_episodes":  # whole episodes give rows of varying length
+        plain = PPOConfig.build(**FIXED | cfg | {"batch_mode": "truncate_episodes"})
+        if plain.recurrent or plain.advantage_estimator == "vtrace" or bptt > 1 or plain.prio_alpha:
+            del cfg["batch_mode"]  # the segment learner needs rows of equal length
     return cfg
 
 
@@ -223,7 +227,7 @@ def test_any_config_the_schema_accepts_builds_a_trainer(cfg):
     with build(cfg) as trainer:
         c = trainer.config
         assert c.train_batch_size == c.num_envs * c.rollout_fragment_length
-        assert trainer.algorithm.buffer.rollout.batch_size == (c.num_envs, c.rollout_fragment_length + 1)
+        assert trainer.algorithm.buffer.rollout.batch_size == (c.num_envs, c.rollout_capacity + 1)
         assert list(trainer.policies) == config.policy_ids
         trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
         assert set(trainer.algorithm.learners) == set(trained)
@@ -472,7 +476,14 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
     if case == 21:
         return {"central_critic": draw(st.sampled_from(["team_obs", "state"]))}, r"needs a multi-agent env"
     if case == 22:
-        return {"soft_horizon": True}, r"soft_horizon=True cuts episodes at the horizon; set horizon=H too"
+        return draw(
+            st.sampled_from(
+                [
+                    ({"soft_horizon": True}, r"soft_horizon=True cuts episodes at the horizon; set horizon=H too"),
+                    ({"batch_mode": "complete_episodes", "prio_alpha": 0.5}, r"the segment learner .* prio_alpha"),
+                ]
+            )
+        )
     if case == 23:
         mode = draw(st.sampled_from(["sync", "async", "vector_entry_point"]))
         rules = draw(st.sampled_from([{"horizon": draw(st.integers(1, 1000))}, {"no_done_at_end": True}]))

@@ -52,12 +52,18 @@ class Collector(Protocol):
     first ``collect``)."""
 
     def collect(
-        self, rollout: TensorDict, start_states: list[TensorDict] | None = None, until_done: bool = False
+        self,
+        rollout: TensorDict,
+        start_states: list[TensorDict] | None = None,
+        until_done: bool = False,
+        complete_episodes: int | None = None,
     ) -> int:
         """Fill the ``[N, T+1]`` rollout in place (env fields and the algorithm's extras), and each
         policy's state at every segment start into ``start_states`` (``[N, K]`` each) when given;
         returns the env steps taken. ``until_done``: each group of envs stops as soon as every env in
-        it has ended an episode, and its unfilled steps are padding (``valid`` False)."""
+        it has ended an episode, and its unfilled steps are padding (``valid`` False).
+        ``complete_episodes=T``: every row takes at least T steps and its data ends at an episode
+        end; the rest of the storage is padding, and the steps stepped beyond start the next rollout."""
         ...
 
     def reset(self, seed: int | Sequence[int] | None) -> None:
@@ -127,6 +133,14 @@ class Algorithm:
         """Storage specs of the stored extras for a rollout buffer: one float per step each, unless
         ``extra_specs`` says otherwise."""
         return {key: self.extra_specs.get(key, SCALAR) for key in self.stored_extras()}
+
+    def collect(self, collector: Collector, rollout: TensorDict, start_states: list[TensorDict] | None = None) -> int:
+        """Fill ``rollout`` (``[N, config.rollout_capacity + 1]``) as ``batch_mode`` says; returns the
+        env steps it holds. With complete episodes each row's valid steps end at an episode end
+        and the rest is padding (``valid`` False)."""
+        c = self.config
+        whole = c.rollout_fragment_length if c.batch_mode == "complete_episodes" else None
+        return collector.collect(rollout, start_states, complete_episodes=whole)
 
     def learning_rate(self, config: TrainerConfig) -> float:
         """``config.learning_rate``; when ``lr_schedule`` is linear, times ``1 - progress``, so it falls

@@ -66,10 +66,9 @@ class PPOAlgorithm(Algorithm):
     def __init__(self, config: PPOConfig, env: EnvInfo):
         super().__init__(config, env)
         fields = self.extra_fields() | dict.fromkeys(("final_value", "advantage", "return"), SCALAR)
-        horizon = config.rollout_fragment_length
-        assert horizon is not None  # filled in when the config is validated
         initial = [policy.initial_state(1) for policy in self.policies.values()]
-        self.buffer = RolloutBuffer(env, horizon, fields, config.device, config.segment_length, initial)
+        capacity = config.rollout_capacity
+        self.buffer = RolloutBuffer(env, capacity, fields, config.device, config.segment_length, initial)
         self.learners = {
             pid: PPOLearner(
                 # built by make_policy from the config_class (with the policy's overrides)
@@ -87,7 +86,7 @@ class PPOAlgorithm(Algorithm):
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         rollout = self.buffer.start_rollout()
-        collector.collect(rollout, self.buffer.start_states)
+        self.collect(collector, rollout, self.buffer.start_states)
         self.buffer.add(rollout)
         # Truncated episodes' final values are taken with the statistics the rollout was acted on,
         # like its stored values. Then the observation statistics take in this rollout before
@@ -99,10 +98,14 @@ class PPOAlgorithm(Algorithm):
         # Each trained policy learns from the steps it took; one policy's statistics are top-level
         # result keys, several go under "learner" as "<policy>/<stat>".
         single = len(self.policies) == 1
+        # complete episodes leave padding after each row's last episode: minibatches gather the real steps
+        valid = rollout["valid"][:, :-1] if self.config.batch_mode == "complete_episodes" else None
         stats: dict[str, Any] = {}
         for pid, learner in self.learners.items():
             index = list(self.policies).index(pid)
-            select = None if single else rollout["policy_id"][:, :-1] == index
+            select = valid if single else rollout["policy_id"][:, :-1] == index
+            if valid is not None and select is not valid:
+                select &= valid
             if select is not None and not select.any():
                 continue  # the mapping gave this policy no rows this iteration
             lr = self.learning_rate(learner.config)
@@ -120,6 +123,11 @@ class PPOAlgorithm(Algorithm):
         return "batch layout:\n" + self.config.layout(self.env.rows_per_env).describe()
 
     def data_parallel_problem(self) -> str | None:
+        if self.config.batch_mode == "complete_episodes":
+            return (
+                "batch_mode='complete_episodes': each rank's iteration holds a different number of steps, and so "
+                "of minibatches, while every rank must take the same optimizer steps"
+            )
         if len(self.learners) > 1:
             return (
                 f"PPO with several trained policies ({', '.join(self.learners)}): a rank's share of each policy's "

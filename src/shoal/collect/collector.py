@@ -7,7 +7,9 @@ trajectory is whole however the groups interleave. A group that has taken its ``
 value, for PPO) are written there, and the group waits, not stepping, until the next rollout
 starts from exactly that observation. With ``collect(..., until_done=True)`` a group is parked as
 soon as every env in it has ended an episode (GRPO's rollouts: each row's first episode whole);
-its latest observation goes in its next slot and the rest of its fragment is padding.
+its latest observation goes in its next slot and the rest of its fragment is padding. With
+``collect(..., complete_episodes=T)`` every row's data ends at an episode end
+(``shoal.collect.carry``).
 
 Per batch it does one forward per policy over the rows that policy owns (``PolicyMap``) and a
 fixed handful of copies into views of the preallocated storage (made once per rollout storage
@@ -30,9 +32,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from tensordict import TensorDict
 
+from shoal.collect.carry import EpisodeCarry
 from shoal.collect.critic import CriticInput
 from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, mark_episode_starts
 from shoal.collect.policies import PolicyMap
@@ -111,7 +115,10 @@ class Collector:
         """``[N, T+1]`` (sized on the first ``collect``): the env's rewards, before scaling and clipping."""
         self.step_infos: StepInfos = {}
         """The last rollout's infos of episodes' last steps: step -> row -> info."""
-        self._truncated: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None, list[TensorDict]]] = []
+        self._truncated: list[
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, list[TensorDict]]
+        ] = []
+        self.carry: EpisodeCarry | None = None  # complete_episodes: the steps past each row's cut
 
     def reset(self, seed: Seed) -> None:
         """Reset every env (``seed``: one int, one per env, or None); all groups start parked on
@@ -120,6 +127,8 @@ class Collector:
         if self.tracker is not None:
             self.tracker.reset_episodes()
         self.first.fill_(True)
+        if self.carry is not None:
+            self.carry.clear()
         self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
 
@@ -127,15 +136,9 @@ class Collector:
         self, rollout: TensorDict, batch: StepBatch, start_states: list[TensorDict] | None = None
     ) -> dict[str, Any]:
         """Per-step views ``field[t] -> [rows of batch, ...]`` of the storage, made once."""
-        if self._views_of is not rollout:
-            self._views, self._views_of = {}, rollout
-            self.raw_reward = torch.zeros(rollout.batch_size)
-            if self.critic is not None:
-                self.critic.init(rollout["critic_obs"])
         views = self._views.get(id(batch))
         if views is None:
-            keys = FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
-            views = {key: rollout[key][batch.rows].unbind(1) for key in keys}
+            views = {key: rollout[key][batch.rows].unbind(1) for key in self._written(rollout)}
             views["raw_reward"] = self.raw_reward[batch.rows].unbind(1)
             views["extras"] = rollout.select(*self.extras)[batch.rows].unbind(1)
             views["first_now"] = self.first[batch.rows]
@@ -149,9 +152,25 @@ class Collector:
             self._views[id(batch)] = views
         return views
 
+    def _written(self, rollout: TensorDict) -> tuple[str, ...]:
+        """The env fields the collector writes into ``rollout`` each step."""
+        return FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
+
+    def _bind(self, rollout: TensorDict) -> None:
+        """Start writing into ``rollout``: its views are made afresh, once per batch."""
+        if self._views_of is not rollout:
+            self._views, self._views_of = {}, rollout
+            self.raw_reward = torch.zeros(rollout.batch_size)
+            if self.critic is not None:
+                self.critic.init(rollout["critic_obs"])
+
     @torch.inference_mode()
     def collect(
-        self, rollout: TensorDict, start_states: list[TensorDict] | None = None, until_done: bool = False
+        self,
+        rollout: TensorDict,
+        start_states: list[TensorDict] | None = None,
+        until_done: bool = False,
+        complete_episodes: int | None = None,
     ) -> int:
         """Fill ``rollout`` ([N, T+1]) with T steps of every row, and ``start_states`` (each
         policy's ``[N, K]`` state storage, see the module docstring) when given; returns the number
@@ -161,9 +180,16 @@ class Collector:
         the rollout started (each row's first episode is then whole, as GRPO needs); its latest
         observation and the extras for it go in its next slot, and the slots it leaves unfilled are
         padding: ``valid`` False, no episode flags, zero reward. The count returned is the steps
-        the groups took."""
+        the groups took.
+
+        ``complete_episodes=T``: every row takes at least T new steps and its data ends at its env's
+        episode end; what its group stepped beyond that starts the next rollout
+        (``shoal.collect.carry``; the rollout needs ``T + 2H`` slots for episodes of up to H
+        steps). The count returned is the steps this rollout holds."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
+        if until_done and complete_episodes is not None:
+            raise ValueError("collect() takes until_done or complete_episodes, not both")
         start = time.perf_counter()
         backend, policies = self.backend, self.policies
         horizon = rollout.batch_size[1] - 1
@@ -171,25 +197,41 @@ class Collector:
         step_infos: StepInfos = {}  # step -> row -> info of an episode's last step
         ready, self._parked = self._parked, []
         num_groups = len(ready)
-        self._position[:] = 0
+        self._bind(rollout)
         self._truncated.clear()
+        self._position[:] = 0
         ended = torch.zeros(backend.num_rows, dtype=torch.bool) if until_done else None  # env ended an episode
+        cut = None  # complete_episodes: each row's last slot of this rollout (-1: not yet)
+        fresh = complete_episodes or 0  # new steps each row takes before it may be cut
+        if complete_episodes is not None:
+            carry = self._carry(rollout)
+            begin, padding = carry.length.copy(), carry.delivered.copy()
+            carry.restore(rollout, self.raw_reward)
+            self._position[:] = begin
+            step_infos, carry.step_infos = carry.step_infos, {}
+            if carry.truncated is not None:
+                self._truncated.append((*carry.truncated, []))
+            cut = np.full(backend.num_rows, -1, dtype=np.int64)
         while len(self._parked) < num_groups:
-            if ready:  # parked since the last rollout: its obs is current, no step result to record
-                batch = ready.pop()
-                views = self._views_for(rollout, batch, start_states)
-                t = 0
-            else:
-                batch = backend.recv()
-                views = self._views_for(rollout, batch, start_states)
-                t = int(self._position[batch.rows.start])
+            resumed = bool(ready)  # parked since the last rollout: its obs is current, no step result to record
+            batch = ready.pop() if resumed else backend.recv()
+            views = self._views_for(rollout, batch, start_states)
+            t = int(self._position[batch.rows.start])
+            if not resumed:
                 self._record_step(batch, views, t - 1, step_infos)
                 if ended is not None:
                     self._mark_ended(ended[batch.rows], views, t - 1)
-            # T steps taken (or, until_done, every env of the group has ended an episode): act on the
-            # current obs for its extras only (the bootstrap; the action is not taken, so it is not
-            # sampled: no random draw is spent) and park until the next rollout
+                if cut is not None and t - begin[batch.rows.start] >= fresh:
+                    self._mark_cut(cut[batch.rows], views, t - 1)
+            # T steps taken (or, until_done, every env of the group has ended an episode; or, with
+            # complete_episodes, every row has its cut): act on the current obs for its extras only
+            # (the bootstrap; the action is not taken, so it is not sampled: no random draw is
+            # spent) and park until the next rollout
             parking = t == horizon or (ended is not None and t > 0 and bool(ended[batch.rows].all()))
+            if cut is not None:
+                parking = bool((cut[batch.rows] >= 0).all())
+                if t == horizon and not parking:
+                    raise self._too_long((horizon - fresh) // 2)
             obs = views["obs"][t].copy_(batch.obs)
             mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
             critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
@@ -220,13 +262,55 @@ class Collector:
             views["action"][t].copy_(action)
             backend.send(action, batch)
             self._position[batch.rows] = t + 1
-        self.truncations = self._gather_truncations(rollout, horizon)
+        if cut is None:
+            self.truncations = self._gather_truncations(rollout, horizon)
+            steps = backend.num_envs * horizon if ended is None else int(self._position.sum()) // backend.rows_per_env
+        else:
+            step_infos = self._carry_over(rollout, horizon, cut, step_infos)
+            steps = int((cut + 1 - padding).sum()) // backend.rows_per_env
         self._track(rollout, horizon, step_infos)
         self._check_rewards(rollout, horizon)
-        steps = backend.num_envs * horizon if ended is None else int(self._position.sum()) // backend.rows_per_env
         self.env_steps += steps
         self.sample_time_s += time.perf_counter() - start
         return steps
+
+    def _carry(self, rollout: TensorDict) -> EpisodeCarry:
+        if self.carry is None:
+            self.carry = EpisodeCarry(self.backend.num_rows, (*self._written(rollout), *self.extras))
+        return self.carry
+
+    def _mark_cut(self, cut: npt.NDArray[np.int64], views: dict[str, Any], t: int) -> None:
+        """Complete episodes: rows (of a batch, past their T new steps) whose env ended an episode
+        at step ``t`` and have no cut yet are cut there."""
+        done = views["terminated_np"] | views["truncated_np"]
+        k = self.backend.rows_per_env
+        if k > 1:
+            done = np.repeat(env_episode_ends(done, views["valid_np"], k), k)
+        cut[done & (cut < 0)] = t
+
+    def _too_long(self, longest: int) -> EnvError:
+        return EnvError(
+            f"env '{self.backend.name}' ran an episode longer than {longest} steps, the longest that "
+            f"batch_mode='complete_episodes' was sized for (the env's declared limit or `horizon`); set "
+            f"horizon=H to end episodes after H steps."
+        )
+
+    def _carry_over(
+        self, rollout: TensorDict, horizon: int, cut: npt.NDArray[np.int64], step_infos: StepInfos
+    ) -> StepInfos:
+        """Complete episodes: each group's steps past its rows' cuts go to the next rollout (the
+        truncations and episode infos among them too); returns this rollout's infos."""
+        assert self.carry is not None  # collect() made it
+        start = np.zeros_like(cut)
+        for batch in self._parked:
+            rows = batch.rows
+            start[rows] = self.carry.keep(rollout, self.raw_reward, rows, cut[rows], int(self._position[rows.start]))
+        truncations = self._gather_truncations(rollout, horizon)  # after keep(): next-step ones read the flags
+        if not truncations.next_step:
+            parts = (truncations.row, truncations.step, truncations.obs, truncations.critic_obs)
+            truncations = Truncations(*self.carry.split_truncated(parts, cut, start), [])
+        self.truncations = truncations
+        return self.carry.split_infos(step_infos, cut, start)
 
     def _track(self, rollout: TensorDict, horizon: int, step_infos: StepInfos) -> None:
         """Count the rollout's episodes (from the raw rewards) in the tracker, if this collector has one."""
@@ -261,13 +345,12 @@ class Collector:
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():
-            rows = batch.truncated.nonzero().squeeze(-1)
-            critic = None if self.critic is None else self.critic.final(batch, rows)
+            local = batch.truncated.nonzero().squeeze(-1)
+            rows = local + batch.rows.start
+            critic = None if self.critic is None else self.critic.final(batch, local)
             # the policies' state after acting at t: what a recurrent policy saw the last observation with
-            states = (
-                [state[rows + batch.rows.start] for state in self.policies.states] if self.policies.stateful else []
-            )
-            self._truncated.append((rows + batch.rows.start, t, batch.final_obs[rows].clone(), critic, states))
+            states = [state[rows] for state in self.policies.states] if self.policies.stateful else []
+            self._truncated.append((rows, torch.full_like(rows, t), batch.final_obs[local].clone(), critic, states))
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
 
@@ -301,7 +384,7 @@ class Collector:
         rows, steps, obs, critics, states = zip(*self._truncated)
         return Truncations(
             torch.cat(rows),
-            torch.cat([torch.full_like(r, t) for r, t in zip(rows, steps)]),
+            torch.cat(steps),
             torch.cat(obs),
             None if critic is None else torch.cat(critics),
             [cast(TensorDict, torch.cat(per_policy)) for per_policy in zip(*states)],
@@ -338,6 +421,7 @@ class Collector:
             "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "env_steps": self.env_steps,
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
+            "carry": None if self.carry is None else self.carry.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -348,3 +432,5 @@ class Collector:
         self.env_steps = state["env_steps"]
         if self.reward_scaler is not None and state["reward_scaler"] is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
+        if state.get("carry") is not None:
+            self.carry = EpisodeCarry.from_state(self.backend.num_rows, state["carry"])

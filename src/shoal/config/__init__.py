@@ -6,13 +6,14 @@ learners theirs (``shoal.config.replay``, ``shoal.config.sac`` and ``shoal.confi
 ``BatchLayout`` says what the batch keys add up to (``shoal.config.layout``).
 """
 
-from shoal.config.algorithms import GRPOConfig, PPOConfig, SurrogateConfig, declared_episode_steps
+from shoal.config.algorithms import GRPOConfig, PPOConfig, SurrogateConfig
 from shoal.config.files import load_yaml, merge_settings, parse_overrides
 from shoal.config.layout import BatchLayout
 from shoal.config.maddpg import MADDPGConfig
 from shoal.config.replay import DQNConfig, OffPolicyConfig
 from shoal.config.sac import ReplayActorCriticConfig, SACConfig, TD3Config
 from shoal.config.trainer import TrainerConfig
+from shoal.envs.horizon import declared_episode_steps
 
 __all__ = [
     "BatchLayout",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
-import gymnasium as gym
 from pydantic import Field, model_validator
 
 from shoal.config.layout import BatchLayout
 from shoal.config.trainer import TrainerConfig, nearest
+from shoal.envs.horizon import declared_episode_steps
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec
 
@@ -115,6 +115,17 @@ class PPOConfig(SurrogateConfig):
             import_spec(spec, "advantage_estimator")
         return self
 
+    @model_validator(mode="after")
+    def _check_batch_mode(self) -> PPOConfig:
+        segments = self.recurrent or self.advantage_estimator == "vtrace" or self.bptt_horizon not in (None, 1)
+        if self.batch_mode == "complete_episodes" and (segments or self.prio_alpha > 0):
+            raise ConfigError(
+                "batch_mode='complete_episodes' gives rows of varying length, and the segment learner (a recurrent "
+                "model_config core, advantage_estimator='vtrace', bptt_horizon or prio_alpha) cuts each row into "
+                "equal segments; use batch_mode='truncate_episodes' with it."
+            )
+        return self
+
     @property
     def segment_length(self) -> int:
         """``bptt_horizon``, or its default: the whole fragment for a recurrent model or V-trace
@@ -158,8 +169,8 @@ class PPOConfig(SurrogateConfig):
                 f"sgd_minibatch_size={mb} must be a multiple of bptt_horizon={bptt}: a minibatch is whole "
                 f"segments. Try sgd_minibatch_size={nearest([mb // bptt * bptt or bptt, -(-mb // bptt) * bptt], mb)}."
             )
-        if self.policies and len(self.policies) > 1:
-            return  # each policy's share of the batch is split into near-equal minibatches instead
+        if (self.policies and len(self.policies) > 1) or self.batch_mode == "complete_episodes":
+            return  # a batch of varying size (a policy's share, whole episodes) is split into near-equal minibatches
         if mb > batch or batch % mb:
             near = nearest([d for d in range(bptt, batch + 1, bptt) if batch % d == 0], mb)
             agents = f" x {agents_per_env} agents" if agents_per_env > 1 else ""
@@ -223,6 +234,11 @@ class GRPOConfig(SurrogateConfig):
                 "normalize_reward=true has no use with GRPO, which normalizes each group's returns itself; "
                 "leave it false."
             )
+        if self.batch_mode == "complete_episodes":
+            raise ConfigError(
+                "batch_mode='complete_episodes' has no use with GRPO, which learns from each env's first episode "
+                "of every iteration already; leave batch_mode='truncate_episodes'."
+            )
         if self.soft_horizon:
             raise ConfigError(
                 "soft_horizon=True has no use with GRPO, which resets every env from its group's seed each "
@@ -235,17 +251,3 @@ class GRPOConfig(SurrogateConfig):
             declared = declared_episode_steps(self.env, self.env_config) or 500
             self.rollout_fragment_length = min(declared, self.horizon or declared)
         super()._fill_rollout_shape()
-
-
-def declared_episode_steps(env: Any, env_config: dict[str, Any]) -> int | None:
-    """The step limit of ``env``'s episodes when it declares one, without making the env:
-    ``max_episode_steps`` in ``env_config`` (``gym.make``'s keyword), else that of the spec of a
-    registered Gymnasium id or of an env instance; None otherwise."""
-    limit = env_config.get("max_episode_steps")
-    if limit is None:
-        if isinstance(env, str):
-            spec = gym.registry.get(env) or gym.registry.get(env.partition(":")[2])
-        else:
-            spec = getattr(env, "spec", None)
-        limit = getattr(spec, "max_episode_steps", None)
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None

@@ -60,6 +60,11 @@ class OffPolicyConfig(TrainerConfig):
     def _check_gradient_steps(self) -> OffPolicyConfig:
         if self.gradient_steps == 0:
             raise ConfigError("gradient_steps=0 would never learn; give a positive count, or -1 (one per env step).")
+        if self.batch_mode == "complete_episodes":
+            raise ConfigError(
+                "batch_mode='complete_episodes' shapes the rollouts of on-policy learners; a replay learner samples "
+                "transitions from its buffer, whole episodes or not. Leave batch_mode='truncate_episodes'."
+            )
         return self
 
     @property

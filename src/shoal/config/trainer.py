@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shoal.envs.atari import is_atari_id
-from shoal.envs.horizon import EpisodeRules, stepped_as_one_vector
+from shoal.config.sampling import check_sampling
+from shoal.envs.horizon import EpisodeRules, declared_episode_steps
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import spec_of
 from shoal.models.catalog import check_model_config, resolve_model
@@ -159,6 +159,11 @@ class TrainerConfig(BaseModel):
     normalize_actions: bool = False
     """The policy acts in unit actions `[-1, 1]`, rescaled to the Box bounds (clipped to `[-1, 1]` first with
     `clip_actions`): one `log_std_init` then suits any bounds. Box action spaces with finite bounds."""
+    batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
+    """`truncate_episodes`: each iteration takes `rollout_fragment_length` steps of every env, cutting episodes where
+    it ends (the learner bootstraps there); `complete_episodes`: each env runs on past its fragment to its episode's
+    end, so an iteration holds whole episodes only, at least `train_batch_size` steps (needs the longest episode:
+    `horizon` or the env's declared limit)."""
     policies: dict[str, dict[str, Any] | None] | list[str] | None = None
     """Several policies: a list of ids, or ids -> per-policy overrides (`POLICY_KEYS`); None: one `default_policy`
     shared by every agent."""
@@ -203,33 +208,11 @@ class TrainerConfig(BaseModel):
     def _check_model(self) -> TrainerConfig:
         resolve_model(self.model)
         check_model_config(self.model, self.model_options)
-        if isinstance(self.clip_rewards, float) and not self.clip_rewards > 0:
-            raise ConfigError(
-                f"clip_rewards={self.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
-                f"True (their sign) or false."
-            )
         return self
 
     @model_validator(mode="after")
-    def _check_episode_rules(self) -> TrainerConfig:
-        """Horizons and ``no_done_at_end`` wrap each env shoal makes: they need such envs."""
-        if self.soft_horizon and self.horizon is None:
-            raise ConfigError("soft_horizon=True cuts episodes at the horizon; set horizon=H too.")
-        if not self.episode_rules.active:
-            return self
-        if self.vectorization_mode is not None:
-            raise stepped_as_one_vector(f"vectorization_mode='{self.vectorization_mode}'")
-        if self.backend == "external":
-            raise ConfigError(
-                "horizon / no_done_at_end act on envs shoal steps; with backend='external' the clients end "
-                "their episodes (end_episode with truncated=True at a time limit)."
-            )
-        if isinstance(self.env, str) and is_atari_id(self.env):
-            raise ConfigError(
-                f"horizon / no_done_at_end on '{self.env}': training episodes end at each lost life and "
-                f"evaluation plays whole games, so a horizon would mean two things; limit the game with "
-                f"env_config={{'max_num_frames_per_episode': N}} instead."
-            )
+    def _check_sampling(self) -> TrainerConfig:
+        check_sampling(self)
         return self
 
     @model_validator(mode="after")
@@ -489,6 +472,21 @@ class TrainerConfig(BaseModel):
     @property
     def episode_rules(self) -> EpisodeRules:
         return EpisodeRules(self.horizon, self.soft_horizon, self.no_done_at_end)
+
+    @property
+    def longest_episode(self) -> int | None:
+        """The most steps an episode can take: ``horizon`` or the env's declared limit (None: unknown)."""
+        return self.horizon or declared_episode_steps(self.env, self.env_config)
+
+    @property
+    def rollout_capacity(self) -> int:
+        """Slots of each row of an on-policy rollout: ``rollout_fragment_length``, or with complete
+        episodes room for the fragment, the episode that ends it and the steps carried in from the
+        last one (``shoal.collect.carry``)."""
+        fragment = cast(int, self.rollout_fragment_length)  # filled when validated
+        if self.batch_mode == "truncate_episodes":
+            return fragment
+        return fragment + 2 * cast(int, self.longest_episode)  # checked when validated
 
     @property
     def recurrent(self) -> bool:

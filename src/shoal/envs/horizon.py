@@ -123,3 +123,18 @@ def with_rules(env: Any, rules: EpisodeRules, name: str) -> Any:
             f"wrap it in a ParallelEnv."
         )
     return HorizonWrapper(env, rules) if isinstance(env, gym.Env) else ParallelHorizonWrapper(env, rules)
+
+
+def declared_episode_steps(env: Any, env_config: dict[str, Any]) -> int | None:
+    """The step limit of ``env``'s episodes when it declares one, without making the env: the
+    limit in ``env_config`` (``gym.make``'s ``max_episode_steps``, PettingZoo's ``max_cycles``,
+    VMAS's ``max_steps``), else that of the spec of a registered Gymnasium id or of an env
+    instance; None otherwise."""
+    limit = next((env_config[k] for k in ("max_episode_steps", "max_cycles", "max_steps") if k in env_config), None)
+    if limit is None:
+        if isinstance(env, str):
+            spec = gym.registry.get(env) or gym.registry.get(env.partition(":")[2])
+        else:
+            spec = getattr(env, "spec", None)
+        limit = getattr(spec, "max_episode_steps", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None

@@ -133,7 +133,14 @@ class RolloutWorker:
     def reset(self, seed: Seed) -> None:
         self._collector().reset(seed)
 
-    def sample(self, weights: Weights, key: int, storage: Storage | None, until_done: bool) -> Fragment:
+    def sample(
+        self,
+        weights: Weights,
+        key: int,
+        storage: Storage | None,
+        until_done: bool,
+        complete_episodes: int | None = None,
+    ) -> Fragment:
         """Act with ``weights`` on the next ``T`` steps (``storage``: the share to fill, sent once per key)."""
         collector = self._collector()
         for pid, (state, attributes) in weights.items():
@@ -145,7 +152,7 @@ class RolloutWorker:
             self.storage[key] = storage
         rollout, start_states = self.storage[key]
         start = time.perf_counter()
-        steps = collector.collect(rollout, start_states or None, until_done)
+        steps = collector.collect(rollout, start_states or None, until_done, complete_episodes)
         seconds = time.perf_counter() - start
         horizon = rollout.batch_size[1] - 1
         truncations = collector.truncations
@@ -257,7 +264,12 @@ class WorkerSet(VecBackend):
         self._each(lambda w: self.workers[w].reset.remote(self._seeds[w]))
 
     def sample(
-        self, weights: Weights, rollout: TensorDict, start_states: list[TensorDict], until_done: bool
+        self,
+        weights: Weights,
+        rollout: TensorDict,
+        start_states: list[TensorDict],
+        until_done: bool,
+        complete_episodes: int | None,
     ) -> list[Fragment]:
         """Every worker's fragment of the next rollout, acting with ``weights``."""
         ref = self.ray.put(weights)  # once: every worker reads the same copy from the object store
@@ -269,7 +281,7 @@ class WorkerSet(VecBackend):
                 rows = self.shares[w]
                 share = (rollout[rows].clone().cpu(), [states[rows].clone().cpu() for states in start_states])
                 self._known[w].add(key)
-            return self.workers[w].sample.remote(ref, key, share, until_done)
+            return self.workers[w].sample.remote(ref, key, share, until_done, complete_episodes)
 
         return self._each(call)
 
@@ -350,7 +362,11 @@ class RemoteCollector(Collector):
         self.tracker.reset_episodes()
 
     def collect(
-        self, rollout: TensorDict, start_states: list[TensorDict] | None = None, until_done: bool = False
+        self,
+        rollout: TensorDict,
+        start_states: list[TensorDict] | None = None,
+        until_done: bool = False,
+        complete_episodes: int | None = None,
     ) -> int:
         start = time.perf_counter()
         horizon = rollout.batch_size[1] - 1
@@ -363,7 +379,7 @@ class RemoteCollector(Collector):
             )
             for pid, policy in zip(self.policies.ids, self.policies.modules)
         }
-        fragments = self.workers.sample(weights, rollout, start_states or [], until_done)
+        fragments = self.workers.sample(weights, rollout, start_states or [], until_done, complete_episodes)
         assert self.tracker is not None
         replaced, self.workers.replaced = self.workers.replaced, []
         for w in replaced:

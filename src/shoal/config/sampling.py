@@ -1,0 +1,49 @@
+"""The checks of the sampling keys (``docs/sampling.md``): reward clipping, horizons and
+``no_done_at_end`` (which wrap each env shoal makes, so they need such envs), and complete
+episodes (which need the longest episode, to size the storage)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shoal.envs.atari import is_atari_id
+from shoal.envs.horizon import stepped_as_one_vector
+from shoal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shoal.config.trainer import TrainerConfig
+
+
+def check_sampling(c: TrainerConfig) -> None:
+    if isinstance(c.clip_rewards, float) and not c.clip_rewards > 0:
+        raise ConfigError(
+            f"clip_rewards={c.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
+            f"True (their sign) or false."
+        )
+    if c.batch_mode == "complete_episodes" and (c.backend == "external" or c.longest_episode is None):
+        why = (
+            "with backend='external' the clients decide when episodes end"
+            if c.backend == "external"
+            else f"the env {c.env!r} declares no episode limit; set horizon=H (episodes end after H steps)"
+        )
+        raise ConfigError(
+            f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "
+            f"batch_mode='truncate_episodes'."
+        )
+    if c.soft_horizon and c.horizon is None:
+        raise ConfigError("soft_horizon=True cuts episodes at the horizon; set horizon=H too.")
+    if not c.episode_rules.active:
+        return
+    if c.vectorization_mode is not None:
+        raise stepped_as_one_vector(f"vectorization_mode='{c.vectorization_mode}'")
+    if c.backend == "external":
+        raise ConfigError(
+            "horizon / no_done_at_end act on envs shoal steps; with backend='external' the clients end "
+            "their episodes (end_episode with truncated=True at a time limit)."
+        )
+    if isinstance(c.env, str) and is_atari_id(c.env):
+        raise ConfigError(
+            f"horizon / no_done_at_end on '{c.env}': training episodes end at each lost life and "
+            f"evaluation plays whole games, so a horizon would mean two things; limit the game with "
+            f"env_config={{'max_num_frames_per_episode': N}} instead."
+        )
