@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shoal.algos import Algorithm, register_algorithm
+    from shoal.algos import Algorithm, Trajectory, register_algorithm
     from shoal.collect.episodes import Episode
     from shoal.collect.policies import EpisodeStart
     from shoal.config import DQNConfig, GRPOConfig, MADDPGConfig, PPOConfig, SACConfig, TD3Config, TrainerConfig
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 # imported without torch and the rest.
 _MODULE_OF = {
     "Algorithm": "shoal.algos",
+    "Trajectory": "shoal.algos",
     "register_algorithm": "shoal.algos",
     "Episode": "shoal.collect.episodes",
     "EpisodeStart": "shoal.collect.policies",
@@ -106,6 +107,7 @@ __all__ = [
     "TD3Config",
     "Trainer",
     "TrainerConfig",
+    "Trajectory",
     "make_backend",
     "register_algorithm",
     "register_env",

@@ -121,7 +121,8 @@ def learning_curve(
     time, and the env steps at which an evaluation first reached ``level`` and from which every
     later one did."""
     curve = EvalCurve(eval_every)
-    with preset(**settings, save_outputs=False, verbose=0, callbacks=[curve]) as algo:
+    settings = {**settings, "callbacks": [*settings.get("callbacks", []), curve]}  # the run's own ones first
+    with preset(**settings, save_outputs=False, verbose=0) as algo:
         curve.curve.append((0, algo.evaluate(curve.episodes)["episode_reward_mean"]))  # before the clock starts
         start = time.perf_counter()
         algo.learn(steps)

@@ -1,7 +1,7 @@
 """Learning algorithms: pure RL math (advantages, losses) and each ``Algorithm``."""
 
 from shoal.algos.advantages import gae
-from shoal.algos.base import Algorithm
+from shoal.algos.base import Algorithm, Trajectory
 from shoal.algos.dqn import DQNAlgorithm
 from shoal.algos.grpo import GRPOAlgorithm
 from shoal.algos.maddpg import MADDPGAlgorithm
@@ -19,6 +19,7 @@ __all__ = [
     "PPOAlgorithm",
     "SACAlgorithm",
     "TD3Algorithm",
+    "Trajectory",
     "algorithm_class",
     "gae",
     "register_algorithm",

@@ -11,22 +11,25 @@ and learns from it. To add one, subclass ``Algorithm``:
 
         def __init__(self, config, env):
             super().__init__(config, env)          # builds self.policies from model / model_config
-            self.buffer = RolloutBuffer(env, config.rollout_fragment_length, self.extra_fields())
+            self.buffer = RolloutBuffer(env, config.rollout_capacity, self.extra_fields())
             ...                                    # optimizers, schedules
 
         def training_step(self, collector) -> dict:
-            collector.collect(self.buffer.rollout) # [N, T+1]: obs, action, reward, flags + extras
+            self.collect(collector, self.buffer.rollout)  # [N, T+1]: obs, action, reward, flags + extras
             ...                                    # learn; return statistics to log
 
 and train it with the unchanged trainer: ``shoal.Trainer(algo=MyAlgo, env="CartPole-v1").learn()``.
 ``examples/reinforce.py`` is a whole one. The collector stores, besides the env fields, the
 per-step ``extras`` the policies' ``act`` returns (the default actor-critic policy gives
-``sample_log_prob`` and ``value``).
+``sample_log_prob`` and ``value``). ``Algorithm.collect`` fills the rollout as ``batch_mode``
+says and then hands each policy's steps to ``postprocess_trajectory`` and to the callbacks'
+``on_postprocess_trajectory``, which may change rewards or add fields before the learner reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
@@ -72,6 +75,28 @@ class Collector(Protocol):
         ...
 
 
+@dataclass
+class Trajectory:
+    """One policy's steps of a finished rollout, as ``postprocess_trajectory`` sees them."""
+
+    policy_id: str
+    rollout: TensorDict
+    """The whole ``[N, T+1]`` rollout (every policy's rows; slot T holds the last observation):
+    change ``reward`` or add fields in place, at ``mask``, and the learner reads them. The
+    episode returns the metrics report are counted already, from the env's own rewards."""
+    mask: torch.Tensor
+    """``[N, T]`` bool: the steps this policy took (padding and other policies' steps are False)."""
+    rows_per_env: int
+    """Agent rows of each env (1 for single-agent envs)."""
+
+    @property
+    def agents(self) -> TensorDict:
+        """The rollout as ``[envs, agents, T+1]``: each env's agents side by side at the same steps,
+        so a policy's steps can be read with the other agents' of the same env."""
+        n, t = self.rollout.batch_size
+        return self.rollout.reshape(n // self.rows_per_env, self.rows_per_env, t)
+
+
 class Algorithm:
     """Base class of every learning algorithm: it owns its policies, optimizers, storage and
     schedules, and the trainer calls ``training_step(collector)`` once per iteration.
@@ -112,6 +137,9 @@ class Algorithm:
         trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
         self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
         """The ids of the policies that learn (``policies_to_train``; all by default)."""
+        self.trajectory_hooks: list[Callable[[Trajectory], None]] = []
+        """Called after ``postprocess_trajectory`` with each policy's ``Trajectory`` (the trainer adds
+        its callbacks' ``on_postprocess_trajectory`` here)."""
 
     @property
     def steps_per_iteration(self) -> int:
@@ -134,13 +162,34 @@ class Algorithm:
         ``extra_specs`` says otherwise."""
         return {key: self.extra_specs.get(key, SCALAR) for key in self.stored_extras()}
 
-    def collect(self, collector: Collector, rollout: TensorDict, start_states: list[TensorDict] | None = None) -> int:
-        """Fill ``rollout`` (``[N, config.rollout_capacity + 1]``) as ``batch_mode`` says; returns the
-        env steps it holds. With complete episodes each row's valid steps end at an episode end
-        and the rest is padding (``valid`` False)."""
+    def collect(
+        self,
+        collector: Collector,
+        rollout: TensorDict,
+        start_states: list[TensorDict] | None = None,
+        until_done: bool = False,
+    ) -> int:
+        """Fill ``rollout`` (``[N, config.rollout_capacity + 1]``) as ``batch_mode`` says (or, with
+        ``until_done``, each env's first episode), then postprocess each policy's steps; returns
+        the env steps it holds. With complete episodes each row's valid steps end at an episode
+        end and the rest is padding (``valid`` False)."""
         c = self.config
         whole = c.rollout_fragment_length if c.batch_mode == "complete_episodes" else None
-        return collector.collect(rollout, start_states, complete_episodes=whole)
+        steps = collector.collect(rollout, start_states, until_done, whole)
+        if self.trajectory_hooks or type(self).postprocess_trajectory is not Algorithm.postprocess_trajectory:
+            valid = rollout["valid"][:, :-1]
+            for index, pid in enumerate(self.policies):
+                mask = valid if len(self.policies) == 1 else valid & (rollout["policy_id"][:, :-1] == index)
+                trajectory = Trajectory(pid, rollout, mask, self.env.rows_per_env)
+                self.postprocess_trajectory(trajectory)
+                for hook in self.trajectory_hooks:
+                    hook(trajectory)
+        return steps
+
+    def postprocess_trajectory(self, trajectory: Trajectory) -> None:
+        """Change the rewards of, or add fields to, one policy's steps of each finished rollout
+        before the learner reads them (an intrinsic reward, a relabelled goal); called once per
+        policy after every collect. Does nothing unless overridden."""
 
     def learning_rate(self, config: TrainerConfig) -> float:
         """``config.learning_rate``; when ``lr_schedule`` is linear, times ``1 - progress``, so it falls

@@ -120,7 +120,7 @@ class GRPOAlgorithm(Algorithm):
             self.reference.load_state_dict(self.policy.state_dict())
         collector.reset(self.group_seeds(self.iterations))
         rollout = self.buffer.start_rollout()
-        collector.collect(rollout, until_done=True)
+        self.collect(collector, rollout, until_done=True)
         self.buffer.add(rollout)
         self.update_obs_stats(rollout)
         steps = transition_view(rollout)

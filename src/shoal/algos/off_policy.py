@@ -120,7 +120,7 @@ class OffPolicyAlgorithm(Algorithm):
         for _ in range(c.phases):
             self.before_phase(self.phase_progress(collected))
             rollout = self.rollout.start_rollout()
-            steps = collector.collect(rollout, self.rollout_states())
+            steps = self.collect(collector, rollout, self.rollout_states())
             self.rollout.add(rollout)
             self.update_obs_stats(rollout)
             self.replay.add(rollout, collector.truncations)

@@ -1,8 +1,10 @@
-"""Example envs: many agents on a grid stepped with numpy (``TargetGrid``), and a Dict observation
-of an image and a vector that are each useless alone (``SideSwitch``).
+"""Example envs: many agents on a grid stepped with numpy (``TargetGrid``), a Dict observation
+of an image and a vector that are each useless alone (``SideSwitch``), and a corridor whose
+reward is found only by exploring (``SparseChain``).
 
-Importing this module registers them as ``TargetGrid-v0`` and ``SideSwitch-v0`` (``env_config``
-holds their keyword arguments), so ``shoal train shoal.envs.examples:TargetGrid-v0`` trains one.
+Importing this module registers them as ``TargetGrid-v0``, ``SideSwitch-v0`` and
+``SparseChain-v0`` (``env_config`` holds their keyword arguments), so ``shoal train
+shoal.envs.examples:TargetGrid-v0`` trains one.
 """
 
 from __future__ import annotations
@@ -137,5 +139,45 @@ class SideSwitch(gym.Env):
         return self._draw(), reward, False, self.t >= self.length, {}
 
 
+class SparseChain(gym.Env):
+    """A corridor of ``length`` cells, a small reward at one end and a large one at the other.
+
+    The agent starts in cell 1 and steps left or right (Discrete(2)); it sees a one-hot of its
+    cell. Stepping into cell 0 ends the episode with reward ``near`` (0.1); reaching the last cell
+    ends it with reward 1. Nothing else is rewarded, and an episode is truncated after ``2 *
+    length`` steps. A random walk from cell 1 reaches the far end first with probability
+    ``1 / (length - 1)``, so a learner soon settles for the near reward unless something (an
+    exploration bonus) drives it on.
+    """
+
+    def __init__(self, length: int = 20, near: float = 0.1):
+        if length < 3:
+            raise ValueError(f"SparseChain length={length}: the corridor needs at least 3 cells")
+        self.length, self.near, self.limit = length, near, 2 * length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (length,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.cell = self.t = 0
+
+    def _obs(self) -> npt.NDArray[np.float32]:
+        obs = np.zeros(self.length, np.float32)
+        obs[self.cell] = 1.0
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.cell, self.t = 1, 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[npt.NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+        self.cell += 1 if int(action) == 1 else -1
+        self.t += 1
+        far = self.cell == self.length - 1
+        reward = 1.0 if far else self.near if self.cell == 0 else 0.0
+        return self._obs(), reward, far or self.cell == 0, self.t >= self.limit, {"reached_far_end": float(far)}
+
+
 register_env("TargetGrid-v0", lambda config: TargetGrid(**config))
 register_env("SideSwitch-v0", lambda config: SideSwitch(**config))
+register_env("SparseChain-v0", lambda config: SparseChain(**config))

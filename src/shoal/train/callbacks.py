@@ -16,6 +16,7 @@ from shoal.errors import ConfigError
 from shoal.imports import import_spec
 
 if TYPE_CHECKING:
+    from shoal.algos.base import Trajectory
     from shoal.train.trainer import Trainer
 
 
@@ -35,8 +36,13 @@ class Callback:
     def on_checkpoint(self, trainer: Trainer, path: Path) -> bool | None:
         """A checkpoint was written to ``path``."""
 
+    def on_postprocess_trajectory(self, trainer: Trainer, trajectory: Trajectory) -> bool | None:
+        """A rollout was collected: change ``trajectory.rollout["reward"]`` or add fields at
+        ``trajectory.mask`` (one policy's steps) before the learner reads them; called once per
+        policy, after the algorithm's own ``postprocess_trajectory``."""
 
-HOOKS = ("on_episode_end", "on_train_result", "on_evaluate_end", "on_checkpoint")
+
+HOOKS = ("on_episode_end", "on_train_result", "on_evaluate_end", "on_checkpoint", "on_postprocess_trajectory")
 
 
 def _instantiate(spec: Any) -> object:

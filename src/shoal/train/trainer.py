@@ -95,6 +95,8 @@ class Trainer:
                 c.check_batch(self.backend.rows_per_env)
             critic = setup.central_critic(c.central_critic, self.backend, self.env_name)
             self.algorithm: Algorithm = algo_cls(c, setup.env_info(self.backend, self.env_name, critic))
+            if self.callbacks.has("on_postprocess_trajectory"):
+                self.algorithm.trajectory_hooks.append(lambda t: self.callbacks("on_postprocess_trajectory", self, t))
             self.policy_map = setup.policy_map(self.policies, self.backend, c.policy_mapping_fn)
             on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
             self.tracker = EpisodeTracker(
