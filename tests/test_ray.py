@@ -214,3 +214,46 @@ def test_an_env_that_fails_to_build_in_a_worker_stops_the_run_with_its_error(ray
 def test_more_workers_than_the_cluster_can_place_are_refused(ray_cluster):
     with pytest.raises(ConfigError, match=r"num_workers=3 x num_cpus_per_worker=1 = 3 CPUs, and the Ray cluster has 2"):
         shoal.PPO(env="CartPole-v1", backend="ray", num_workers=3, num_envs=3, save_outputs=False)
+
+
+class CountingEnv(gym.Env):
+    """obs = [steps this env took in all]; episodes of 1 to 12 steps; info ``step`` = the episode's step."""
+
+    def __init__(self, config=None):
+        self.observation_space = gym.spaces.Box(0.0, 1e9, (1,), "float32")
+        self.action_space = gym.spaces.Discrete(2)
+        self.count = self.t = self.length = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.length = 0, int(self.np_random.integers(1, 13))
+        return torch.tensor([self.count], dtype=torch.float32).numpy(), {}
+
+    def step(self, action):
+        self.count += 1
+        self.t += 1
+        obs = torch.tensor([self.count], dtype=torch.float32).numpy()
+        return obs, 0.0, self.t == self.length, False, {"step": self.t}
+
+
+@pytest.mark.slow
+def test_complete_episodes_and_info_keys_on_ray_workers(ray_cluster):
+    settings = dict(num_envs=4, rollout_fragment_length=8, save_outputs=False, verbose=0, tuned=False)
+    settings |= dict(batch_mode="complete_episodes", horizon=12, info_keys=["step"], sgd_minibatch_size=32)
+    delivered = [[] for _ in range(4)]
+    with shoal.PPO(env=CountingEnv, backend="ray", num_workers=2, **settings) as algo:
+        for _ in range(4):
+            result = algo.train()
+            rollout = algo.algorithm.buffer.rollout[:, :-1]
+            for row in range(4):
+                steps = rollout["valid"][row].nonzero().squeeze(1)
+                assert rollout["done"][row, steps[-1]]  # every worker's rows end at an episode end
+                delivered[row] += rollout["obs"][row, steps, 0].tolist()
+                expected, t = [], 0  # each step's info, from its worker: 1, 2, ... from every episode start
+                for done in rollout["done"][row, steps].tolist():
+                    t += 1
+                    expected.append(float(t))
+                    t = 0 if done else t
+                assert rollout["info"][row, steps, 0].tolist() == expected
+    assert all(steps == list(range(len(steps))) for steps in delivered)  # none lost, none twice
+    assert 1.0 <= result["custom_metrics"]["step_mean"] <= 6.5  # means of 1..L, L at most 12

@@ -154,7 +154,7 @@ class Collector:
 
     def _written(self, rollout: TensorDict) -> tuple[str, ...]:
         """The env fields the collector writes into ``rollout`` each step."""
-        return FIELDS + tuple(key for key in ("action_mask", "critic_obs") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
+        return FIELDS + tuple(key for key in ("action_mask", "critic_obs", "info") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
 
     def _bind(self, rollout: TensorDict) -> None:
         """Start writing into ``rollout``: its views are made afresh, once per batch."""
@@ -322,6 +322,7 @@ class Collector:
                 rollout["valid"].numpy()[:, :horizon].T,
                 step_infos,
                 rollout["policy_id"].numpy()[:, :horizon].T,
+                rollout["info"].numpy()[:, :horizon].transpose(1, 0, 2) if "info" in rollout.keys() else None,  # noqa: SIM118
             )
 
     def _record_step(self, batch: StepBatch, views: dict[str, Any], t: int, step_infos: StepInfos) -> None:
@@ -341,6 +342,8 @@ class Collector:
         views["terminated"][t].copy_(batch.terminated)
         views["truncated"][t].copy_(batch.truncated)
         views["valid"][t].copy_(batch.valid)
+        if batch.info is not None:
+            views["info"][t].copy_(batch.info)
         mark_episode_starts(done, batch.valid, self.backend.autoreset, self.backend.rows_per_env, views["first_now"])
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)

@@ -13,7 +13,8 @@ episode until a done step without it, so returns are whole games.
 
 Custom metrics: every numeric scalar an env puts in the ``info`` of an episode's last step (and
 anything an ``on_episode_end`` callback adds to ``episode.custom_metrics``) is aggregated over the
-same smoothing window as the returns, as ``custom_metrics/<name>_mean/min/max``.
+same smoothing window as the returns, as ``custom_metrics/<name>_mean/min/max``. The values of
+``info_keys``, stored at every step, enter as their mean over the episode's steps instead.
 """
 
 from __future__ import annotations
@@ -111,8 +112,13 @@ class EpisodeTracker:
         on_episode_end: Callable[[Episode], None] | None = None,
         agent_names: list[str] | None = None,
         policy_ids: list[str] | None = None,
+        info_keys: list[str] | None = None,
     ):
         self.agent_names = agent_names
+        self.info_keys = info_keys or []
+        # running sums and counts of each row's info_keys values (nan: absent that step)
+        self.info_sum = np.zeros((num_rows, len(self.info_keys)), dtype=np.float64)
+        self.info_count = np.zeros((num_rows, len(self.info_keys)), dtype=np.int64)
         if agent_names:
             k = len(agent_names)
             self.team_ret = np.zeros(num_rows // k, dtype=np.float64)
@@ -139,13 +145,14 @@ class EpisodeTracker:
         valid: npt.NDArray[np.bool_],
         step_infos: StepInfos | None = None,
         policy: npt.NDArray[np.int64] | None = None,
+        info: npt.NDArray[np.float32] | None = None,
     ) -> None:
         """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated) close their
         episode, also where the row did not act that step (a turn-based game ending on another
         agent's move); lengths count the steps a row acted, returns every reward it got.
         ``step_infos[t][row]`` is the info of an episode that ended at step t; ``policy[t, row]``
-        the index of the policy that acted. Episodes enter the window in the
-        order they ended.
+        the index of the policy that acted; ``info[t, row]`` the step's ``info_keys`` values.
+        Episodes enter the window in the order they ended.
 
         A whole rollout at once: a few numpy ops over the block, and Python only for the episodes
         that ended in it (per step, the bookkeeping cost as much as a policy forward)."""
@@ -157,6 +164,10 @@ class EpisodeTracker:
         cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
         steps, rows = np.nonzero(done)
         team_ends = self._team_ends(done, valid) if self.agent_names else {}
+        if info is not None and self.info_keys:
+            present = ~np.isnan(info) & valid[..., None]
+            cum_info = np.cumsum(np.where(present, info, 0.0), axis=0, dtype=np.float64)
+            cum_count = np.cumsum(present, axis=0, dtype=np.int64)
         for t, row in zip(steps.tolist(), rows.tolist()):
             ret, length = float(self.ret[row] + cum_ret[t, row]), int(self.len[row] + cum_len[t, row])
             if self.per_policy:
@@ -166,12 +177,20 @@ class EpisodeTracker:
             else:
                 self.returns.append(ret)
                 self.lengths.append(length)
-            if step_infos or self.on_episode_end is not None:
-                self._close(row, ret, length, step_infos.get(t, {}).get(row, {}))
+            means = {}
+            if info is not None and self.info_keys:
+                sums, counts = self.info_sum[row] + cum_info[t, row], self.info_count[row] + cum_count[t, row]
+                means = {key: float(sums[k] / counts[k]) for k, key in enumerate(self.info_keys) if counts[k]}
+                self.info_sum[row], self.info_count[row] = -cum_info[t, row], -cum_count[t, row]
+            if step_infos or self.on_episode_end is not None or means:
+                self._close(row, ret, length, step_infos.get(t, {}).get(row, {}), means)
             self.ret[row] = -cum_ret[t, row]
             self.len[row] = -cum_len[t, row]
         self.ret += cum_ret[-1]
         self.len += cum_len[-1]
+        if info is not None and self.info_keys:
+            self.info_sum += cum_info[-1]
+            self.info_count += cum_count[-1]
         ended = len(team_ends) if self.agent_names else len(rows)  # multi-agent: the team's episodes
         self.episodes_this_iter += ended
         self.episodes_total += ended
@@ -192,6 +211,8 @@ class EpisodeTracker:
         returns and lengths, per row and per team, start again from zero. ``rows`` covers whole envs."""
         self.ret[rows] = 0.0
         self.len[rows] = 0
+        self.info_sum[rows] = 0.0
+        self.info_count[rows] = 0
         if self.agent_names:
             k = len(self.agent_names)
             start, stop = (None if row is None else row // k for row in (rows.start, rows.stop))
@@ -220,8 +241,9 @@ class EpisodeTracker:
             self.lengths.append(int(self.team_len[env]))
             self.team_ret[env], self.team_len[env] = 0.0, 0
 
-    def _close(self, row: int, ret: float, length: int, info: dict[str, Any]) -> None:
-        episode = Episode(row, int(self.env_id[row]), ret, length, info, numeric_items(info))
+    def _close(self, row: int, ret: float, length: int, info: dict[str, Any], means: dict[str, float]) -> None:
+        """``means``: the episode's mean of each ``info_keys`` value, which wins over the last step's."""
+        episode = Episode(row, int(self.env_id[row]), ret, length, info, numeric_items(info) | means)
         if self.on_episode_end is not None:
             self.on_episode_end(episode)
         for name, value in episode.custom_metrics.items():
@@ -274,6 +296,8 @@ class EpisodeTracker:
             "custom": {k: list(v) for k, v in self.custom.items()},
             "episodes_total": self.episodes_total,
             "policy_returns": {p: list(r) for p, r in self.policy_returns.items()},
+            "info_sum": self.info_sum.tolist(),
+            "info_count": self.info_count.tolist(),
         }
         if self.agent_names:
             state |= {
@@ -292,6 +316,8 @@ class EpisodeTracker:
         self.lengths.extend(state["lengths"])
         self.custom = {k: deque(v, maxlen=self.window) for k, v in state["custom"].items()}
         self.episodes_total = state["episodes_total"]
+        if "info_sum" in state and np.shape(state["info_sum"]) == self.info_sum.shape:
+            self.info_sum[:], self.info_count[:] = state["info_sum"], state["info_count"]
         windows = [("policy_returns", self.policy_returns)]
         if self.agent_names:
             self.team_ret[:], self.team_len[:] = state["team_ret"], state["team_len"]

@@ -30,6 +30,11 @@ def check_sampling(c: TrainerConfig) -> None:
             f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "
             f"batch_mode='truncate_episodes'."
         )
+    if c.info_keys and c.backend == "external":
+        raise ConfigError(
+            "info_keys reads the step infos of envs that shoal steps; with backend='external' the simulators "
+            "step their own envs."
+        )
     if c.soft_horizon and c.horizon is None:
         raise ConfigError("soft_horizon=True cuts episodes at the horizon; set horizon=H too.")
     if not c.episode_rules.active:

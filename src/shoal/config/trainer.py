@@ -159,6 +159,9 @@ class TrainerConfig(BaseModel):
     normalize_actions: bool = False
     """The policy acts in unit actions `[-1, 1]`, rescaled to the Box bounds (clipped to `[-1, 1]` first with
     `clip_actions`): one `log_std_init` then suits any bounds. Box action spaces with finite bounds."""
+    info_keys: list[str] = Field(default_factory=list)
+    """Keys of the env's step `info` whose values (numbers) are stored in the rollout at every step (field `info`)
+    and reported as their per-episode mean, `custom_metrics/<key>_mean` (single-agent Gymnasium envs)."""
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     """`truncate_episodes`: each iteration takes `rollout_fragment_length` steps of every env, cutting episodes where
     it ends (the learner bootstraps there); `complete_episodes`: each env runs on past its fragment to its episode's

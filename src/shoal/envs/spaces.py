@@ -113,6 +113,8 @@ class EnvInfo:
     """Width of the action mask, 0 when no env sends one."""
     critic_dim: int = 0
     """Width of a centralized critic's extra input, 0 without one."""
+    info_size: int = 0
+    """Values of the step infos stored each step (``info_keys``), 0 without them."""
 
     @property
     def num_rows(self) -> int:

@@ -56,6 +56,7 @@ WRITTEN = (
     *FIELDS,
     "action_mask",
     "critic_obs",
+    "info",
 )  # what a collector writes besides the extras; the rest is the learner's
 
 
@@ -188,7 +189,7 @@ class WorkerSet(VecBackend):
             )
         self.ray = ray_module()
         probe = setup.build_backend(c, 1)
-        mask, state = probe.batch.action_mask, probe.batch.state
+        mask, state, info = probe.batch.action_mask, probe.batch.state, probe.batch.info
         super().__init__(
             probe.name,
             c.num_envs,
@@ -197,6 +198,7 @@ class WorkerSet(VecBackend):
             probe.rows_per_env,
             mask_size=0 if mask is None else mask.shape[1],
             state_size=0 if state is None else state.shape[1],
+            info_size=0 if info is None else info.shape[1],
         )
         self.agents, self.autoreset = probe.agents, probe.autoreset
         del probe  # not closed: it may hold the user's own env instance

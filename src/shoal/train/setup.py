@@ -42,6 +42,7 @@ def build_backend(
         evaluation=evaluation,
         first_env_id=first_env_id,
         rules=c.episode_rules,
+        info_keys=() if evaluation else tuple(c.info_keys),
     )
     return with_action_rules(backend, c)
 
@@ -134,6 +135,7 @@ def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> 
         backend.rows_per_env,
         0 if mask is None else mask.shape[1],
         critic.dim if critic else 0,
+        0 if backend.batch.info is None else backend.batch.info.shape[1],
     )
 
 

@@ -106,6 +106,7 @@ class Trainer:
                 on_episode_end,
                 self.backend.agents,
                 c.policy_ids,
+                c.info_keys,
             )
             self.collector = setup.collector(
                 c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic

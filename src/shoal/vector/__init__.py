@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ def make_backend(
     evaluation: bool = False,
     first_env_id: int = 0,
     rules: EpisodeRules | None = None,
+    info_keys: tuple[str, ...] = (),
 ) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
@@ -64,7 +66,9 @@ def make_backend(
     ``evaluation``: envs for evaluation, without training-only wrappers (Atari's life-loss terminals).
     ``first_env_id``: the id of the first env, when these envs are a share of a larger set (a Ray
     rollout worker's): envs are made, seeded and reported by their ids in the whole set.
-    ``rules``: horizons and ``no_done_at_end`` (``envs/horizon.py``), applied to each env made."""
+    ``rules``: horizons and ``no_done_at_end`` (``envs/horizon.py``), applied to each env made.
+    ``info_keys``: each step's values of these keys of the env's info go to the batch's ``info``
+    (single-agent Gymnasium envs made one by one)."""
     env_config = env_config or {}
     name = env_name(env)
     rules = rules if rules is not None and rules.active else None
@@ -72,6 +76,8 @@ def make_backend(
         raise stepped_as_one_vector(f"vectorization_mode='{vectorization_mode}'")
     if rules is not None and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv)):
         raise stepped_as_one_vector(f"'{name}'")
+    if info_keys and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None):
+        raise _infos_unsupported(info_keys, name, "stepped as one vector")
     if is_vmas(env):
         if num_workers or vectorization_mode is not None:
             raise ConfigError(
@@ -105,6 +111,10 @@ def make_backend(
     if rules is not None:
         make = _under_rules(make, rules, name)
     make, serial_class = adapted(make, name, env_state)
+    if info_keys:
+        if serial_class is not SerialBackend:
+            raise _infos_unsupported(info_keys, name, "a multi-agent env")
+        serial_class = functools.partial(SerialBackend, info_keys=tuple(info_keys))
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
     return serial_class(make, num_envs, name, first_env_id=first_env_id)
@@ -126,6 +136,14 @@ def adapted(
     if adapter is None:
         return (lambda index: first if index == 0 else make(index)), SerialBackend
     return (lambda index: adapter(first if index == 0 else make(index), name, env_state)), AgentEnvBackend
+
+
+def _infos_unsupported(info_keys: tuple[str, ...], name: str, what: str) -> ConfigError:
+    return ConfigError(
+        f"info_keys={list(info_keys)} reads the step infos of single-agent Gymnasium envs that shoal makes one "
+        f"by one (in this process, worker processes or Ray workers); '{name}' is {what}. Numbers in the info of "
+        f"an episode's last step become custom metrics without info_keys."
+    )
 
 
 def _under_rules(make: Callable[[int], AnyEnv], rules: EpisodeRules, name: str) -> Callable[[int], AnyEnv]:

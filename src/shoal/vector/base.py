@@ -56,6 +56,7 @@ class StepBatch:
     action_mask: torch.Tensor | None  # [A, n] bool, True = allowed; None when no env masks actions
     state: torch.Tensor | None  # [A, S]: the env's global state() on each of its rows, when asked for
     final_state: torch.Tensor | None  # [A, S]: state() before an autoreset (bootstrapping truncations)
+    info: torch.Tensor | None  # [A, K] float32: the step's values of the K ``info_keys`` (nan where absent)
     rows: slice  # agent rows this batch covers
 
 
@@ -83,13 +84,18 @@ def env_seeds(seed: Seed, num_envs: int, first_env_id: int, name: str) -> list[i
     return [int(s) for s in seeds]
 
 
-def allocate_buffers(num_rows: int, obs: ObsSpec, alloc: Allocator, mask_size: int = 0, state_size: int = 0) -> Buffers:
+def allocate_buffers(
+    num_rows: int, obs: ObsSpec, alloc: Allocator, mask_size: int = 0, state_size: int = 0, info_size: int = 0
+) -> Buffers:
     """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed);
     with ``mask_size``, also the ``[rows, mask_size]`` action mask; with ``state_size``, the env
-    state (and its value before an autoreset) on every row."""
+    state (and its value before an autoreset) on every row; with ``info_size``, the step's values
+    of that many ``info_keys``."""
     extra = {"action_mask": alloc((num_rows, mask_size), np.bool_)} if mask_size else {}
     if state_size:
         extra |= {key: alloc((num_rows, state_size), np.float32) for key in ("state", "final_state")}
+    if info_size:
+        extra["info"] = alloc((num_rows, info_size), np.float32)
     return extra | {
         "obs": alloc((num_rows, *obs.shape), obs.dtype),
         "final_obs": alloc((num_rows, *obs.shape), obs.dtype),
@@ -104,7 +110,7 @@ def batch_view(buffers: Buffers, rows: slice, env_id: torch.Tensor, agent_id: to
     """A StepBatch whose tensors share memory with ``buffers[rows]``."""
     optional = {
         key: None if key not in buffers else torch.from_numpy(buffers[key][rows])
-        for key in ("action_mask", "state", "final_state")
+        for key in ("action_mask", "state", "final_state", "info")
     }
     return StepBatch(
         obs=torch.from_numpy(buffers["obs"][rows]),
@@ -141,6 +147,7 @@ class VecBackend:
         first_env_id: int = 0,
         mask_size: int = 0,
         state_size: int = 0,
+        info_size: int = 0,
     ):
         self.name = name
         self.first_env_id = first_env_id
@@ -149,7 +156,7 @@ class VecBackend:
         self.num_rows = num_envs * rows_per_env
         self.obs_spec, self.act_spec = obs, act
         if buffers is None:
-            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size, state_size)
+            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size, state_size, info_size)
         self._buffers = buffers
         self._obs, self._final_obs = buffers["obs"], buffers["final_obs"]
         self._reward, self._terminated, self._truncated = buffers["reward"], buffers["terminated"], buffers["truncated"]

@@ -53,7 +53,7 @@ from shoal.vector.base import (
 from shoal.vector.serial import SerialBackend
 
 # what each worker runs over its envs: a serial backend of gym envs or of multi-agent adapters
-SerialClass = type[SerialBackend] | type[AgentEnvBackend]
+SerialClass = Callable[..., SerialBackend | AgentEnvBackend]
 
 # one-byte commands and replies
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
@@ -144,7 +144,7 @@ class MultiprocessBackend(VecBackend):
         # not closed, since it may be the user's own instance).
         probe = serial_class(make_env, 1, name)
         obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
-        mask, state = probe.batch.action_mask, probe.batch.state
+        mask, state, info = probe.batch.action_mask, probe.batch.state, probe.batch.info
         self.agents = probe.agents
         self.single_observation_space, self.single_action_space = (
             probe.single_observation_space,
@@ -158,6 +158,7 @@ class MultiprocessBackend(VecBackend):
             lambda shape, dtype: _shared_array(shape, dtype, self._maps),
             0 if mask is None else mask.shape[1],
             0 if state is None else state.shape[1],
+            0 if info is None else info.shape[1],
         )
         super().__init__(name, num_envs, obs, act, rows_per_env=k, buffers=buffers)
         self._actions = _shared_array((num_envs * k, *act.shape), act.dtype, self._maps)

@@ -6,10 +6,12 @@ the shared-memory buffers (``buffers``, ``first_env_id``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import numpy.typing as npt
 import torch
 
@@ -28,7 +30,9 @@ class SerialBackend(VecBackend):
         name: str,
         buffers: Buffers | None = None,
         first_env_id: int = 0,
+        info_keys: tuple[str, ...] = (),
     ):
+        """``info_keys``: the step infos' values written to the batch's ``info`` each step."""
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
         first = self.envs[0]
         for i, env in enumerate(self.envs[1:], start=1):
@@ -44,7 +48,9 @@ class SerialBackend(VecBackend):
             action_spec(first.action_space),
             buffers=buffers,
             first_env_id=first_env_id,
+            info_size=len(info_keys),
         )
+        self.info_keys = info_keys
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
 
@@ -72,6 +78,7 @@ class SerialBackend(VecBackend):
         write, name = self.obs_spec.write, self.name
         obs_buf, final_buf = self._obs, self._final_obs
         rew, term, trunc, final_infos = self._reward, self._terminated, self._truncated, self.final_infos
+        info_rows = self._buffers.get("info")  # [envs, K] when info_keys are asked for
         if final_infos:
             final_infos.clear()
         i = 0
@@ -81,6 +88,8 @@ class SerialBackend(VecBackend):
                 rew[i] = r
                 term[i] = te
                 trunc[i] = tr
+                if info_rows is not None:
+                    self._write_info(info_rows[i], info)
                 if te or tr:
                     if info:
                         final_infos[i] = info
@@ -92,6 +101,17 @@ class SerialBackend(VecBackend):
             raise
         except Exception as e:  # free when nothing is raised; names the env when something is
             raise self._failed(i, "step", e) from e
+
+    def _write_info(self, out: npt.NDArray[np.float32], info: dict[str, Any]) -> None:
+        for k, key in enumerate(self.info_keys):
+            value = info.get(key, math.nan)
+            try:
+                out[k] = value
+            except (TypeError, ValueError):
+                raise EnvError(
+                    f"env '{self.name}': info_keys holds '{key}', and the env's info['{key}'] is {value!r} "
+                    f"({type(value).__name__}); info_keys takes numbers (or bools) only."
+                ) from None
 
     def _snapshot_envs(self) -> list[Any]:
         return self.envs
