@@ -122,6 +122,7 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "clip_rewards": st.none() | st.booleans() | st.floats(0, 100, exclude_min=True, allow_subnormal=False),
     "central_critic": st.just(None),  # needs a multi-agent env: a ConfigError on CartPole (tested below)
     "advantage_estimator": st.sampled_from(["gae", "vtrace", "shoal.algos.advantages:rollout_gae"]),
+    "info_keys": st.lists(st.sampled_from(["x", "is_success"]), max_size=2, unique=True),  # CartPole gives neither
 }
 JOINT = {  # drawn together in `valid_configs`
     "rollout_fragment_length",
@@ -200,8 +201,8 @@ def valid_configs(draw) -> dict[str, Any]:
         cfg |= draw(policy_settings())
     if cfg.get("soft_horizon") and cfg.get("horizon") is None:
         cfg["horizon"] = draw(st.integers(1, 1000))
-    if cfg.get("vectorization_mode") is not None:  # horizons wrap the envs shoal makes itself
-        for key in ("horizon", "soft_horizon", "no_done_at_end"):
+    if cfg.get("vectorization_mode") is not None:  # horizons and info_keys need the envs shoal makes itself
+        for key in ("horizon", "soft_horizon", "no_done_at_end", "info_keys"):
             cfg.pop(key, None)
     if cfg.get("batch_mode") == "complete_episodes":  # whole episodes give rows of varying length
         plain = PPOConfig.build(**FIXED | cfg | {"batch_mode": "truncate_episodes"})

@@ -34,7 +34,7 @@ def _replay(algo):
     policy = algo.get_policy()
     with torch.no_grad():
         logp, _, value = policy.evaluate_segments(
-            segments["obs"], segments["action"], segments["first"], states, entropy=False
+            segments["obs"], segments["action"], segments["first"], states, entropy=False, reward=segments["reward"]
         )
     return segments, states, logp, value
 
@@ -46,6 +46,7 @@ def _replay(algo):
         ("gru", 0, {}),
         ("lstm", 0, {"shared_trunk": True}),  # one core for both heads
         ("gru", 0, {"hiddens": [], "head_hiddens": [8], "activation": "relu"}),
+        ("lstm", 0, {"use_prev_action": True, "use_prev_reward": True}),  # one-hot actions, rewards of 1
         pytest.param("lstm", 2, {}, marks=pytest.mark.slow),
         pytest.param("gru", 2, {}, marks=pytest.mark.slow),
     ],
@@ -67,7 +68,7 @@ def test_the_training_forward_of_a_segment_reproduces_the_rollout(core, workers,
         zeros = algo.get_policy().initial_state(len(first))
         with torch.no_grad():
             _, _, from_zero = algo.get_policy().evaluate_segments(
-                segments["obs"], segments["action"], first, zeros, entropy=False
+                segments["obs"], segments["action"], first, zeros, entropy=False, reward=segments["reward"]
             )
         mid_episode = ~first[:, 0]
         assert not torch.allclose(from_zero[mid_episode], segments["value"][mid_episode], atol=1e-4)
@@ -174,6 +175,37 @@ def test_evaluation_and_video_run_recurrent_policies(tmp_path):
         out = algo.evaluate(2, video_dir=tmp_path)
         assert out["episodes"] == 2 and len(out["videos"]) == 2
         assert all((tmp_path / p).stat().st_size > 0 for p in out["videos"])
+
+
+@pytest.mark.parametrize("core", ["lstm", "gru"])
+def test_previous_actions_and_rewards_are_replayed_as_the_rollout_fed_them(core):
+    """Pendulum (Box actions, a different reward every step) cut at 12 steps: segments of 8 start
+    mid-episode, where the previous action and reward come from the stored start state."""
+    kw = SHORT | dict(env="Pendulum-v1", env_config={"max_episode_steps": 12})
+    model_config = {"core": core, "core_size": 16, "use_prev_action": True, "use_prev_reward": True}
+    with shoal.PPO(model_config=model_config, **kw) as algo:
+        algo.learn(3 * 128)
+        segments, states, logp, value = _replay(algo)
+        first = segments["first"]
+        starts_mid_episode = ~first[:, 0]
+        assert first[:, 1:].any() and starts_mid_episode.any()
+        assert (states["prev_reward"][starts_mid_episode] != 0).all()  # the reward before each segment
+        assert torch.allclose(logp, segments["sample_log_prob"], atol=1e-5)
+        assert torch.allclose(value, segments["value"], atol=1e-5)
+        # the inputs matter: the same segments with the previous rewards zeroed come out otherwise
+        policy = algo.get_policy()
+        with torch.no_grad():
+            _, _, blind = policy.evaluate_segments(
+                segments["obs"], segments["action"], first, states, entropy=False, reward=torch.zeros_like(value)
+            )
+        assert not torch.allclose(blind, value, atol=1e-4)
+
+
+def test_previous_action_and_reward_inputs_need_a_core_and_an_on_policy_learner():
+    with pytest.raises(shoal.ConfigError, match=r"use_prev_action shapes a recurrent core; set core"):
+        shoal.PPO(model_config={"use_prev_action": True}, **SHORT)
+    with pytest.raises(shoal.ConfigError, match=r"replay learners' sequences do not replay them"):
+        shoal.DQN(env="CartPole-v1", model_config={"core": "lstm", "use_prev_reward": True}, save_outputs=False)
 
 
 def test_truncated_episodes_bootstrap_with_the_state_the_policy_had():

@@ -400,7 +400,9 @@ class PPOLearner:
         if self.recurrent:
             policy = cast(RecurrentActorCriticPolicy, self.policy)
             start = cast(TensorDict, mb.start_states)  # stored for every recurrent policy
-            return policy.evaluate_segments(data["obs"], data["action"], data["first"], start, entropy, mask)
+            return policy.evaluate_segments(
+                data["obs"], data["action"], data["first"], start, entropy, mask, data.get("reward", None)
+            )
         flat = data.reshape(-1)
         logp, ent, value = self.policy.evaluate(
             flat["obs"],

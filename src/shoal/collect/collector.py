@@ -339,6 +339,8 @@ class Collector:
         elif self.clip_rewards:
             reward.clamp_(-self.clip_rewards, self.clip_rewards)
         views["raw_reward"][t].copy_(batch.reward)
+        if self.policies.reward_fed:  # before the truncated rows' states are kept: they saw this reward
+            self.policies.feed_rewards(reward, batch.rows)
         views["terminated"][t].copy_(batch.terminated)
         views["truncated"][t].copy_(batch.truncated)
         views["valid"][t].copy_(batch.valid)

@@ -83,6 +83,8 @@ class PolicyMap:
         self.states = [module.initial_state(num_rows) for module in self.modules]
         # tensordict's TensorDict.is_empty overrides the annotated TensorDictBase.is_empty without annotations
         self.stateful = any(not state.is_empty() for state in self.states)  # type: ignore[no-untyped-call]
+        # the policies whose core reads the previous reward, which the collector gives them after each step
+        self.reward_fed = [p for p, state in enumerate(self.states) if "prev_reward" in state.keys()]  # noqa: SIM118
         self._groups: dict[int, list[tuple[int, torch.Tensor]]] = {}  # batch start row -> (policy, positions)
         self._state_views: dict[tuple[int, int], TensorDict] = {}  # (policy, batch start row) -> its rows
 
@@ -126,6 +128,11 @@ class PolicyMap:
         if view is None:
             view = self._state_views[(p, rows.start)] = self.states[p][rows]
         return view
+
+    def feed_rewards(self, reward: torch.Tensor, rows: slice) -> None:
+        """The step's ``reward`` of ``rows`` becomes the previous reward their cores read next."""
+        for p in self.reward_fed:
+            self.state(p, rows)["prev_reward"].copy_(reward.unsqueeze(1))
 
     def act(
         self,

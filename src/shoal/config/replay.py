@@ -60,6 +60,11 @@ class OffPolicyConfig(TrainerConfig):
     def _check_gradient_steps(self) -> OffPolicyConfig:
         if self.gradient_steps == 0:
             raise ConfigError("gradient_steps=0 would never learn; give a positive count, or -1 (one per env step).")
+        if self.model_options.get("use_prev_action") or self.model_options.get("use_prev_reward"):
+            raise ConfigError(
+                "model_config use_prev_action / use_prev_reward feed a recurrent core the previous action and reward "
+                "with algo=ppo; the replay learners' sequences do not replay them yet. Leave them off."
+            )
         if self.batch_mode == "complete_episodes":
             raise ConfigError(
                 "batch_mode='complete_episodes' shapes the rollouts of on-policy learners; a replay learner samples "

@@ -1,9 +1,10 @@
 """Example envs: many agents on a grid stepped with numpy (``TargetGrid``), a Dict observation
-of an image and a vector that are each useless alone (``SideSwitch``), and a corridor whose
-reward is found only by exploring (``SparseChain``).
+of an image and a vector that are each useless alone (``SideSwitch``), a corridor whose
+reward is found only by exploring (``SparseChain``), and a bandit learned only by remembering
+what each pull paid (``TwoArmedBandit``).
 
-Importing this module registers them as ``TargetGrid-v0``, ``SideSwitch-v0`` and
-``SparseChain-v0`` (``env_config`` holds their keyword arguments), so ``shoal train
+Importing this module registers them as ``TargetGrid-v0``, ``SideSwitch-v0``, ``SparseChain-v0``
+and ``TwoArmedBandit-v0`` (``env_config`` holds their keyword arguments), so ``shoal train
 shoal.envs.examples:TargetGrid-v0`` trains one.
 """
 
@@ -178,6 +179,43 @@ class SparseChain(gym.Env):
         return self._obs(), reward, far or self.cell == 0, self.t >= self.limit, {"reached_far_end": float(far)}
 
 
+class TwoArmedBandit(gym.Env):
+    """Two arms, one better, drawn anew at each episode start; the observation is a constant.
+
+    Each of the ``pulls`` steps of an episode pulls an arm (Discrete(2)): the better one pays 1
+    with probability ``p_better`` (0.9), the other with ``1 - p_better``. Only the actions taken
+    and the rewards they brought tell the arms apart, so a policy that remembers them (a recurrent
+    core fed the previous action and reward) earns close to ``p_better`` per pull, and any other
+    earns 0.5.
+    """
+
+    def __init__(self, pulls: int = 20, p_better: float = 0.9):
+        self.pulls, self.p_better = pulls, p_better
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.better = self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.better, self.t = int(self.np_random.integers(0, 2)), 0
+        return np.ones(1, np.float32), {}
+
+    def step(self, action: int) -> tuple[npt.NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        chance = self.p_better if int(action) == self.better else 1.0 - self.p_better
+        reward = float(self.np_random.random() < chance)
+        return (
+            np.ones(1, np.float32),
+            reward,
+            False,
+            self.t >= self.pulls,
+            {"better_arm": float(int(action) == self.better)},
+        )
+
+
 register_env("TargetGrid-v0", lambda config: TargetGrid(**config))
 register_env("SideSwitch-v0", lambda config: SideSwitch(**config))
 register_env("SparseChain-v0", lambda config: SparseChain(**config))
+register_env("TwoArmedBandit-v0", lambda config: TwoArmedBandit(**config))

@@ -72,6 +72,10 @@ class ModelConfig(BaseModel):
     head_hiddens: list[int] | None = Field(default=None, min_length=1)
     """Hidden layers between a recurrent core and each head (with `activation`); None: the heads read the core
     directly."""
+    use_prev_action: bool = False
+    """Feed the recurrent core the previous action too (one-hot for discrete actions; zeros at an episode start)."""
+    use_prev_reward: bool = False
+    """Feed the recurrent core the previous reward too (as the learner sees it; zero at an episode start)."""
 
     def check_core(self) -> None:
         if self.hiddens == [] and self.core is None:
@@ -79,8 +83,8 @@ class ModelConfig(BaseModel):
                 "bad value for 'model_config.hiddens': []: no hidden layers is only for a recurrent core (core='lstm' "
                 "or 'gru'), which then reads the encoder's output; give at least one size, e.g. hiddens=[64]."
             )
-        for key in ("core_size", "head_hiddens"):
-            if getattr(self, key) is not None and self.core is None:
+        for key in ("core_size", "head_hiddens", "use_prev_action", "use_prev_reward"):
+            if getattr(self, key) not in (None, False) and self.core is None:
                 raise ConfigError(f"model_config.{key} shapes a recurrent core; set core='lstm' or 'gru' too.")
 
 
@@ -208,6 +212,8 @@ def recurrent_model(
         cfg.core_size or 128,
         cfg.head_hiddens,
         activation,
+        env.act_spec if cfg.use_prev_action else None,
+        cfg.use_prev_reward,
     )
 
 
