@@ -34,7 +34,12 @@ def _replay(algo):
     policy = algo.get_policy()
     with torch.no_grad():
         logp, _, value = policy.evaluate_segments(
-            segments["obs"], segments["action"], segments["first"], states, entropy=False, reward=segments["reward"]
+            segments["obs"],
+            segments["action"],
+            segments["first"],
+            states,
+            entropy=False,
+            reward=segments.get("raw_reward", None),
         )
     return segments, states, logp, value
 
@@ -68,7 +73,12 @@ def test_the_training_forward_of_a_segment_reproduces_the_rollout(core, workers,
         zeros = algo.get_policy().initial_state(len(first))
         with torch.no_grad():
             _, _, from_zero = algo.get_policy().evaluate_segments(
-                segments["obs"], segments["action"], first, zeros, entropy=False, reward=segments["reward"]
+                segments["obs"],
+                segments["action"],
+                first,
+                zeros,
+                entropy=False,
+                reward=segments.get("raw_reward", None),
             )
         mid_episode = ~first[:, 0]
         assert not torch.allclose(from_zero[mid_episode], segments["value"][mid_episode], atol=1e-4)
@@ -199,6 +209,21 @@ def test_previous_actions_and_rewards_are_replayed_as_the_rollout_fed_them(core)
                 segments["obs"], segments["action"], first, states, entropy=False, reward=torch.zeros_like(value)
             )
         assert not torch.allclose(blind, value, atol=1e-4)
+
+
+def test_evaluation_feeds_the_env_rewards_to_a_core_that_reads_them(monkeypatch):
+    from shoal.collect.policies import PolicyMap
+
+    fed = []
+    original = PolicyMap.feed_rewards
+    monkeypatch.setattr(
+        PolicyMap, "feed_rewards", lambda self, r, rows: (fed.append(r.clone()), original(self, r, rows))
+    )
+    kw = SHORT | dict(env="Pendulum-v1", env_config={"max_episode_steps": 12})
+    with shoal.PPO(model_config={"core": "gru", "core_size": 8, "use_prev_reward": True}, **kw) as algo:
+        evaluation = algo.evaluate(3)
+    assert len(fed) == 12  # every step of the 3 episodes, stepped together
+    assert abs(float(torch.stack(fed).sum(0).mean()) - evaluation["episode_reward_mean"]) < 1e-3
 
 
 def test_previous_action_and_reward_inputs_need_a_core_and_an_on_policy_learner():

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
 LEARN_KEYS = ("obs", "action", "sample_log_prob", "value", "return", "advantage", "valid")
 # what segments add: episode starts (recurrent resets) and what V-trace recomputes advantages from
-SEGMENT_KEYS = ("first", "reward", "terminated", "truncated", "final_value")
+SEGMENT_KEYS = ("first", "reward", "terminated", "truncated", "final_value", "raw_reward")
 
 
 class PPOAlgorithm(Algorithm):
@@ -66,6 +66,8 @@ class PPOAlgorithm(Algorithm):
     def __init__(self, config: PPOConfig, env: EnvInfo):
         super().__init__(config, env)
         fields = self.extra_fields() | dict.fromkeys(("final_value", "advantage", "return"), SCALAR)
+        if any(getattr(getattr(policy, "model", None), "prev_reward", False) for policy in self.policies.values()):
+            fields["raw_reward"] = SCALAR  # the env's own rewards, which such a core reads as the previous reward
         initial = [policy.initial_state(1) for policy in self.policies.values()]
         capacity = config.rollout_capacity
         self.buffer = RolloutBuffer(env, capacity, fields, config.device, config.segment_length, initial)
@@ -401,7 +403,7 @@ class PPOLearner:
             policy = cast(RecurrentActorCriticPolicy, self.policy)
             start = cast(TensorDict, mb.start_states)  # stored for every recurrent policy
             return policy.evaluate_segments(
-                data["obs"], data["action"], data["first"], start, entropy, mask, data.get("reward", None)
+                data["obs"], data["action"], data["first"], start, entropy, mask, data.get("raw_reward", None)
             )
         flat = data.reshape(-1)
         logp, ent, value = self.policy.evaluate(

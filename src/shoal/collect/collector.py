@@ -160,7 +160,9 @@ class Collector:
         """Start writing into ``rollout``: its views are made afresh, once per batch."""
         if self._views_of is not rollout:
             self._views, self._views_of = {}, rollout
-            self.raw_reward = torch.zeros(rollout.batch_size)
+            # an algorithm that learns from the env's own rewards stores them in the rollout itself
+            stored = "raw_reward" in rollout.keys()  # noqa: SIM118 (a TensorDict)
+            self.raw_reward = rollout["raw_reward"] if stored else torch.zeros(rollout.batch_size)
             if self.critic is not None:
                 self.critic.init(rollout["critic_obs"])
 
@@ -340,7 +342,7 @@ class Collector:
             reward.clamp_(-self.clip_rewards, self.clip_rewards)
         views["raw_reward"][t].copy_(batch.reward)
         if self.policies.reward_fed:  # before the truncated rows' states are kept: they saw this reward
-            self.policies.feed_rewards(reward, batch.rows)
+            self.policies.feed_rewards(batch.reward, batch.rows)
         views["terminated"][t].copy_(batch.terminated)
         views["truncated"][t].copy_(batch.truncated)
         views["valid"][t].copy_(batch.valid)

@@ -75,7 +75,7 @@ class ModelConfig(BaseModel):
     use_prev_action: bool = False
     """Feed the recurrent core the previous action too (one-hot for discrete actions; zeros at an episode start)."""
     use_prev_reward: bool = False
-    """Feed the recurrent core the previous reward too (as the learner sees it; zero at an episode start)."""
+    """Feed the recurrent core the previous reward too (the env's own; zero at an episode start)."""
 
     def check_core(self) -> None:
         if self.hiddens == [] and self.core is None:

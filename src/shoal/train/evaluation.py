@@ -149,6 +149,7 @@ def run_episodes(
     act: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
     seed: int,
     row_policy: tuple[list[str], npt.NDArray[np.int64]] | None = None,
+    rewarded: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, Any]:
     """Play one episode on each of the backend's envs; summarise returns and lengths.
 
@@ -157,7 +158,8 @@ def run_episodes(
     agents, an episode's return is the sum over its agents (each row's first episode), its length
     the longest agent's; anonymous agents (native envs) each count as an episode. ``row_policy``
     (policy ids, and each row's index into them) adds each policy's mean agent return as
-    ``policy_reward_mean``."""
+    ``policy_reward_mean``. ``rewarded(reward)`` is told each step's rewards (for policies whose
+    core reads the previous reward)."""
     n = backend.num_rows
     backend.reset(seed)
     returns = np.zeros(n)
@@ -168,6 +170,8 @@ def run_episodes(
     while not finished.all():
         backend.send(act(batch.obs, batch.action_mask, first))
         batch = backend.recv()
+        if rewarded is not None:
+            rewarded(batch.reward)
         live = ~finished  # every reward counts, a step where the row acted, a done even where it did not
         returns[live] += batch.reward.numpy()[live]
         lengths[live & batch.valid.numpy()] += 1
@@ -255,7 +259,8 @@ def evaluate_policies(
 
         with torch.random.fork_rng(devices=[]):
             row_policy = None if policy_map.single else (policy_map.ids, policy_map.row_policy.numpy())
-            out = run_episodes(backend, act, seed, row_policy)
+            fed = (lambda reward: policy_map.feed_rewards(reward, rows)) if policy_map.reward_fed else None
+            out = run_episodes(backend, act, seed, row_policy, fed)
     finally:
         for filmer in filmers:
             filmer.stop()

@@ -372,8 +372,7 @@ class RemoteCollector(Collector):
     ) -> int:
         start = time.perf_counter()
         horizon = rollout.batch_size[1] - 1
-        if self.raw_reward.shape != rollout.batch_size:
-            self.raw_reward = torch.zeros(rollout.batch_size)
+        self._bind(rollout)
         weights: Weights = {
             pid: (
                 {key: value.cpu() for key, value in policy.state_dict().items()},
