@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import shoal
+from examples.reinforce import Reinforce
+from shoal.buffers import RolloutBuffer
 from shoal.errors import ConfigError, EnvError
 
 COMPLETE = dict(batch_mode="complete_episodes", save_outputs=False, verbose=0, tuned=False)
@@ -106,8 +108,9 @@ def test_resume_continues_with_the_carried_steps(tmp_path):
 
 def test_an_episode_longer_than_declared_is_reported():
     env = lambda cfg: RandomLengthEnv(longest=200)  # noqa: E731 (declares 10 steps, runs up to 200)
+    settings = dict(env_config={"max_episode_steps": 10}, rollout_fragment_length=64)  # room to spare: 64 + 20
     with (
-        shoal.PPO(env=env, env_config={"max_episode_steps": 10}, **COMPLETE) as trainer,
+        shoal.PPO(env=env, **settings, **COMPLETE) as trainer,
         pytest.raises(EnvError, match="longer than 10 steps.*horizon=H"),
     ):
         trainer.learn(2_000)
@@ -141,3 +144,38 @@ def test_ppo_learns_cartpole_on_complete_episodes():
     with shoal.PPO(env="CartPole-v1", seed=1, **COMPLETE) as trainer:
         trainer.learn(60_000)
         assert trainer.evaluate(10)["episode_reward_mean"] >= 475
+
+
+class Reinforce64(Reinforce):
+    """REINFORCE with its storage sized by the fragment alone."""
+
+    def __init__(self, config, env):
+        super().__init__(config, env)
+        self.buffer = RolloutBuffer(env, config.rollout_fragment_length, self.extra_fields())
+
+
+class DirectReinforce(Reinforce):
+    """REINFORCE filling its rollout with collector.collect itself."""
+
+    def training_step(self, collector):
+        collector.collect(self.buffer.start_rollout())
+        return {}
+
+
+class Bonus(shoal.Callback):
+    def on_postprocess_trajectory(self, trainer, trajectory):
+        pass
+
+
+def test_custom_algorithms_are_told_what_complete_episodes_and_hooks_need():
+    with (
+        shoal.Trainer(algo=Reinforce64, env="CartPole-v1", **COMPLETE) as trainer,
+        pytest.raises(ConfigError, match=r"build its RolloutBuffer with config.rollout_capacity"),
+    ):
+        trainer.train()
+    quiet = dict(save_outputs=False, verbose=0)
+    with (
+        shoal.Trainer(algo=DirectReinforce, env="CartPole-v1", callbacks=[Bonus()], **quiet) as trainer,
+        pytest.warns(UserWarning, match=r"on_postprocess_trajectory callbacks did not apply; collect through self"),
+    ):
+        trainer.train()

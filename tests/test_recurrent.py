@@ -226,6 +226,25 @@ def test_evaluation_feeds_the_env_rewards_to_a_core_that_reads_them(monkeypatch)
     assert abs(float(torch.stack(fed).sum(0).mean()) - evaluation["episode_reward_mean"]) < 1e-3
 
 
+def test_compute_actions_and_the_policy_server_carry_the_previous_action_and_reward():
+    from shoal.serve.inference import InferenceSession
+
+    model_config = {"core": "gru", "core_size": 8, "use_prev_action": True, "use_prev_reward": True}
+    with shoal.PPO(model_config=model_config, **SHORT) as algo:  # CartPole: Discrete(2)
+        policy = algo.get_policy()
+        actions, state = algo.compute_actions(np.zeros((3, 4), np.float32), policy.initial_state(3))
+        assert state["prev_action"].tolist() == [[1.0 - a, float(a)] for a in actions.tolist()]  # one-hot
+        session = InferenceSession(policy, algo.backend, max_episodes=2)
+        try:
+            episode = session.start_episode()
+            session.get_action(episode, np.zeros(4, np.float32))
+            session.log_returns(episode, 2.5)
+            session.log_returns(episode, 0.5)  # rewards between two actions add up
+            assert session.state["prev_reward"][session._row(episode)].tolist() == [3.0]
+        finally:
+            session.close()
+
+
 def test_previous_action_and_reward_inputs_need_a_core_and_an_on_policy_learner():
     with pytest.raises(shoal.ConfigError, match=r"use_prev_action shapes a recurrent core; set core"):
         shoal.PPO(model_config={"use_prev_action": True}, **SHORT)

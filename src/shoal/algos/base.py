@@ -38,6 +38,7 @@ from tensordict import TensorDict
 from shoal.buffers.rollout import FieldSpec
 from shoal.config import TrainerConfig
 from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError
 from shoal.models.catalog import build_policy
 from shoal.models.policy import Policy
 
@@ -81,11 +82,11 @@ class Trajectory:
 
     policy_id: str
     rollout: TensorDict
-    """The whole ``[N, T+1]`` rollout (every policy's rows; slot T holds the last observation):
+    """The whole rollout, ``[N, C+1]`` (every policy's rows; C is ``config.rollout_capacity``):
     change ``reward`` or add fields in place, at ``mask``, and the learner reads them. The
     episode returns the metrics report are counted already, from the env's own rewards."""
     mask: torch.Tensor
-    """``[N, T]`` bool: the steps this policy took (padding and other policies' steps are False)."""
+    """``[N, C]`` bool: the steps this policy took (padding and other policies' steps are False)."""
     rows_per_env: int
     """Agent rows of each env (1 for single-agent envs)."""
 
@@ -137,6 +138,8 @@ class Algorithm:
         trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
         self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
         """The ids of the policies that learn (``policies_to_train``; all by default)."""
+        self.collected = False
+        """Whether ``collect`` has run: ``batch_mode`` and the postprocessing hooks act through it."""
         self.trajectory_hooks: list[Callable[[Trajectory], None]] = []
         """Called after ``postprocess_trajectory`` with each policy's ``Trajectory`` (the trainer adds
         its callbacks' ``on_postprocess_trajectory`` here)."""
@@ -175,6 +178,13 @@ class Algorithm:
         end and the rest is padding (``valid`` False)."""
         c = self.config
         whole = c.rollout_fragment_length if c.batch_mode == "complete_episodes" else None
+        if whole is not None and rollout.batch_size[1] != c.rollout_capacity + 1:
+            raise ConfigError(
+                f"batch_mode='complete_episodes' needs a rollout of config.rollout_capacity + 1 = "
+                f"{c.rollout_capacity + 1} slots per row (room for each env's last episode); {type(self).__name__}'s "
+                f"has {rollout.batch_size[1]}: build its RolloutBuffer with config.rollout_capacity."
+            )
+        self.collected = True
         steps = collector.collect(rollout, start_states, until_done, whole)
         if self.trajectory_hooks or type(self).postprocess_trajectory is not Algorithm.postprocess_trajectory:
             valid = rollout["valid"][:, :-1]
@@ -185,6 +195,19 @@ class Algorithm:
                 for hook in self.trajectory_hooks:
                     hook(trajectory)
         return steps
+
+    def skipped_collect_steps(self) -> list[str]:
+        """What the config asks of ``collect`` that did not happen because this algorithm never
+        called it (it filled its rollout with ``collector.collect`` itself)."""
+        if self.collected:
+            return []
+        own_hook = type(self).postprocess_trajectory is not Algorithm.postprocess_trajectory
+        asked = (
+            ("batch_mode='complete_episodes'", self.config.batch_mode == "complete_episodes"),
+            ("the on_postprocess_trajectory callbacks", bool(self.trajectory_hooks)),
+            ("its postprocess_trajectory", own_hook),
+        )
+        return [what for what, wanted in asked if wanted]
 
     def postprocess_trajectory(self, trajectory: Trajectory) -> None:
         """Change the rewards of, or add fields to, one policy's steps of each finished rollout

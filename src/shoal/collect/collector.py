@@ -192,6 +192,11 @@ class Collector:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
         if until_done and complete_episodes is not None:
             raise ValueError("collect() takes until_done or complete_episodes, not both")
+        if complete_episodes is not None and (self.policies.stateful or complete_episodes >= rollout.batch_size[1]):
+            raise ValueError(
+                f"complete_episodes={complete_episodes} needs feedforward policies and a rollout of T + 2H + 1 slots "
+                f"(config.rollout_capacity + 1; this one has {rollout.batch_size[1]})"
+            )
         start = time.perf_counter()
         backend, policies = self.backend, self.policies
         horizon = rollout.batch_size[1] - 1
@@ -205,6 +210,7 @@ class Collector:
         ended = torch.zeros(backend.num_rows, dtype=torch.bool) if until_done else None  # env ended an episode
         cut = None  # complete_episodes: each row's last slot of this rollout (-1: not yet)
         fresh = complete_episodes or 0  # new steps each row takes before it may be cut
+        longest = (horizon - fresh) // 2  # H: the capacity is T + 2H
         if complete_episodes is not None:
             carry = self._carry(rollout)
             begin, padding = carry.length.copy(), carry.delivered.copy()
@@ -232,8 +238,9 @@ class Collector:
             parking = t == horizon or (ended is not None and t > 0 and bool(ended[batch.rows].all()))
             if cut is not None:
                 parking = bool((cut[batch.rows] >= 0).all())
-                if t == horizon and not parking:
-                    raise self._too_long((horizon - fresh) // 2)
+                # every row's episode ends within H steps (one more: a next-step reset) of its T-th new step
+                if not parking and t - begin[batch.rows.start] > fresh + longest:
+                    raise self._too_long(longest)
             obs = views["obs"][t].copy_(batch.obs)
             mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
             critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
@@ -293,8 +300,8 @@ class Collector:
     def _too_long(self, longest: int) -> EnvError:
         return EnvError(
             f"env '{self.backend.name}' ran an episode longer than {longest} steps, the longest that "
-            f"batch_mode='complete_episodes' was sized for (the env's declared limit or `horizon`); set "
-            f"horizon=H to end episodes after H steps."
+            f"batch_mode='complete_episodes' was sized for (`horizon`, else the env's declared limit); set "
+            f"horizon=H to end episodes after H steps, or use batch_mode='truncate_episodes' for this env."
         )
 
     def _carry_over(

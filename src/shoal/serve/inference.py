@@ -94,7 +94,9 @@ class InferenceSession:
 
     def log_returns(self, episode_id: str, reward: float) -> None:
         with self._lock:
-            self._row(episode_id)
+            row = self._row(episode_id)
+            if "prev_reward" in self.state.keys():  # noqa: SIM118 (a core that reads the previous reward)
+                self.state["prev_reward"][row] += reward  # the rewards since the last action add up
 
     def end_episode(self, episode_id: str, obs: npt.NDArray[Any], truncated: bool = False) -> None:
         with self._lock:

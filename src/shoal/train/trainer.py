@@ -178,6 +178,12 @@ class Trainer:
         after = self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()  # every rank's
         self.algorithm.progress_end = min(1.0, after / end)
         stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
+        if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
+            warnings.warn(
+                f"{self.algo_name} called collector.collect itself, so {' and '.join(skipped)} did not apply; "
+                f"collect through self.collect(collector, rollout) in training_step.",
+                stacklevel=2,
+            )
         elapsed = time.perf_counter() - t0
         steps = data_parallel.total_steps(collector.env_steps - steps_before)
         sample_s = collector.sample_time_s - sample_before
