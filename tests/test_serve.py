@@ -302,7 +302,10 @@ def test_rate_connection_size_and_time_limits():
                     assert e.retry_after_s == 1
         assert statuses[:2] == [200, 200] and 429 in statuses  # (503 once both slots hold an episode)
         # a third connection is answered 503 at once, before it sends anything (no thread for it);
-        # the idle timeout is long enough that a loaded machine cannot reap the two held ones first
+        # the idle timeout is long enough that a loaded machine cannot reap the two held ones first.
+        # The burst's connections must have given their slots back first: else a held one is refused
+        # and the third, taking a slot freed meanwhile, waits for a request instead
+        _until(lambda: server._http._slots._value == 2)
         held = [socket.create_connection(server.address) for _ in range(2)]
         time.sleep(0.1)
         with socket.create_connection(server.address, timeout=5) as third:
