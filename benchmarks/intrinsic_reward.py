@@ -12,14 +12,13 @@ return: 1.0 means the policy walks to the far end, 0.1 that it settled for the n
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import shoal
 import shoal.envs.examples  # registers SparseChain-v0
-from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
+from shoal.bench import seed_sweep_args, sweep_seeds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # makes examples.intrinsic_reward importable
 from examples.intrinsic_reward import CountBonus
@@ -29,19 +28,12 @@ FAR_END = 1.0
 
 def main() -> int:
     args, _ = seed_sweep_args(__doc__, steps=(int, 100_000), eval_every=(int, 10_000), plot=(str, None))
-    runs = {"PPO": lambda: [], "PPO + count bonus": lambda: [CountBonus()]}
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
-    print(curve_header(FAR_END))
-    for name, callbacks in runs.items():
-        for seed in args.seeds:
-            settings = {"env": "SparseChain-v0", "callbacks": callbacks(), "seed": seed}
-            out = learning_curve(shoal.PPO, settings, args.steps, args.eval_every, FAR_END)
-            results[name].append(out)
-            print(curve_row(name, seed, out, FAR_END), flush=True)
-    report_curves(results, args.seeds, args.plot, "PPO on SparseChain-v0, with and without a count bonus", FAR_END)
-    for name, outs in results.items():
-        finals = [out["eval"] for out in outs]
-        print(f"{name}: final evaluation {np.mean(finals):.2f} ± {np.std(finals):.2f} over {len(finals)} seeds")
+    runs: dict[str, Callable[[int], dict[str, Any]]] = {
+        "PPO": lambda seed: {"env": "SparseChain-v0", "seed": seed},
+        "PPO + count bonus": lambda seed: {"env": "SparseChain-v0", "seed": seed, "callbacks": [CountBonus()]},
+    }
+    title = "PPO on SparseChain-v0, with and without a count bonus"
+    sweep_seeds(shoal.PPO, runs, args, FAR_END, title)
     return 0
 
 

@@ -13,6 +13,7 @@ evaluation; a return of -200 counts as learned.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 import shoal
-from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
+from shoal.bench import seed_sweep_args, sweep_seeds
 from shoal.config import load_yaml
 
 LEARNED = -200.0
@@ -38,6 +39,10 @@ class Pendulum0To100(gym.ActionWrapper[Any, Any, Any]):
         return np.asarray(action, np.float32) / 25.0 - 2.0
 
 
+def with_seed(settings: dict[str, Any]) -> Callable[[int], dict[str, Any]]:
+    return lambda seed: {**settings, "seed": seed}
+
+
 def main() -> int:
     args, _ = seed_sweep_args(__doc__, steps=(int, 300_000), eval_every=(int, 25_000), plot=(str, None))
     tuned = {k: v for k, v in load_yaml(TUNED).items() if k not in ("algo", "env", "total_timesteps")}
@@ -46,17 +51,8 @@ def main() -> int:
         "Pendulum 0-100, normalized": {"env": Pendulum0To100, "normalize_actions": True},
         "Pendulum 0-100, raw": {"env": Pendulum0To100, "normalize_actions": False},
     }
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
-    print(curve_header(LEARNED))
-    for name, settings in runs.items():
-        for seed in args.seeds:
-            out = learning_curve(shoal.PPO, {**tuned, **settings, "seed": seed}, args.steps, args.eval_every, LEARNED)
-            results[name].append(out)
-            print(curve_row(name, seed, out, LEARNED), flush=True)
-    report_curves(results, args.seeds, args.plot, "PPO on Pendulum with normalize_actions", LEARNED)
-    for name, outs in results.items():
-        finals = [out["eval"] for out in outs]
-        print(f"{name}: final evaluation {np.mean(finals):.1f} ± {np.std(finals):.1f} over {len(finals)} seeds")
+    seeded = {name: with_seed({**tuned, **settings}) for name, settings in runs.items()}
+    sweep_seeds(shoal.PPO, seeded, args, LEARNED, "PPO on Pendulum with normalize_actions")
     return 0
 
 

@@ -12,13 +12,14 @@ evaluation as the mean reward per pull: about 0.9 is the better arm every pull, 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import shoal
 import shoal.envs.examples  # registers TwoArmedBandit-v0
-from shoal.bench import curve_header, curve_row, learning_curve, report_curves, seed_sweep_args
+from shoal.bench import seed_sweep_args, sweep_seeds
 
 PULLS = 20
 LEARNED = 0.8 * PULLS  # a return of 16 of 20: the better arm on most pulls
@@ -37,19 +38,16 @@ SETTINGS = dict(
 )
 
 
+def settings(use_prev: bool) -> Callable[[int], dict[str, Any]]:
+    """A seed's settings: an LSTM of 64 units, with or without the previous action and reward."""
+    model_config = {"core": "lstm", "core_size": 64, "use_prev_action": use_prev, "use_prev_reward": use_prev}
+    return lambda seed: {**SETTINGS, "model_config": model_config, "seed": seed}
+
+
 def main() -> int:
     args, _ = seed_sweep_args(__doc__, steps=(int, 200_000), eval_every=(int, 25_000), plot=(str, None))
-    runs = {"LSTM": False, "LSTM + previous action and reward": True}
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
-    print(curve_header(LEARNED))
-    for name, use in runs.items():
-        model_config = {"core": "lstm", "core_size": 64, "use_prev_action": use, "use_prev_reward": use}
-        for seed in args.seeds:
-            settings = {**SETTINGS, "model_config": model_config, "seed": seed}
-            out = learning_curve(shoal.PPO, settings, args.steps, args.eval_every, LEARNED)
-            results[name].append(out)
-            print(curve_row(name, seed, out, LEARNED), flush=True)
-    report_curves(results, args.seeds, args.plot, "LSTM on TwoArmedBandit-v0 (return of 20 pulls)", LEARNED)
+    runs = {"LSTM": settings(False), "LSTM + previous action and reward": settings(True)}
+    results = sweep_seeds(shoal.PPO, runs, args, LEARNED, "LSTM on TwoArmedBandit-v0 (return of 20 pulls)")
     for name, outs in results.items():
         per_pull = [out["eval"] / PULLS for out in outs]
         seeds = ", ".join(f"{p:.3f}" for p in per_pull)

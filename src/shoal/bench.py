@@ -8,6 +8,7 @@ backend's ceiling: what training could reach if inference and learning were free
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -183,6 +184,31 @@ def report_curves(
     if plot:
         plot_curves(results, plot, title, level)
         print(f"plot: {plot}")
+
+
+def sweep_seeds(
+    preset: type[Trainer],
+    runs: dict[str, Callable[[int], dict[str, Any]]],
+    args: Any,
+    level: float,
+    title: str,
+) -> dict[str, list[dict[str, Any]]]:
+    """``learning_curve`` of each named run (``runs[name](seed)`` gives its settings) for every
+    seed of ``args`` (``seed_sweep_args``' ``seeds``, ``steps``, ``eval_every``, ``plot``), a printed
+    row each as it ends, then the curves, with ``args.plot`` their plot, and each run's final
+    evaluation over the seeds."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+    print(curve_header(level))
+    for name, settings in runs.items():
+        for seed in args.seeds:
+            out = learning_curve(preset, settings(seed), args.steps, args.eval_every, level)
+            results[name].append(out)
+            print(curve_row(name, seed, out, level), flush=True)
+    report_curves(results, args.seeds, args.plot, title, level)
+    for name, outs in results.items():
+        finals = [out["eval"] for out in outs]
+        print(f"{name}: final evaluation {np.mean(finals):.2f} ± {np.std(finals):.2f} over {len(finals)} seeds")
+    return results
 
 
 def held_from(curve: Curve, level: float) -> int | None:
