@@ -111,6 +111,8 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "backend": st.just("local"),  # Ray actors: tests/test_ray.py
     "ray_address": st.just(None),
     "num_cpus_per_worker": st.floats(0.25, 4.0),  # read by the Ray backend only
+    "remote_worker_envs": st.just(False),  # env actors need Ray workers: tests/test_ray.py
+    "num_cpus_per_env": st.floats(0.0, 4.0),  # read with remote_worker_envs only
     "torch_threads": st.integers(1, 2),  # the process's thread pool, restored after each example
     "device": st.just("cpu"),
     "name": st.none() | st.text(max_size=12),

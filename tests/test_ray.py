@@ -151,7 +151,7 @@ def test_a_worker_acts_with_the_weights_and_attributes_it_is_sent():
     "settings, message",
     [
         (dict(backend="ray"), "needs num_workers >= 1"),
-        (dict(backend="ray", num_workers=2, async_factor=2), "async_factor=2 is for worker processes"),
+        (dict(backend="ray", num_workers=2, async_factor=2), "async_factor=2 needs remote_worker_envs=True"),
         (dict(backend="ray", num_workers=2, vectorization_mode="sync"), "vectorization_mode='sync' is for local envs"),
         (dict(backend="local", ray_address="auto"), "ray_address='auto' is for backend='ray'"),
         (dict(backend="rey"), "backend"),
@@ -257,3 +257,40 @@ def test_complete_episodes_and_info_keys_on_ray_workers(ray_cluster):
                 assert rollout["info"][row, steps, 0].tolist() == expected
     assert all(steps == list(range(len(steps))) for steps in delivered)  # none lost, none twice
     assert 1.0 <= result["custom_metrics"]["step_mean"] <= 6.5  # means of 1..L, L at most 12
+
+
+class FailsAtStep3(gym.Wrapper):
+    """CartPole that raises at its third step."""
+
+    def __init__(self, config=None):
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 3:
+            raise RuntimeError("the simulator went away")
+        return self.env.step(action)
+
+
+@pytest.mark.slow
+def test_remote_worker_envs_step_the_same_episodes_as_in_process_envs(ray_cluster):
+    settings = dict(env="CartPole-v1", backend="ray", num_workers=2, num_envs=4, save_outputs=False, verbose=0)
+    settings |= dict(seed=3, sgd_minibatch_size=64, rollout_fragment_length=32)
+    rollouts, results = [], []
+    for remote in (False, True):
+        with shoal.PPO(remote_worker_envs=remote, **settings) as algo:
+            results.append(algo.train())
+            rollouts.append(algo.algorithm.buffer.rollout.select("obs", "action", "reward", "done").clone())
+    assert (rollouts[0] == rollouts[1]).all()  # each env an actor: the same seeds give the same steps
+    assert results[0]["timesteps_total"] == results[1]["timesteps_total"] == 128
+    with (
+        shoal.PPO(**settings | dict(env=FailsAtStep3, remote_worker_envs=True)) as algo,
+        pytest.raises(shoal.EnvError, match=r"env .* raised RuntimeError in step\(\): the simulator went away"),
+    ):
+        algo.train()
+
+
+def test_remote_worker_envs_need_ray_workers():
+    with pytest.raises(ConfigError, match=r"remote_worker_envs .* needs backend='ray'"):
+        shoal.PPO(env="CartPole-v1", remote_worker_envs=True, save_outputs=False)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from shoal.envs.atari import is_atari_id
 from shoal.envs.horizon import stepped_as_one_vector
 from shoal.errors import ConfigError
+from shoal.vector.vmas import is_vmas as _is_vmas
 
 if TYPE_CHECKING:
     from shoal.config.trainer import TrainerConfig
@@ -29,6 +30,11 @@ def check_sampling(c: TrainerConfig) -> None:
         raise ConfigError(
             f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "
             f"batch_mode='truncate_episodes'."
+        )
+    if c.remote_worker_envs and (c.backend != "ray" or c.vectorization_mode is not None or _is_vmas(c.env)):
+        raise ConfigError(
+            "remote_worker_envs makes each env of a Ray rollout worker an actor of its own: it needs backend='ray' "
+            "(with num_workers) and envs made one by one (not a VMAS scenario or vectorization_mode)."
         )
     if c.info_keys and c.backend == "external":
         raise ConfigError(

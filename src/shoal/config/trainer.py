@@ -71,6 +71,11 @@ class TrainerConfig(BaseModel):
     running one, `ray://host:10001` connects to a remote one."""
     num_cpus_per_worker: float = Field(default=1.0, gt=0)
     """CPU cores Ray reserves for each rollout worker actor (`backend='ray'`)."""
+    remote_worker_envs: bool = False
+    """`backend='ray'`: each env of a worker is a Ray actor of its own, stepped at the same time as the others and
+    polled as its step completes (in `async_factor` groups); for envs whose step is slow."""
+    num_cpus_per_env: float = Field(default=0.0, ge=0)
+    """CPU cores Ray reserves for each env actor of `remote_worker_envs` (0: none, for envs that mostly wait)."""
     client_timeout_s: float = Field(default=60.0, gt=0)
     """`backend='external'`: an episode whose client sends nothing this long after its action is closed (truncated)."""
     rollout_fragment_length: int | None = Field(default=None, ge=1)
@@ -297,8 +302,8 @@ class TrainerConfig(BaseModel):
         problem = (
             "needs num_workers >= 1 (the number of rollout worker actors), e.g. num_workers=2"
             if not self.num_workers
-            else f"steps each actor's envs in order; async_factor={self.async_factor} is for worker processes"
-            if self.async_factor > 1
+            else f"steps each actor's envs in order; async_factor={self.async_factor} needs remote_worker_envs=True"
+            if self.async_factor > 1 and not self.remote_worker_envs
             else f"makes its envs one by one; vectorization_mode='{self.vectorization_mode}' is for local envs"
             if self.vectorization_mode
             else None

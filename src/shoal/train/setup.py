@@ -29,8 +29,13 @@ from shoal.vector.external import ExternalBackend
 def build_backend(
     config: TrainerConfig, num_envs: int, num_workers: int = 0, evaluation: bool = False, first_env_id: int = 0
 ) -> VecBackend:
-    """Envs that step on this machine: in this process, or in ``num_workers`` worker processes."""
+    """Envs that step on this machine: in this process, or in ``num_workers`` worker processes
+    (a Ray rollout worker's config asking for ``remote_worker_envs``: each env a Ray actor)."""
     c = config
+    if c.remote_worker_envs and c.backend == "local" and not evaluation:
+        from shoal.train.remote_envs import RemoteEnvBackend  # only inside a Ray rollout worker
+
+        return with_action_rules(RemoteEnvBackend(c, num_envs, first_env_id), c)
     backend = make_backend(
         c.env,
         num_envs,

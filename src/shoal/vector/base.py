@@ -40,6 +40,10 @@ class EnvStepError(EnvError):
         super().__init__(message)
         self.env_id = env_id
 
+    def __reduce__(self) -> tuple[type[EnvStepError], tuple[str, int]]:
+        """Pickled with its env id (Ray sends it from an env actor to the worker)."""
+        return type(self), (str(self), self.env_id)
+
 
 @dataclass
 class StepBatch:
