@@ -294,3 +294,17 @@ def test_remote_worker_envs_step_the_same_episodes_as_in_process_envs(ray_cluste
 def test_remote_worker_envs_need_ray_workers():
     with pytest.raises(ConfigError, match=r"remote_worker_envs .* needs backend='ray'"):
         shoal.PPO(env="CartPole-v1", remote_worker_envs=True, save_outputs=False)
+
+
+@pytest.mark.slow
+def test_a_dead_env_actor_takes_its_worker_down_and_the_worker_is_replaced(ray_cluster, tmp_path):
+    config = dict(env=DiesOnce, env_config={"marker": str(tmp_path / "died"), "after": 100}, backend="ray")
+    config |= dict(num_workers=2, num_envs=4, rollout_fragment_length=64, seed=2, save_outputs=False, verbose=0)
+    with (
+        pytest.warns(UserWarning, match=r"Ray rollout worker \d .* died"),
+        shoal.PPO(**config, remote_worker_envs=True) as algo,
+    ):
+        for _ in range(4):  # an env actor kills itself at its 100th step, in the second iteration
+            result = algo.train()
+    assert (tmp_path / "died").exists()
+    assert result["num_worker_restarts"] == 1 and result["timesteps_total"] == 4 * 256

@@ -200,7 +200,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
     checkpoint = resolve_checkpoint(args.path)
     # evaluation steps envs of its own here: a Ray run's workers are not started again
-    algo = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, backend="local", ray_address=None)
+    algo = Trainer.from_checkpoint(
+        checkpoint, save_outputs=False, verbose=0, backend="local", ray_address=None, remote_worker_envs=False
+    )
     with algo:
         video_dir = None
         if args.video:

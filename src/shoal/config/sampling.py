@@ -36,6 +36,12 @@ def check_sampling(c: TrainerConfig) -> None:
             "remote_worker_envs makes each env of a Ray rollout worker an actor of its own: it needs backend='ray' "
             "(with num_workers) and envs made one by one (not a VMAS scenario or vectorization_mode)."
         )
+    per_worker = c.num_envs // max(c.num_workers, 1)
+    if c.remote_worker_envs and per_worker % c.async_factor:
+        raise ConfigError(
+            f"remote_worker_envs steps each worker's {per_worker} envs in async_factor={c.async_factor} equal groups; "
+            f"use a num_envs that gives each of the num_workers={c.num_workers} workers a multiple of it."
+        )
     if c.info_keys and c.backend == "external":
         raise ConfigError(
             "info_keys reads the step infos of envs that shoal steps; with backend='external' the simulators "

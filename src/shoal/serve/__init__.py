@@ -85,6 +85,7 @@ def checkpoint_server(
 
     checkpoint = resolve_checkpoint(path)
     local = {"ray_address": None, "num_workers": 0, "async_factor": 1, "vectorization_mode": None}
+    local["remote_worker_envs"] = False
     local |= {"horizon": None, "soft_horizon": False, "no_done_at_end": False}  # the clients end their episodes
     with warnings.catch_warnings():  # that no episode goes on is the point here, not news
         warnings.filterwarnings("ignore", message=".*starts new episodes", category=UserWarning)

@@ -171,6 +171,10 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def close(self) -> None:
+        if self.error is None:
+            self.backend.close()
+
 
 class WorkerSet(VecBackend):
     """The Ray rollout workers of a run. To the trainer it is the backend of all their envs (the
@@ -237,13 +241,15 @@ class WorkerSet(VecBackend):
     def _check_resources(self, config: TrainerConfig) -> None:
         """Actors that cannot be placed would wait forever: refuse a request the cluster cannot hold."""
         needed = config.num_workers * config.num_cpus_per_worker
+        envs = config.num_envs * config.num_cpus_per_env if config.remote_worker_envs else 0.0
         total = float(self.ray.cluster_resources().get("CPU", 0.0))
-        if needed > total:
+        if needed + envs > total:
             self.close()
+            asked = f" + num_envs={config.num_envs} x num_cpus_per_env={config.num_cpus_per_env:g}" if envs else ""
             raise ConfigError(
                 f"backend='ray' asks for num_workers={config.num_workers} x num_cpus_per_worker="
-                f"{config.num_cpus_per_worker:g} = {needed:g} CPUs, and the Ray cluster has {total:g}; use fewer "
-                f"workers or num_cpus_per_worker={total / config.num_workers:g}."
+                f"{config.num_cpus_per_worker:g}{asked} = {needed + envs:g} CPUs, and the Ray cluster has {total:g}; "
+                f"use fewer workers or envs, or fewer CPUs for each."
             )
 
     def _actor(self, w: int) -> Any:
@@ -341,7 +347,10 @@ class WorkerSet(VecBackend):
         self._each(lambda w: self.workers[w].load_state_dict.remote(states[w]))
 
     def close(self) -> None:
-        for actor in getattr(self, "workers", []):  # (none yet when the resource check fails)
+        workers = getattr(self, "workers", [])  # (none yet when the resource check fails)
+        closing = [actor.close.remote() for actor in workers]  # the envs close (simulators are told)
+        self.ray.wait(closing, num_returns=len(closing), timeout=10.0)
+        for actor in workers:
             self.ray.kill(actor)
         self.workers = []
         if self.owns_ray and self.ray.is_initialized():

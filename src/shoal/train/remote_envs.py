@@ -15,6 +15,8 @@ by default (``num_cpus_per_env``): an env worth running remotely mostly waits.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, cast
 
 import numpy as np
@@ -22,6 +24,7 @@ import numpy.typing as npt
 import torch
 
 from shoal.config import TrainerConfig
+from shoal.envs.registry import env_name
 from shoal.errors import ConfigError, EnvError
 from shoal.train import setup
 from shoal.vector.agents import AgentEnvBackend
@@ -35,6 +38,7 @@ class EnvActor:
     """The body of one env's Ray actor: a one-env serial backend of env ``env_id``."""
 
     def __init__(self, config: TrainerConfig, env_id: int):
+        setup.seed_everything(config.seed + 100_003 * (env_id + 1))  # envs drawing from the global generators
         local = config.model_copy(update={"remote_worker_envs": False})
         # envs made one by one (the config refuses VMAS and vectorization_mode): a serial backend
         self.backend = cast(SerialBackend | AgentEnvBackend, setup.build_backend(local, 1, first_env_id=env_id))
@@ -77,6 +81,7 @@ class RemoteEnvBackend(VecBackend):
         from shoal.train.ray_workers import ray_module  # Ray is imported only when asked for
 
         self.ray = ray_module()
+        self.name = env_name(config.env)  # until the first env reports its own
         if num_envs % config.async_factor:
             raise ConfigError(
                 f"remote_worker_envs: each worker's {num_envs} envs must split into async_factor="
@@ -103,14 +108,20 @@ class RemoteEnvBackend(VecBackend):
         self._ready: list[int] = []  # groups to hand out as they are, after a reset
 
     def _get(self, refs: Any) -> Any:
-        """``ray.get``, with an env's own error (and its env id) instead of Ray's wrapping."""
+        """``ray.get``, with an env's own error (its env id, and the env actor's traceback) instead
+        of Ray's wrapping. An env actor that died takes this worker down with it,
+        so the run replaces the worker, fresh envs and all, as for any worker that dies."""
         try:
             return self.ray.get(refs)
         except self.ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
-            raise (cause if isinstance(cause, EnvError) else EnvError(f"env '{self.name}': {e}")) from None
+            if isinstance(cause, EnvError):  # the env's own message, then where it raised in its actor
+                cause.args = (f"{cause}\n\nin its env actor:\n{e}",)
+                raise cause from None
+            raise EnvError(f"env '{self.name}': {e}") from None
         except self.ray.exceptions.RayActorError as e:
-            raise EnvError(f"an env actor of '{self.name}' died: {e}") from None
+            print(f"shoal: an env actor of '{self.name}' died ({e}); its worker stops to be replaced", file=sys.stderr)
+            os._exit(1)
 
     def reset(self, seed: Seed = None) -> None:
         self._get([refs for refs in self._stepping.values() for refs in refs])  # let steps under way finish
@@ -144,10 +155,14 @@ class RemoteEnvBackend(VecBackend):
                         self._write(i, rows)
                         self.final_infos.update({i * self.rows_per_env + slot: info for slot, info in infos.items()})
                     return self.batches[g]
-            pending = [ref for refs in self._stepping.values() for ref in refs]
-            if not pending:
+            if not self._stepping:
                 raise RuntimeError("RemoteEnvBackend.recv() with no step under way: send() actions first")
-            self.ray.wait(pending, num_returns=1)  # until one more env has stepped
+            # until one more env steps: wait on the steps not yet done (waiting on done ones returns at once)
+            _, running = self.ray.wait(
+                [ref for refs in self._stepping.values() for ref in refs], num_returns=1, timeout=0
+            )
+            if running:
+                self.ray.wait(running, num_returns=1)
 
     def _write(self, env: int, rows: Rows) -> None:
         span = slice(env * self.rows_per_env, (env + 1) * self.rows_per_env)
@@ -155,6 +170,9 @@ class RemoteEnvBackend(VecBackend):
             self._buffers[key][span] = value
 
     def close(self) -> None:
+        """Close every env (a simulator is told), then end the actors."""
+        closing = [actor.close.remote() for actor in self.actors]
+        self.ray.wait(closing, num_returns=len(closing), timeout=10.0)
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors = []
