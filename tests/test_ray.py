@@ -308,3 +308,17 @@ def test_a_dead_env_actor_takes_its_worker_down_and_the_worker_is_replaced(ray_c
             result = algo.train()
     assert (tmp_path / "died").exists()
     assert result["num_worker_restarts"] == 1 and result["timesteps_total"] == 4 * 256
+
+
+def only_in(config):
+    """CartPole in the process whose pid ``config`` names (the driver); elsewhere it cannot be built."""
+    if os.getpid() != config["pid"]:
+        raise RuntimeError("no simulator license on this machine")
+    return gym.make("CartPole-v1")
+
+
+@pytest.mark.slow
+def test_an_env_that_cannot_be_built_in_an_env_actor_stops_the_run_with_its_error(ray_cluster):
+    settings = dict(env=only_in, env_config={"pid": os.getpid()}, backend="ray", num_workers=1, num_envs=8)
+    with pytest.raises(shoal.EnvError, match=r"(?s)could not start: .*no simulator license"):
+        shoal.PPO(**settings, remote_worker_envs=True, save_outputs=False)

@@ -82,6 +82,7 @@ class RemoteEnvBackend(VecBackend):
 
         self.ray = ray_module()
         self.name = env_name(config.env)  # until the first env reports its own
+        self._started = False  # an env actor that fails to start is an error of the env, not a death
         if num_envs % config.async_factor:
             raise ConfigError(
                 f"remote_worker_envs: each worker's {num_envs} envs must split into async_factor="
@@ -90,6 +91,8 @@ class RemoteEnvBackend(VecBackend):
         actor = self.ray.remote(num_cpus=config.num_cpus_per_env, max_restarts=0)(EnvActor)
         self.actors = [actor.remote(config, first_env_id + i) for i in range(num_envs)]
         layout = self._get(self.actors[0].layout.remote())
+        self._get([actor.layout.remote() for actor in self.actors[1:]])  # every env is built
+        self._started = True
         k = layout["rows_per_env"]
         buffers = {
             key: np.zeros((num_envs * k, *shape), np.dtype(dtype)) for key, (shape, dtype) in layout["fields"].items()
@@ -120,6 +123,8 @@ class RemoteEnvBackend(VecBackend):
                 raise cause from None
             raise EnvError(f"env '{self.name}': {e}") from None
         except self.ray.exceptions.RayActorError as e:
+            if not self._started:
+                raise EnvError(f"an env actor of '{self.name}' could not start: {e}") from None
             print(f"shoal: an env actor of '{self.name}' died ({e}); its worker stops to be replaced", file=sys.stderr)
             os._exit(1)
 
