@@ -294,6 +294,11 @@ def test_remote_worker_envs_step_the_same_episodes_as_in_process_envs(ray_cluste
 def test_remote_worker_envs_need_ray_workers():
     with pytest.raises(ConfigError, match=r"remote_worker_envs .* needs backend='ray'"):
         shoal.PPO(env="CartPole-v1", remote_worker_envs=True, save_outputs=False)
+    # the groups are inside each worker: one worker may have two
+    config = PPOConfig.build(backend="ray", num_workers=1, num_envs=8, async_factor=2, remote_worker_envs=True)
+    assert config.async_factor == 2
+    with pytest.raises(ConfigError, match=r"each worker's 3 envs in async_factor=2 equal groups"):
+        PPOConfig.build(backend="ray", num_workers=2, num_envs=6, async_factor=2, remote_worker_envs=True)
 
 
 @pytest.mark.slow

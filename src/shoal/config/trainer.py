@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shoal.config.backends import check_external, check_ray
 from shoal.config.sampling import check_sampling
 from shoal.envs.horizon import EpisodeRules, declared_episode_steps
 from shoal.errors import ConfigError, did_you_mean
@@ -261,9 +262,9 @@ class TrainerConfig(BaseModel):
                 )
             self.backend = "ray"
         if self.backend == "ray":
-            self._check_ray()
+            check_ray(self)
         if self.backend == "external":
-            self._check_external()
+            check_external(self)
             return self
         n, w = self.num_envs, self.num_workers
         if w and self.vectorization_mode:
@@ -284,7 +285,7 @@ class TrainerConfig(BaseModel):
                 f"async_factor={f} needs env worker processes to overlap with; set num_workers to a "
                 f"multiple of {f} (e.g. num_workers={f}) or async_factor=1."
             )
-        if f > 1 and w % f:
+        if f > 1 and w % f and not self.remote_worker_envs:  # env actors form the groups inside each worker
             fits = [d for d in range(1, w + 1) if w % d == 0]
             near = min(fits, key=lambda d: abs(d - f))
             raise ConfigError(
@@ -297,31 +298,6 @@ class TrainerConfig(BaseModel):
                 f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.", stacklevel=2
             )
         return self
-
-    def _check_ray(self) -> None:
-        problem = (
-            "needs num_workers >= 1 (the number of rollout worker actors), e.g. num_workers=2"
-            if not self.num_workers
-            else f"steps each actor's envs in order; async_factor={self.async_factor} needs remote_worker_envs=True"
-            if self.async_factor > 1 and not self.remote_worker_envs
-            else f"makes its envs one by one; vectorization_mode='{self.vectorization_mode}' is for local envs"
-            if self.vectorization_mode
-            else None
-        )
-        if problem:
-            raise ConfigError(f"backend='ray' {problem}.")
-
-    def _check_external(self) -> None:
-        n, f = self.num_envs, self.async_factor
-        problem = (
-            "has no envs to step in workers (clients run them): leave num_workers=0 and vectorization_mode unset"
-            if self.num_workers or self.vectorization_mode
-            else f"needs num_envs={n} a multiple of async_factor={f} (equal groups); try num_envs={(n // f + 1) * f}"
-            if n % f
-            else None
-        )
-        if problem:
-            raise ConfigError(f"backend='external' {problem}.")
 
     @model_validator(mode="after")
     def _check_device(self) -> TrainerConfig:
