@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import shoal
 from shoal.cli import main
 from shoal.logging.metrics import log_record
-from shoal.logging.runs import learning_curves, load_run
+from shoal.logging.runs import Run, learning_curves, load_run
 
 FAST = dict(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, sgd_minibatch_size=64, num_sgd_iter=4, verbose=0)
 
@@ -171,3 +171,21 @@ def test_nested_results_are_flattened_to_any_depth():
         "evaluation/episode_reward_mean": 2.0,
         "evaluation/policy_reward_mean/main": 3.0,
     }
+
+
+def test_runs_recording_different_keys_are_one_configuration_when_the_extra_keys_hold_defaults(tmp_path):
+    def run(name, config, offset):
+        rows = [{"timesteps_total": t, "rollout/episode_reward_mean": t / 100 + offset} for t in (100, 200, 300)]
+        return Run(tmp_path / name, {"algo": "ppo", "env": "CartPole-v1", **config}, rows)
+
+    older = run("s1", {"seed": 1, "learning_rate": 0.001}, 0.0)  # written before batch_mode existed
+    newer = run("s2", {"seed": 2, "learning_rate": 0.001, "batch_mode": "truncate_episodes", "info_keys": []}, 2.0)
+    curves = learning_curves([older, newer], "rollout/episode_reward_mean", "timesteps_total")
+    assert [c.runs for c in curves] == [2] and curves[0].mean[0] == pytest.approx(2.0)
+
+    other = run("s3", {"seed": 3, "learning_rate": 0.001, "batch_mode": "complete_episodes"}, 0.0)
+    curves = learning_curves([older, newer, other], "rollout/episode_reward_mean", "timesteps_total")
+    assert sorted((c.label, c.runs) for c in curves) == [
+        ("batch_mode=complete_episodes", 1),
+        ("batch_mode=truncate_episodes", 2),
+    ]

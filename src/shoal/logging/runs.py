@@ -42,8 +42,40 @@ class Run:
         return np.array([math.nan if r.get(key) is None else r[key] for r in self.rows], dtype=float)
 
     @property
+    def settings(self) -> dict[str, Any]:
+        """The keys that change what the run learns, without those at their default: a run written
+        before a key existed and one that records the key's default are one configuration."""
+        defaults = _defaults(self.config.get("algo"))
+        return {
+            k: v
+            for k, v in self.config.items()
+            if k not in _NOT_CONFIG and not (k in defaults and _same(defaults[k], v))
+        }
+
+    @property
     def group(self) -> str:
-        return json.dumps({k: v for k, v in self.config.items() if k not in _NOT_CONFIG}, sort_keys=True, default=str)
+        return json.dumps(self.settings, sort_keys=True, default=str)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal once both are written as YAML would load them back (tuples as lists, enums as text)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _defaults(algo: Any) -> dict[str, Any]:
+    """The config keys' defaults for ``algo`` as config.yaml names it; none for an algorithm this
+    process cannot import (its keys then all count)."""
+    from shoal.algos.registry import algorithm_class  # the algorithms import far more than reading runs needs
+
+    try:
+        cls = algorithm_class(algo).config_class
+    except ConfigError:
+        return {}
+    return {
+        field.alias or name: field.get_default(call_default_factory=True)
+        for name, field in cls.model_fields.items()
+        if not field.is_required()
+    }
 
 
 def load_run(path: str | Path) -> Run:
@@ -73,12 +105,15 @@ def resolve_metric(runs: list[Run], metric: str) -> str:
 
 def _group_label(group: list[Run], groups: list[list[Run]]) -> str:
     """What sets this group apart from the others (or the env when there is one group)."""
-    cfg = group[0].config
+    cfg = group[0].settings
     if len(groups) > 1:
-        differing = sorted(k for k in cfg if k not in _NOT_CONFIG and any(g[0].config.get(k) != cfg[k] for g in groups))
+        others = [g[0].settings for g in groups]
+        keys = sorted(set().union(*others))
+        differing = [k for k in keys if any(not _same(o.get(k), cfg.get(k)) for o in others)]
         if differing:
-            return ", ".join(f"{k}={cfg[k]}" for k in differing[:3])
-    return str(cfg.get("env", group[0].path.name))
+            defaults = _defaults(group[0].config.get("algo"))
+            return ", ".join(f"{k}={cfg.get(k, defaults.get(k))}" for k in differing[:3])
+    return str(group[0].config.get("env", group[0].path.name))
 
 
 @dataclass
