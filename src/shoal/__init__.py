@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from shoal.envs.multi_agent import MultiAgentEnv
     from shoal.envs.native import AgentEnv
     from shoal.envs.spaces import EnvInfo
-    from shoal.errors import ConfigError, EnvError, ShoalError
+    from shoal.errors import ConfigError, EnvError, OutputError, ShoalError, TrainingDiverged
     from shoal.experiments import run_experiments
     from shoal.models.policy import ActorCriticPolicy, Policy
     from shoal.models.recurrent import RecurrentActorCriticPolicy
@@ -47,6 +47,8 @@ _MODULE_OF = {
     "EnvInfo": "shoal.envs.spaces",
     "ConfigError": "shoal.errors",
     "EnvError": "shoal.errors",
+    "OutputError": "shoal.errors",
+    "TrainingDiverged": "shoal.errors",
     "ShoalError": "shoal.errors",
     "run_experiments": "shoal.experiments",
     "ActorCriticPolicy": "shoal.models.policy",
@@ -99,6 +101,7 @@ __all__ = [
     "GRPOConfig",
     "MADDPGConfig",
     "MultiAgentEnv",
+    "OutputError",
     "PPOConfig",
     "Policy",
     "RecurrentActorCriticPolicy",
@@ -107,6 +110,7 @@ __all__ = [
     "TD3Config",
     "Trainer",
     "TrainerConfig",
+    "TrainingDiverged",
     "Trajectory",
     "make_backend",
     "register_algorithm",

@@ -18,6 +18,21 @@ class EnvError(ShoalError):
     """An environment that cannot be created or returned something outside its contract."""
 
 
+class OutputError(ShoalError):
+    """A file of the run could not be written (a full disk, a read-only mount, no permission); the
+    message names the file, the free space, the checkpoint kept and the command that resumes."""
+
+
+class TrainingDiverged(ShoalError):
+    """An update produced a non-finite loss, gradient, parameter or action: the run stops before
+    the non-finite values reach the envs or a checkpoint. ``policy`` names the policy (None:
+    not known, e.g. an optimizer of an algorithm of the user's that was given no owner)."""
+
+    def __init__(self, message: str, policy: str | None = None):
+        super().__init__(message)
+        self.policy = policy
+
+
 class RequestError(Exception):
     """A request to the policy server that is refused: ``status`` is the HTTP status it is answered
     with, and ``retry_after_s`` (when set) says the same request may succeed that much later. Not a

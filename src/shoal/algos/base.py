@@ -135,6 +135,8 @@ class Algorithm:
         }
         """Policy id -> policy, built by ``make_policy`` with the policy's config, in the order of
         ``config.policy_ids`` (a rollout's ``policy_id`` field indexes this order)."""
+        for pid, policy in self.policies.items():
+            policy.policy_id = pid
         trained = config.policy_ids if config.policies_to_train is None else config.policies_to_train
         self.trained_policy_ids = [pid for pid in config.policy_ids if pid in trained]
         """The ids of the policies that learn (``policies_to_train``; all by default)."""

@@ -25,9 +25,11 @@ class Critics:
     target copy and optimizer. ``x`` is what the critic sees besides the action (the features of
     one observation, or of a team's)."""
 
-    def __init__(self, net: QTowers, config: ReplayActorCriticConfig):
+    def __init__(self, net: QTowers, config: ReplayActorCriticConfig, owner: str = ""):
         self.net, self.target = net, TargetNetwork(net)
-        self.optimizer = AutogradOptimizer(net, config.learning_rate, config.adam_eps, config.max_grad_norm)
+        self.optimizer = AutogradOptimizer(
+            net, config.learning_rate, config.adam_eps, config.max_grad_norm, owner, "critic"
+        )
 
     def target_min(self, x: torch.Tensor, unit_action: torch.Tensor) -> torch.Tensor:
         """The smallest of the target networks' values ``[B]`` (the value, for one network)."""
@@ -82,8 +84,10 @@ class ActorCriticLearner:
 
     def __init__(self, policy: ReplayActorPolicy, critic: QTowers, config: ReplayActorCriticConfig):
         self.policy, self.config = policy, config
-        self.critic = Critics(critic, config)
-        self.actor_optimizer = AutogradOptimizer(policy, config.learning_rate, config.adam_eps, config.max_grad_norm)
+        self.critic = Critics(critic, config, policy.policy_id)
+        self.actor_optimizer = AutogradOptimizer(
+            policy, config.learning_rate, config.adam_eps, config.max_grad_norm, policy.policy_id, "actor"
+        )
         self.optimizers = [self.critic.optimizer, self.actor_optimizer]
         """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
 

@@ -135,7 +135,9 @@ class DQNLearner:
     def __init__(self, policy: QPolicy, config: DQNConfig):
         self.policy, self.config = policy, config
         self.target = TargetNetwork(policy.model)
-        self.optimizer = AutogradOptimizer(policy, config.learning_rate, config.adam_eps, config.max_grad_norm)
+        self.optimizer = AutogradOptimizer(
+            policy, config.learning_rate, config.adam_eps, config.max_grad_norm, policy.policy_id
+        )
         self.optimizers = [self.optimizer]
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,7 +79,7 @@ class GRPOAlgorithm(Algorithm):
         assert horizon is not None  # filled in when the config is validated
         self.buffer = RolloutBuffer(env, horizon, self.extra_fields() | {"advantage": SCALAR}, config.device)
         c = self.learner_config
-        self.optimizer = AutogradOptimizer(self.policy, c.learning_rate, c.adam_eps, c.max_grad_norm)
+        self.optimizer = AutogradOptimizer(self.policy, c.learning_rate, c.adam_eps, c.max_grad_norm, self.policy_id)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.num_groups = env.num_envs // config.group_size
         self.iterations = 0

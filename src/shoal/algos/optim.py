@@ -10,18 +10,33 @@ import torch
 from torch import nn
 
 from shoal import distributed
+from shoal.errors import TrainingDiverged
 
 
 class AutogradOptimizer:
     """Adam on autograd (any model, hooks and all): gradients of the minibatches of one optimizer
     step add up (``backward``), then one clip of their global norm and one Adam step (``step``).
-    With several data-parallel ranks the gradients are averaged over them first."""
+    With several data-parallel ranks the gradients are averaged over them first.
 
-    def __init__(self, params: nn.Module | list[nn.Parameter], lr: float, eps: float, max_grad_norm: float | None):
+    A step whose loss or gradient norm is not finite is not taken: it raises ``TrainingDiverged``
+    naming ``owner`` (the policy id, and which of its networks), so the parameters stay as they
+    were. That costs one host read of a scalar per step, as the clip already does."""
+
+    def __init__(
+        self,
+        params: nn.Module | list[nn.Parameter],
+        lr: float,
+        eps: float,
+        max_grad_norm: float | None,
+        owner: str = "",
+        part: str = "",
+    ):
         self.max_grad_norm = max_grad_norm
+        self.owner, self.part = owner, part
         self.params = [p for p in (params.parameters() if isinstance(params, nn.Module) else params) if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True)
         self._fresh = True  # the next backward starts a new optimizer step
+        self._loss = torch.zeros((), device=self.params[0].device)  # this step's losses, summed
 
     @property
     def lr(self) -> float:
@@ -35,14 +50,21 @@ class AutogradOptimizer:
     def backward(self, loss: torch.Tensor) -> None:
         if self._fresh:
             self.optimizer.zero_grad()
+            self._loss.zero_()
             self._fresh = False
+        self._loss += loss.detach()
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def step(self) -> None:
         if distributed.world_size() > 1:
             self._average_gradients()
         if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if not bool(torch.isfinite(self._loss + norm)):  # one read: NaN or inf in either
+            self._fresh = True
+            raise non_finite_step(self.owner, self.part, float(self._loss), float(norm))
         self.optimizer.step()
         self._fresh = True
 
@@ -62,6 +84,13 @@ class AutogradOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def non_finite_step(owner: str, part: str, loss: float | None, grad_norm: float) -> TrainingDiverged:
+    """The error of an optimizer step not taken (``loss`` None: the step does not know it)."""
+    where = f" ({part})" if part else ""
+    values = f"loss {loss:g}, gradient norm {grad_norm:g}" if loss is not None else f"gradient norm {grad_norm:g}"
+    return TrainingDiverged(f"the update{where} was not finite ({values}), so it was not applied.", owner or None)
 
 
 class TargetNetwork:

@@ -203,7 +203,7 @@ class PPOLearner:
         step = (config.learning_rate, config.adam_eps, config.max_grad_norm)
         # exactly one of the two steps the parameters
         self.fused = FusedPPOStep(policy, *step) if self.fused_off_reason is None else None
-        self.optimizer = AutogradOptimizer(policy, *step) if self.fused is None else None
+        self.optimizer = AutogradOptimizer(policy, *step, policy.policy_id) if self.fused is None else None
 
     def _needs_autograd(self) -> str | None:
         c = self.config

@@ -18,6 +18,7 @@ against autograd.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from shoal import distributed
 from shoal.algos.losses import LossArgs, LossOutputs
+from shoal.algos.optim import non_finite_step
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
 from shoal.models.layers import per_tower, stacked_forward
 from shoal.models.networks import MLPModel
@@ -109,10 +111,11 @@ class FusedPPOStep:
     def _adam(self) -> None:
         grad = cast(torch.Tensor, self.flat.grad)  # set by flatten_parameters
         distributed.average_(grad)  # several data-parallel ranks: their mean gradient
-        if self.max_grad_norm is not None:
-            norm = grad.norm().item()  # a host float: on the CPU this costs nothing and saves three ops
-            if norm > self.max_grad_norm:
-                grad.mul_(self.max_grad_norm / (norm + 1e-6))
+        norm = grad.norm().item()  # a host float: on the CPU this costs nothing and saves three ops
+        if not math.isfinite(norm):  # a non-finite loss reaches every gradient: the step is not taken
+            raise non_finite_step(self.policy.policy_id, "", None, norm)
+        if self.max_grad_norm is not None and norm > self.max_grad_norm:
+            grad.mul_(self.max_grad_norm / (norm + 1e-6))
         self.step_count += 1  # the kernel reads the incremented count for bias correction
         # The kernel torch.optim.Adam(fused=True) runs, called directly: Adam.step() costs 84 us
         # per call here and the public functional torch.optim.adam.adam 33 us, against 16 us

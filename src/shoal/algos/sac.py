@@ -57,7 +57,9 @@ class SACLearner(ActorCriticLearner):
         self.alpha_optimizer: AutogradOptimizer | None = None
         if config.entropy_coeff == "auto":
             self.log_alpha = nn.Parameter(torch.tensor(math.log(config.initial_entropy_coeff), device=device))
-            self.alpha_optimizer = AutogradOptimizer([self.log_alpha], config.learning_rate, config.adam_eps, None)
+            self.alpha_optimizer = AutogradOptimizer(
+                [self.log_alpha], config.learning_rate, config.adam_eps, None, policy.policy_id, "entropy coefficient"
+            )
             self.optimizers.append(self.alpha_optimizer)
         self.fixed_alpha = torch.tensor(0.0 if self.log_alpha is not None else config.entropy_coeff, device=device)
         action_dims = policy.center.shape[0]

@@ -40,7 +40,7 @@ from shoal.collect.carry import EpisodeCarry
 from shoal.collect.critic import CriticInput
 from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, mark_episode_starts
 from shoal.collect.policies import PolicyMap
-from shoal.errors import ConfigError, EnvError
+from shoal.errors import ConfigError, EnvError, TrainingDiverged
 from shoal.models.normalize import RewardScaler
 from shoal.vector.base import Seed, StepBatch, VecBackend
 
@@ -268,6 +268,8 @@ class Collector:
                 continue
             if backend.logs_actions:  # external clients may have taken actions of their own
                 action = backend.logged(action, batch)
+            if action.is_floating_point() and not bool(torch.isfinite(action).all()):  # one read per step
+                raise self._non_finite_action(action, batch)
             views["action"][t].copy_(action)
             backend.send(action, batch)
             self._position[batch.rows] = t + 1
@@ -411,6 +413,18 @@ class Collector:
         done = views["terminated_np"] | views["truncated_np"]
         ended = np.flatnonzero(env_episode_ends(done, views["valid_np"], k)) + batch.rows.start // k
         self.policies.start_episodes(ended, self.backend.first_env_id)
+
+    def _non_finite_action(self, action: torch.Tensor, batch: StepBatch) -> TrainingDiverged:
+        """Caught before the env sees it: the policy is at fault, not the env."""
+        row = int((~torch.isfinite(action)).reshape(len(action), -1).any(1).nonzero()[0])
+        policy = self.policies.ids[int(self.policies.row_policy[batch.rows][row])]
+        env_id = int(self.backend.batch.env_id[batch.rows][row])
+        value = action[row].flatten()[~torch.isfinite(action[row].flatten())][0].item()
+        return TrainingDiverged(
+            f"it chose a non-finite action ({value}) for env '{self.backend.name}' (env {env_id}); "
+            f"the action was not sent to the env.",
+            policy,
+        )
 
     def _check_rewards(self, rollout: TensorDict, horizon: int) -> None:
         reward = rollout["reward"][:, :horizon]

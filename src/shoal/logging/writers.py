@@ -6,6 +6,7 @@ dropping the rows logged after its checkpoint, so the logs never hold an iterati
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import uuid
@@ -16,6 +17,7 @@ from typing import Any, Literal, Protocol
 import yaml
 
 from shoal.errors import ConfigError
+from shoal.files import AppendOnly, write_atomic
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -29,11 +31,15 @@ def _scalars(record: dict[str, Any]) -> Iterator[tuple[str, int | float]]:
 class Writer(Protocol):
     """One log of the run: each iteration's record goes to ``write``."""
 
+    path: Path
+
     def write(self, record: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
 
 
 class JsonlWriter:
+    """metrics.jsonl: one line per iteration, each written whole or not at all."""
+
     def __init__(self, path: Path, resume_iteration: int | None = None):
         if resume_iteration is not None and path.exists():
             kept = [
@@ -41,13 +47,12 @@ class JsonlWriter:
                 for line in path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("training_iteration", 0) <= resume_iteration
             ]
-            path.write_text("".join(line + "\n" for line in kept))
-        self.file = path.open("a", encoding="utf-8")
+            write_atomic(path, "".join(line + "\n" for line in kept))
+        self.path, self.file = path, AppendOnly(path)
 
     def write(self, record: dict[str, Any]) -> None:
         # Non-finite floats become null: NaN is not JSON.
-        self.file.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
-        self.file.flush()
+        self.file.append(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
 
     def close(self) -> None:
         self.file.close()
@@ -65,7 +70,8 @@ class CsvWriter:
                 rows = list(reader)
                 self.fields = list(reader.fieldnames or [])
             if resume_iteration is not None:
-                self._rewrite([r for r in rows if float(r.get("training_iteration") or 0) <= resume_iteration])
+                kept = [r for r in rows if float(r.get("training_iteration") or 0) <= resume_iteration]
+                self._rewrite(kept, self.fields)
 
     def write(self, record: dict[str, Any]) -> None:
         new = [k for k in record if k not in self.fields]
@@ -74,16 +80,22 @@ class CsvWriter:
             if self.path.exists():
                 with self.path.open(newline="") as f:
                     rows = list(csv.DictReader(f))
-            self.fields += new
-            self._rewrite(rows)
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.fields).writerow(record)
+            self._rewrite(rows, self.fields + new)
+        row = io.StringIO()
+        csv.DictWriter(row, fieldnames=self.fields).writerow(record)
+        file = AppendOnly(self.path)  # a row is written whole or not at all
+        try:
+            file.append(row.getvalue())
+        finally:
+            file.close()
 
-    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
-        with self.path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields)
-            writer.writeheader()
-            writer.writerows(rows)
+    def _rewrite(self, rows: list[dict[str, Any]], fields: list[str]) -> None:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(self.path, text.getvalue())
+        self.fields = fields  # only once the wider file is in place
 
     def close(self) -> None:
         pass
@@ -96,6 +108,7 @@ class TensorBoardWriter:
         from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
 
         purge = None if resume_step is None else resume_step + 1
+        self.path = run_dir
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -122,7 +135,7 @@ class WandbWriter:
             raise ConfigError("wandb_project is set but wandb is not installed: pip install 'shoal[wandb]'.") from None
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id)
+        write_atomic(id_file, run_id)
         self.run = wandb.init(
             project=project,
             name=run_dir.name,
@@ -133,6 +146,7 @@ class WandbWriter:
             mode=mode,
             reinit="create_new",
         )
+        self.path = run_dir / "wandb"
 
     def write(self, record: dict[str, Any]) -> None:
         self.run.log(dict(_scalars(record)), step=record["timesteps_total"])
@@ -158,7 +172,7 @@ class RunLogger:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
+        write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=True))
         iteration, step = resume if resume is not None else (None, None)
         self.writers: list[Writer] = [
             JsonlWriter(self.run_dir / "metrics.jsonl", iteration),
@@ -170,7 +184,11 @@ class RunLogger:
 
     def write(self, record: dict[str, Any]) -> None:
         for w in self.writers:
-            w.write(record)
+            try:
+                w.write(record)
+            except OSError as e:
+                e.filename = e.filename or str(w.path)  # a refused write names the file it was for
+                raise
 
     def close(self) -> None:
         for w in self.writers:

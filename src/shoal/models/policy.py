@@ -36,6 +36,8 @@ class Policy(nn.Module):
 
     extras: tuple[str, ...] = ()
     """The per-step fields ``act`` fills (e.g. ``sample_log_prob``, ``value``)."""
+    policy_id: str = ""
+    """The id the algorithm built this policy under (errors about it name it)."""
     synced_attributes: tuple[str, ...] = ()
     """Plain attributes that acting reads and the algorithm changes during training (DQN's
     ``epsilon``): copies of the policy acting in other processes (Ray rollout workers) receive

@@ -54,6 +54,16 @@ def write_checkpoint(target: Path, state: dict[str, Any], meta: dict[str, Any]) 
     tmp = target.parent / f"{TMP_PREFIX}{target.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    try:
+        _write_into(tmp, target, state, meta)
+    except BaseException:  # a full disk, a second Ctrl-C: the partial copy goes, the previous ones stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def _write_into(tmp: Path, target: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
     with (tmp / STATE_FILE).open("wb") as f:
         torch.save(state, f)
         f.flush()
@@ -66,12 +76,14 @@ def write_checkpoint(target: Path, state: dict[str, Any], meta: dict[str, Any]) 
     if target.exists():  # re-saving the same iteration: move the old one aside, then drop it
         old = target.parent / f"{TMP_PREFIX}old-{target.name}-{os.getpid()}"
         target.rename(old)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except BaseException:
+            old.rename(target)
+            raise
         shutil.rmtree(old)
     else:
         tmp.rename(target)
-    _fsync_dir(target.parent)
-    return target
 
 
 def read_meta(path: Path) -> dict[str, Any]:

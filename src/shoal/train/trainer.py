@@ -39,12 +39,13 @@ from shoal.config import TrainerConfig
 from shoal.config.tuned import start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, TrainingDiverged, did_you_mean
+from shoal.files import write_atomic
 from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
-from shoal.train import data_parallel, setup, signals
+from shoal.train import data_parallel, faults, setup, signals
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import evaluate_policies, prepare_obs
 
@@ -177,7 +178,12 @@ class Trainer:
         self.algorithm.progress = self.timesteps_total / end
         after = self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()  # every rank's
         self.algorithm.progress_end = min(1.0, after / end)
-        stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
+        try:
+            stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
+            if (broken := faults.non_finite_weights(self.policies)) is not None:
+                raise broken
+        except TrainingDiverged as e:
+            raise self._diverged(e) from e
         if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
             warnings.warn(
                 f"{self.algo_name} called collector.collect itself, so {' and '.join(skipped)} did not apply; "
@@ -212,12 +218,17 @@ class Trainer:
             self.callbacks("on_evaluate_end", self, result["evaluation"])
         record = log_record(result)
         self.analysis.add(record)
-        if self.logger is not None:
-            self.logger.write(record)
+        with faults.run_writes("the metrics", None, self.run_dir):
+            if self.logger is not None:
+                self.logger.write(record)
         self.callbacks("on_train_result", self, result)
         if self.run_dir is not None and c.checkpoint_interval and self.iteration % c.checkpoint_interval == 0:
             self.save()
         return result
+
+    def _diverged(self, error: TrainingDiverged) -> TrainingDiverged:
+        policy = self.algorithm.policy_configs.get(error.policy or "", self.config)
+        return faults.diverged(error, self.iteration + 1, self.run_dir, policy.learning_rate)
 
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)
@@ -238,18 +249,18 @@ class Trainer:
         if show and self.iteration == 0 and (layout := self.algorithm.describe()):
             print(layout, file=sys.stderr)  # beside the progress line, leaving stdout to results
         result: dict[str, Any] = {}
-        with (
-            self._stop_on_signals(),
-            ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display,
-        ):
-            while self.timesteps_total - start < total and not data_parallel.agreed_stop(self):
-                result = self.train()
-                display.update(self.timesteps_total - start, result)
-        if self.callbacks.stop_requested and self.stop_reason is None:
-            self.stop_reason = "callback"
-        if self.run_dir is not None:
-            last = self.save()
-            self._write_result_json(last)
+        # The handlers stay through the last checkpoint: SIGTERM then lets it finish, and a second
+        # Ctrl-C stops it at once, leaving the previous checkpoint the newest.
+        with self._stop_on_signals():
+            with ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display:
+                while self.timesteps_total - start < total and not data_parallel.agreed_stop(self):
+                    result = self.train()
+                    display.update(self.timesteps_total - start, result)
+            if self.callbacks.stop_requested and self.stop_reason is None:
+                self.stop_reason = "callback"
+            if self.run_dir is not None:
+                last = self.save()
+                self._write_result_json(last)
         return result
 
     def _stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
@@ -273,9 +284,9 @@ class Trainer:
             "checkpoint": str(checkpoint) if checkpoint else None,
             "metric_analysis": self.analysis.summary(),
         }
-        tmp = self.run_dir / "result.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.run_dir / "result.json")
+        path = self.run_dir / "result.json"
+        with faults.run_writes("the run's summary", path, self.run_dir):
+            write_atomic(path, json.dumps(summary, indent=2))
 
     # ----- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -325,15 +336,21 @@ class Trainer:
 
     def save(self, checkpoint_dir: str | Path | None = None) -> Path:
         """Write a checkpoint (default: ``<run_dir>/checkpoints/checkpoint_<iteration>``, keeping
-        the newest ``keep_checkpoints``); returns its directory."""
+        the newest ``keep_checkpoints``); returns its directory. Weights that are not finite are
+        never saved (``TrainingDiverged``)."""
+        if (broken := faults.non_finite_weights(self.policies)) is not None:
+            raise self._diverged(broken)
         if checkpoint_dir is None:
             if self.run_dir is None:
                 raise ConfigError("save() needs a directory when save_outputs=False.")
             root = self.run_dir / "checkpoints"
-            path = ckpt.write_checkpoint(root / f"{ckpt.PREFIX}{self.iteration:06d}", self.state_dict(), self._meta())
-            ckpt.rotate(root, self.config.keep_checkpoints)
+            path = root / f"{ckpt.PREFIX}{self.iteration:06d}"
         else:
-            path = ckpt.write_checkpoint(Path(checkpoint_dir), self.state_dict(), self._meta())
+            path, root = Path(checkpoint_dir), None
+        with faults.run_writes("the checkpoint", path, self.run_dir):
+            ckpt.write_checkpoint(path, self.state_dict(), self._meta())
+            if root is not None:
+                ckpt.rotate(root, self.config.keep_checkpoints)
         self.callbacks("on_checkpoint", self, path)
         return path
 
@@ -465,16 +482,18 @@ class Trainer:
         policy's mean agent return.
         """
         c = self.config
-        return evaluate_policies(
-            c,
-            self.policies,
-            self.env_name,
-            num_episodes or c.evaluation_num_episodes,
-            c.evaluation_deterministic if deterministic is None else deterministic,
-            c.seed + 10_000 if seed is None else seed,
-            None if video_dir is None else (Path(video_dir), f"iter{self.iteration:06d}_"),
-            policy_mapping_fn or c.policy_mapping_fn,
-        )
+        video = None if video_dir is None else Path(video_dir)
+        with faults.run_writes("the evaluation video", video, self.run_dir) if video else contextlib.nullcontext():
+            return evaluate_policies(
+                c,
+                self.policies,
+                self.env_name,
+                num_episodes or c.evaluation_num_episodes,
+                c.evaluation_deterministic if deterministic is None else deterministic,
+                c.seed + 10_000 if seed is None else seed,
+                None if video is None else (video, f"iter{self.iteration:06d}_"),
+                policy_mapping_fn or c.policy_mapping_fn,
+            )
 
     def close(self) -> None:
         """Close the envs (and their worker processes) and the loggers; ``with`` calls it on exit."""

@@ -1,0 +1,250 @@
+"""How a run stops when it cannot go on: writes the filesystem refuses, updates that diverge."""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import shoal
+from shoal.files import AppendOnly
+from shoal.train import checkpoint as ckpt
+
+FAST = dict(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, sgd_minibatch_size=64, num_sgd_iter=4, verbose=0)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def no_space(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def full_disk_save(obj, f):
+    """What torch.save does on a full disk: a part of the file, then a RuntimeError raised while
+    handling the OSError."""
+    f.write(b"PK" + b"x" * 100)
+    try:
+        no_space()
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 92800 vs 92700") from None
+
+
+def logged_iterations(run: Path) -> list[int]:
+    return [json.loads(line)["training_iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def all_finite(path: Path) -> bool:
+    state, _ = ckpt.read_checkpoint(path)
+    tensors = [t for t in state["algorithm"]["policies"]["default_policy"].values() if t.is_floating_point()]
+    return all(bool(t.isfinite().all()) for t in tensors)
+
+
+def test_a_full_disk_while_checkpointing_names_the_file_and_what_was_kept_then_resume(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    algo = shoal.PPO(seed=1, run_dir=str(run), checkpoint_interval=2, **FAST)
+    algo.learn(4 * 128)
+    monkeypatch.setattr(ckpt.torch, "save", full_disk_save)
+    with pytest.raises(shoal.OutputError) as caught:
+        algo.learn(4 * 128)
+    algo.close()
+    message = str(caught.value)
+    assert f"could not write the checkpoint '{run / 'checkpoints' / 'checkpoint_000006'}'" in message
+    assert "No space left on device" in message and "free there" in message
+    assert f"Kept: checkpoint '{run / 'checkpoints' / 'checkpoint_000004'}' (iteration 4, 512 steps)" in message
+    assert message.endswith(f"continue with: shoal train --resume {run}")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_000002", "checkpoint_000004"]
+
+    monkeypatch.undo()
+    resumed = shoal.PPO.from_checkpoint(run, total_timesteps=8 * 128)
+    resumed.learn()
+    resumed.close()
+    assert logged_iterations(run) == list(range(1, 9))
+
+
+def test_a_refused_metrics_line_leaves_the_file_at_its_last_whole_line(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    log = AppendOnly(path)
+    log.append('{"a": 1}\n')
+    real_write, calls = os.write, []
+
+    def half_then_full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, data[: len(data) // 2])
+        no_space()
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space"):
+        log.append('{"b": 2, "c": 3}\n')
+    monkeypatch.undo()
+    log.close()
+    assert calls == [17, 9] and path.read_text() == '{"a": 1}\n'
+
+    run = tmp_path / "run"
+    with shoal.PPO(seed=1, run_dir=str(run), **FAST) as algo:
+        algo.learn(2 * 128)
+        monkeypatch.setattr(os, "write", no_space)
+        with pytest.raises(shoal.OutputError, match="could not write the metrics .*metrics.jsonl"):
+            algo.learn(128)
+        monkeypatch.undo()
+    assert logged_iterations(run) == [1, 2]
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_run_on_a_filesystem_that_fills_up_stops_with_one_message_and_resumes_after_room_is_made(tmp_path):
+    disk = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    if not _mount_tmpfs(disk, "400k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        run = disk / "run"
+        cmd = [sys.executable, "-m", "shoal", "train", "CartPole-v1", "seed=1", "total_timesteps=400000"]
+        cmd += ["checkpoint_interval=5", "verbose=0", "--run-dir", str(run)]
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("shoal: error")]
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+        assert "No space left on device" in errors[0] and "Traceback" not in proc.stderr
+        assert not any(p.name.startswith(".") for p in (run / "checkpoints").iterdir())
+        kept = ckpt.resolve_checkpoint(run)
+        assert f"Kept: checkpoint '{kept}'" in errors[0]
+        rows = logged_iterations(run)  # every line whole
+        assert rows == list(range(1, len(rows) + 1)) and rows[-1] >= ckpt.read_meta(kept)["training_iteration"]
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        resumed = [sys.executable, "-m", "shoal", "train", "--resume", str(run)]
+        steps = ckpt.read_meta(kept)["timesteps_total"] + 4 * 2048
+        proc = subprocess.run([*resumed, f"total_timesteps={steps}"], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["timesteps_total"] == steps
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+@pytest.mark.parametrize(
+    "algo, settings",
+    [
+        ("ppo", dict(env="Pendulum-v1")),  # the fused PPO step
+        ("ppo", dict(FAST, fused_update=False)),  # the autograd step
+        ("dqn", dict(env="CartPole-v1", learning_starts=64, timesteps_per_iteration=64, buffer_size=4096)),
+        ("sac", dict(env="Pendulum-v1", learning_starts=64, timesteps_per_iteration=64, buffer_size=4096)),
+    ],
+)
+def test_a_diverging_update_names_the_policy_and_iteration_and_no_checkpoint_holds_nan(tmp_path, algo, settings):
+    run = tmp_path / "run"
+    settings = {"verbose": 0, **settings}
+    with shoal.Trainer(algo=algo, seed=1, run_dir=str(run), checkpoint_interval=1, **settings) as good:
+        good.learn(2 * good.algorithm.steps_per_iteration)
+        saved = good.iteration
+    with shoal.Trainer.from_checkpoint(run, learning_rate=1e30) as bad:
+        with pytest.raises(shoal.TrainingDiverged) as caught:
+            bad.learn(10 * bad.algorithm.steps_per_iteration)
+        after = list(bad.get_policy().parameters())
+    message = str(caught.value)
+    assert caught.value.policy == "default_policy"
+    assert message.startswith(f"training diverged at iteration {saved + 1} (policy 'default_policy'): the update")
+    assert "was not finite" in message and "env" not in message.split("Nothing after")[0]
+    assert f"checkpoint_{saved:06d}" in message and "learning_rate=1e+29" in message
+    assert [ckpt.read_meta(p)["training_iteration"] for p in ckpt.list_checkpoints(run / "checkpoints")][-1] == saved
+    assert all(all_finite(p) for p in ckpt.list_checkpoints(run / "checkpoints"))
+    assert all(bool(p.isfinite().all()) for p in after)  # the step that would have broken them was not taken
+
+
+def test_a_non_finite_action_is_the_policys_fault_and_never_reaches_the_env(tmp_path):
+    with shoal.PPO(env="Pendulum-v1", seed=1, save_outputs=False, verbose=0) as algo:
+        with torch.no_grad():
+            algo.get_policy().log_std.fill_(float("inf"))
+        with pytest.raises(shoal.TrainingDiverged, match=r"iteration 1 \(policy 'default_policy'\): it chose a non-f"):
+            algo.learn(2048)
+
+
+def test_weights_that_are_not_finite_are_never_saved(tmp_path):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with shoal.PPO(seed=1, run_dir=str(tmp_path / "run"), **FAST) as algo:
+        algo.learn(128)
+        with torch.no_grad():
+            next(algo.get_policy().parameters())[0].fill_(float("nan"))
+        with pytest.raises(shoal.TrainingDiverged, match="its weights hold non-finite values"):
+            algo.save(tmp_path / "by_hand")
+        with pytest.raises(shoal.TrainingDiverged, match="its weights hold non-finite values"):
+            algo.save()
+    assert [p.name for p in checkpoints.iterdir()] == ["checkpoint_000001"] and not (tmp_path / "by_hand").exists()
+
+
+def _training_with_slow_checkpoints(run: Path, marker: Path, slow: tuple[int, ...]) -> subprocess.Popen:
+    """`shoal train` whose checkpoint writes number ``slow`` (1: the first) take 8 s after writing
+    part of the file, and say (``marker``) when one is under way."""
+    script = f"""
+        import sys, time, pathlib, torch
+        import shoal.train.checkpoint as ckpt
+        from shoal.cli import main
+        real_save, calls = torch.save, []
+        def slow_save(obj, f):
+            calls.append(1)
+            if len(calls) not in {slow!r}:
+                return real_save(obj, f)
+            f.write(b"PK" + b"x" * 1000)
+            f.flush()
+            pathlib.Path({str(marker)!r}).write_text("writing")
+            time.sleep(8)
+            f.seek(0)
+            f.truncate()
+            real_save(obj, f)
+            pathlib.Path({str(marker)!r}).unlink()
+        ckpt.torch.save = slow_save
+        sys.exit(main(["train", "CartPole-v1", "seed=1", "total_timesteps=100000000", "checkpoint_interval=5",
+                       "verbose=0", "--run-dir", {str(run)!r}]))
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-c", textwrap.dedent(script)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, timeout=120.0):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_the_last_checkpoint_exits_at_once_and_leaves_no_partial_one(tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "writing"
+    proc = _training_with_slow_checkpoints(run, marker, slow=(2,))
+    _wait_for(lambda: (run / "checkpoints" / "checkpoint_000005").is_dir() and not marker.exists())
+    proc.send_signal(signal.SIGINT)  # stop after this iteration: the last checkpoint starts
+    _wait_for(marker.exists)
+    proc.send_signal(signal.SIGINT)
+    started = time.time()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.time() - started < 5, err  # not after the 8 s write
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["checkpoint_000005"]
+    assert ckpt.resolve_checkpoint(run).name == "checkpoint_000005"
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_checkpoint_write_lets_it_finish_then_stops(tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "writing"
+    proc = _training_with_slow_checkpoints(run, marker, slow=(1,))
+    _wait_for(marker.exists)  # the periodic checkpoint of iteration 5
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    stopped = json.loads((run / "result.json").read_text())["training_iteration"]
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names[0] == "checkpoint_000005" and names[-1] == f"checkpoint_{stopped:06d}" and stopped in (5, 6)
+    assert all(ckpt.verify(run / "checkpoints" / name) for name in names)
