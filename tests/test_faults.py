@@ -248,3 +248,15 @@ def test_sigterm_during_a_checkpoint_write_lets_it_finish_then_stops(tmp_path):
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names[0] == "checkpoint_000005" and names[-1] == f"checkpoint_{stopped:06d}" and stopped in (5, 6)
     assert all(ckpt.verify(run / "checkpoints" / name) for name in names)
+
+
+@pytest.mark.slow
+def test_a_video_cut_short_by_a_full_disk_is_removed_and_named(tmp_path, monkeypatch):
+    import imageio_ffmpeg
+
+    real_count = imageio_ffmpeg.count_frames_and_secs
+    monkeypatch.setattr(imageio_ffmpeg, "count_frames_and_secs", lambda path: (real_count(path)[0] // 2, 0.0))
+    with shoal.PPO(seed=1, save_outputs=False, **FAST) as algo:
+        with pytest.raises(shoal.OutputError, match=r"could not write the evaluation video .*ffmpeg wrote \d+ of its"):
+            algo.evaluate(num_episodes=1, video_dir=tmp_path / "videos")
+    assert list((tmp_path / "videos").iterdir()) == []

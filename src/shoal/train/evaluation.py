@@ -8,6 +8,7 @@ each step is taken before the backend's autoreset, so the last frame is the true
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsFloat, cast
@@ -60,6 +61,21 @@ class FrameWriter:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+            self._check_written()
+
+    def _check_written(self) -> None:
+        """ffmpeg, which writes the file, ends quietly when the disk is full: count what it wrote,
+        and remove a video that was cut short."""
+        import imageio_ffmpeg
+
+        try:
+            written = imageio_ffmpeg.count_frames_and_secs(str(self.path))[0]
+        except (RuntimeError, OSError):  # not even a readable header
+            written = 0
+        if written < self.frames:
+            self.path.unlink(missing_ok=True)
+            reason = f"ffmpeg wrote {written} of its {self.frames} frames (is the disk full?)"
+            raise OSError(errno.EIO, reason, str(self.path))
 
 
 class Filmer(FrameWriter, gym.Wrapper):

@@ -62,7 +62,8 @@ def what_was_kept(run_dir: Path | None, then: str, overrides: str = "") -> str:
 
 @contextlib.contextmanager
 def run_writes(what: str, path: Path | None, run_dir: Path | None) -> Iterator[None]:
-    """Turn a refused write of ``what`` (at ``path``) into one ``OutputError``."""
+    """Turn a refused write of ``what`` (at ``path``) into one ``OutputError``; with ``run_dir``
+    it also names the run's newest checkpoint that loads and the command that resumes."""
     try:
         yield
     except OutputError:
@@ -72,9 +73,10 @@ def run_writes(what: str, path: Path | None, run_dir: Path | None) -> Iterator[N
         if refusal is None:
             raise
         where = Path(refusal.filename) if refusal.filename else (path or run_dir or Path.cwd())
+        kept = "" if run_dir is None else " " + what_was_kept(run_dir, "Make room (or fix the permission)")
         raise OutputError(
             f"could not write {what} '{where}': {refusal.strerror} ({_free_space(where)} free there); "
-            f"no partial file was left. {what_was_kept(run_dir, 'Make room (or fix the permission)')}"
+            f"no partial file was left.{kept}"
         ) from e
 
 
