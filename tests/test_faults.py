@@ -256,7 +256,7 @@ def test_a_video_cut_short_by_a_full_disk_is_removed_and_named(tmp_path, monkeyp
 
     real_count = imageio_ffmpeg.count_frames_and_secs
     monkeypatch.setattr(imageio_ffmpeg, "count_frames_and_secs", lambda path: (real_count(path)[0] // 2, 0.0))
-    with shoal.PPO(seed=1, save_outputs=False, **FAST) as algo:
-        with pytest.raises(shoal.OutputError, match=r"could not write the evaluation video .*ffmpeg wrote \d+ of its"):
-            algo.evaluate(num_episodes=1, video_dir=tmp_path / "videos")
+    cut_short = r"could not write the evaluation video .*ffmpeg wrote \d+ of its"
+    with shoal.PPO(seed=1, save_outputs=False, **FAST) as algo, pytest.raises(shoal.OutputError, match=cut_short):
+        algo.evaluate(num_episodes=1, video_dir=tmp_path / "videos")
     assert list((tmp_path / "videos").iterdir()) == []
