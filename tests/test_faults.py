@@ -260,3 +260,15 @@ def test_a_video_cut_short_by_a_full_disk_is_removed_and_named(tmp_path, monkeyp
     with shoal.PPO(seed=1, save_outputs=False, **FAST) as algo, pytest.raises(shoal.OutputError, match=cut_short):
         algo.evaluate(num_episodes=1, video_dir=tmp_path / "videos")
     assert list((tmp_path / "videos").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_one_minute_soak_grows_no_descriptors_and_no_child_processes():
+    from benchmarks.soak import soak, table
+
+    sampler = soak(minutes=1.0, every=5.0)
+    assert len(sampler.samples) >= 6 and sampler.iterations >= 200  # hundreds of checkpoints and evaluations
+    rows = {name: (first, last) for name, first, last, _ in table(sampler)}
+    assert rows["open file descriptors"][0] == rows["open file descriptors"][1]
+    assert rows["child processes"] == (2.0, 2.0)
+    assert all(len(s.worker_rss_mb) == 2 for s in sampler.samples)
