@@ -272,3 +272,33 @@ def test_a_one_minute_soak_grows_no_descriptors_and_no_child_processes():
     assert rows["open file descriptors"][0] == rows["open file descriptors"][1]
     assert rows["child processes"] == (2.0, 2.0)
     assert all(len(s.worker_rss_mb) == 2 for s in sampler.samples)
+
+
+class KillWorker(shoal.Callback):
+    """SIGKILLs env worker 0 (as the OOM killer would) after iteration ``at``."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_train_result(self, trainer, result):
+        if result["training_iteration"] == self.at:
+            os.kill(trainer.backend.pids[0], signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_after_checkpointing_the_learner_and_resume_goes_on(tmp_path):
+    run = tmp_path / "run"
+    settings = dict(FAST, num_workers=2, checkpoint_interval=1000)
+    with (
+        shoal.PPO(seed=1, run_dir=str(run), callbacks=[KillWorker(at=12)], **settings) as algo,
+        pytest.raises(shoal.EnvError, match=r"env worker 0 .* died with exit code -9") as caught,
+    ):
+        algo.learn(40 * 128)
+    assert str(caught.value).endswith(
+        f"\nThe learner's state at iteration 12 was checkpointed first; continue with: shoal train --resume {run}"
+    )
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000012"]
+    with shoal.PPO.from_checkpoint(run, total_timesteps=16 * 128) as resumed:
+        assert resumed.iteration == 12
+        resumed.learn()
+    assert logged_iterations(run) == list(range(1, 17))

@@ -9,6 +9,10 @@ from collections.abc import Iterable
 class ShoalError(ValueError):
     """Base class: a problem with what the user asked for, not a bug in shoal."""
 
+    def add_line(self, line: str) -> None:
+        """Append ``line`` to the message: what was done about the error, or what to do next."""
+        self.args = (f"{self.args[0]}\n{line}", *self.args[1:]) if self.args else (line,)
+
 
 class ConfigError(ShoalError):
     """A config key or value that cannot be used."""

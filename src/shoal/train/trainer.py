@@ -39,7 +39,7 @@ from shoal.config import TrainerConfig
 from shoal.config.tuned import start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
-from shoal.errors import ConfigError, TrainingDiverged, did_you_mean
+from shoal.errors import ConfigError, EnvError, TrainingDiverged, did_you_mean
 from shoal.files import write_atomic
 from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
@@ -184,6 +184,9 @@ class Trainer:
                 raise broken
         except TrainingDiverged as e:
             raise self._diverged(e) from e
+        except EnvError as e:  # an env raised or a worker died: keep what the learner has first
+            self._save_after_failure(e)
+            raise
         if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
             warnings.warn(
                 f"{self.algo_name} called collector.collect itself, so {' and '.join(skipped)} did not apply; "
@@ -229,6 +232,22 @@ class Trainer:
     def _diverged(self, error: TrainingDiverged) -> TrainingDiverged:
         policy = self.algorithm.policy_configs.get(error.policy or "", self.config)
         return faults.diverged(error, self.iteration + 1, self.run_dir, policy.learning_rate)
+
+    def _save_after_failure(self, error: EnvError) -> None:
+        """Checkpoint the learner (weights, optimizer, normalizers, counters) as of the last whole
+        iteration, so a resume loses at most the fragment under way. The envs' state is not kept:
+        the failed ones are in no state to save, and a resume starts new episodes."""
+        if self.run_dir is None:
+            return
+        state = self.state_dict()
+        state["backend"] = {"exact": False, "reason": "the run stopped on an env failure", "envs": [], "buffers": {}}
+        path = self.run_dir / "checkpoints" / f"{ckpt.PREFIX}{self.iteration:06d}"
+        with faults.run_writes("the checkpoint", path, self.run_dir):
+            ckpt.write_checkpoint(path, state, self._meta())
+        error.add_line(
+            f"The learner's state at iteration {self.iteration} was checkpointed first; "
+            f"continue with: shoal train --resume {self.run_dir}"
+        )
 
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)
