@@ -202,3 +202,49 @@ def test_interrupted_benchmark_resumes_unfinished_runs_and_skips_finished_ones(t
     assert summary["timesteps_total"] == logged[-1]["timesteps_total"] >= 60_000
     assert [row["training_iteration"] for row in logged] == list(range(1, len(logged) + 1))  # resumed, not restarted
     assert "resuming at iteration" in (second / "stderr.log").read_text()
+
+
+def test_settings_after_the_env_ids_are_settings_and_jobs_must_be_positive(tmp_path, monkeypatch, capsys):
+    from shoal.cli import main
+
+    ran = []
+    monkeypatch.setattr("shoal.benchmark.run_suite", lambda suite, out, jobs: ran.append(suite) or [])
+    out = str(tmp_path / "out")
+    argv = ["benchmark", "--algo", "ppo", "--env", "CartPole-v1", "learning_rate=0.001", "--seeds", "1", "--out", out]
+    assert main(argv) == 0
+    (spec,) = ran[0].runs
+    assert (spec.env, spec.overrides) == ("CartPole-v1", ("learning_rate=0.001",))
+    assert main([*argv, "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1 (runs at once), got 0." in capsys.readouterr().err
+
+
+def test_a_run_made_before_its_tuned_config_changed_is_not_taken_for_a_current_one(tmp_path, monkeypatch):
+    spec = RunSpec("ppo", "CartPole-v1", 1)
+    finish(tmp_path, spec, 500.0)
+    (spec.directory(tmp_path) / SPEC).write_text(json.dumps(spec.identity()))
+    run_suite(Suite([spec]), tmp_path, live=False)  # the same tuned keys: finished, skipped
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text("algo: ppo\nenv: CartPole-v1\nlearning_rate: 0.1\n")
+    monkeypatch.setattr("shoal.benchmark.runner.tuned_path", lambda algo, env: tuned)
+    with pytest.raises(ConfigError, match="holds ppo/CartPole-v1 seed 1 run with other settings"):
+        run_suite(Suite([spec]), tmp_path, live=False)
+
+
+def test_the_curve_grid_draws_the_seeds_of_a_run_as_one_line_beside_its_reference(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from shoal.benchmark.report import plot_grid
+
+    specs = [RunSpec("ppo", "CartPole-v1", s) for s in (1, 2, 3)]
+    for spec, extra in zip(specs, ("", "batch_mode: truncate_episodes\n", "info_keys: []\n")):  # older and newer
+        run_dir = spec.directory(tmp_path)
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(f"algo: ppo\nenv: CartPole-v1\nseed: {spec.seed}\n{extra}")
+        rows = [{"timesteps_total": t, "rollout/episode_reward_mean": t / 10 + spec.seed} for t in (1000, 2000)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path: figures.append(fig))
+    plot_grid(Suite(specs), tmp_path, REFS)
+    (ax, *_) = figures[0].axes
+    assert [line.get_label() for line in ax.get_lines()] == ["ppo (3 seeds)", "ppo reference"]
+    assert ax.get_lines()[1].get_ydata()[0] == 500.0

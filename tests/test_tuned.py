@@ -21,7 +21,12 @@ def test_shipped_config_is_valid_cites_its_source_and_sits_where_the_lookup_look
     algo = data.get("algo", "ppo")
     config = algorithm_class(algo).config_class.build(**data)
     assert config.total_timesteps >= 20_000, "a tuned config is a real training run"
-    assert path.read_text().startswith("# "), "each config opens with a comment saying where its settings come from"
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    sources = ("rl-baselines3-zoo", "rl-zoo", "CleanRL", "paper", "gymnax", "Source: none published")
+    tuned = path.parent.name != "examples"  # examples are variants of a tuned config, which cites the source
+    assert path.read_text().startswith("# ") and (any(s in header for s in sources) or not tuned), (
+        f"{path.name} must open with a comment naming its source (one of {sources})"
+    )
     if path.parent.name != "examples":
         assert (path.parent.name, path.stem) == (algo, env_slug(data["env"]))
         assert tuned_path(algo, data["env"]) == path
@@ -87,3 +92,15 @@ def test_a_reshaped_batch_keeps_the_tuned_number_of_minibatches():
         match=r"sgd_minibatch_size=256 must divide.*\(rollout_fragment_length came from the tuned config .*Acrobot",
     ):
         shoal.PPO(env="Acrobot-v1", save_outputs=False, verbose=0, num_envs=3)
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-tuned"]])
+def test_the_command_line_starts_from_the_tuned_config_unless_the_flag_is_given(tmp_path, capsys, flag):
+    from shoal.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", "Acrobot-v1", *flag, "total_timesteps=2000", "--eval-episodes", "1", "--run-dir", str(run)]
+    assert main(argv) == 0
+    said = "starting from the tuned config" in capsys.readouterr().err
+    assert said == (not flag)
+    assert load_yaml(run / "config.yaml")["num_envs"] == (8 if flag else 16)

@@ -30,7 +30,8 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="YAML file of config keys (its 'env' key may replace ENV)")
     train.add_argument(
         "--algo",
-        help="algorithm: a name (ppo, grpo), or 'package.module:Class' of your own (the key algo=; default ppo)",
+        help="algorithm: a name (ppo, grpo, dqn, sac, td3, maddpg), or 'package.module:Class' of your own "
+        "(the key algo=; default ppo)",
     )
     train.add_argument(
         "--no-tuned",
@@ -274,6 +275,12 @@ def benchmark(args: argparse.Namespace) -> int:
 
     if args.suite and "=" in args.suite:  # `shoal benchmark --algo a --env e seed=1`: a pair landed in SUITE
         args.overrides, args.suite = [args.suite, *args.overrides], None
+    for option in ("algo", "env"):  # --env takes several ids, so pairs after it land there: they are settings
+        values = getattr(args, option) or []
+        args.overrides = [*args.overrides, *(v for v in values if "=" in v)]
+        setattr(args, option, [v for v in values if "=" not in v] or None)
+    if args.jobs is not None and args.jobs < 1:
+        raise ShoalError(f"--jobs must be at least 1 (runs at once), got {args.jobs}.")
 
     suite = load_suite(args.suite, args.algo, args.env, args.seeds, args.timesteps, args.overrides)
     references = load_references(args.references or REFERENCES_FILE)  # a bad file fails before any run

@@ -185,9 +185,12 @@ def write_report(suite: Suite, out: Path, references: References, command: str) 
     rows = collect_rows(suite, out)
     text = (
         "Final return: mean over seeds of each run's deterministic evaluation after training; ± is the\n"
-        "std over seeds. Wall time: training time per run; SPS: env steps per second of training.\n"
+        "population std over seeds. Steps: env steps run, whose last iteration may pass the budget\n"
+        "asked for (1.02M for 1M); the verdict compares that budget with the reference's steps.\n"
+        "Wall time: training time per run; SPS: env steps per second of training.\n"
         f"Regenerate with:\n\n```bash\n{command}\n```\n\n{markdown_table(rows, references, suite.notes)}"
     )
+    out.mkdir(parents=True, exist_ok=True)  # nothing ran (interrupted at once): the table still says so
     md = out / "benchmark.md"
     md.write_text(text)
     try:

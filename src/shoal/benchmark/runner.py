@@ -12,6 +12,7 @@ are never taken for it) and, while running, the process running it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from types import FrameType
 from typing import IO, Any, cast
 
 from shoal.config.files import load_yaml
-from shoal.config.tuned import env_slug
+from shoal.config.tuned import env_slug, tuned_path
 from shoal.errors import ConfigError
 from shoal.train import signals
 from shoal.train.checkpoint import list_checkpoints
@@ -64,6 +65,7 @@ class RunSpec:
             "seed": self.seed,
             "timesteps": self.timesteps,
             "overrides": list(self.overrides),
+            "tuned": _tuned_digest(self.algo, self.env),
         }
 
     def command(self, out: Path) -> list[str]:
@@ -75,6 +77,15 @@ class RunSpec:
         # checkpoints every 10 iterations: a crash or reboot loses little (the keys given win)
         keys = [f"seed={self.seed}", "torch_threads=1", "verbose=0", f"checkpoint_interval={CHECKPOINT_EVERY}"]
         return [*base, *keys, *steps, *self.overrides, "--run-dir", str(run_dir)]
+
+
+def _tuned_digest(algo: str, env: str) -> str | None:
+    """A digest of the keys of the tuned config the run starts from (None: none): a run made
+    before the tuned config changed is not taken for a run of the new one. Comments do not count."""
+    path = tuned_path(algo, env)
+    if path is None:
+        return None
+    return hashlib.sha256(json.dumps(load_yaml(path), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -198,9 +209,13 @@ def _check_directory(spec: RunSpec, out: Path) -> None:
     """A run's directory holds this run (or nothing), and no other process is running it."""
     run_dir = spec.directory(out)
     saved = _read_json(run_dir / SPEC)
-    if saved is not None and saved != spec.identity():
+    expected = spec.identity()
+    if saved is not None and "tuned" not in saved:  # written before the tuned config's digest was kept
+        del expected["tuned"]
+    if saved is not None and saved != expected:
         raise ConfigError(
-            f"'{run_dir}' holds {spec.name} run with other settings ({saved}, now {spec.identity()}); "
+            f"'{run_dir}' holds {spec.name} run with other settings ({saved}, now {expected}; 'tuned' is "
+            f"a digest of the tuned config's keys); "
             f"give another --out, or delete the directory to run it again."
         )
     try:

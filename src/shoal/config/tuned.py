@@ -10,6 +10,7 @@ A tuned config sits under everything the user sets: a ``--config`` file, keyword
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,7 +47,10 @@ class TunedStart:
 
     def announce(self) -> None:
         if self.path is not None:
-            print(f"shoal: starting from the tuned config {self.path} (tuned=False: without it)", file=sys.stderr)
+            print(
+                f"shoal: starting from the tuned config {self.path} (--no-tuned or tuned=false: without it)",
+                file=sys.stderr,
+            )
 
     @contextlib.contextmanager
     def named_in_errors(self) -> Iterator[None]:
@@ -54,7 +58,7 @@ class TunedStart:
         try:
             yield
         except ConfigError as e:
-            named = sorted(key for key in self.keys if f"{key}=" in str(e))
+            named = sorted(key for key in self.keys if re.search(rf"(?<![\w.]){re.escape(key)}=", str(e)))
             if not named:
                 raise
             raise ConfigError(
@@ -122,6 +126,8 @@ def _same_minibatch_count(tuned: dict[str, Any], settings: dict[str, Any]) -> in
     if "batch_size" in settings or not all(isinstance(tuned.get(k), int) for k in keys):
         return None
     count = tuned["num_envs"] * tuned["rollout_fragment_length"] // tuned["sgd_minibatch_size"]
+    if count < 1:  # a minibatch counted in agent steps, larger than an iteration's env steps
+        return None
     envs = settings.get("num_envs", tuned["num_envs"])
     batch = settings.get("train_batch_size") or envs * settings.get(
         "rollout_fragment_length", tuned["rollout_fragment_length"]
