@@ -271,7 +271,7 @@ def test_a_half_minute_soak_grows_no_descriptors_and_no_child_processes():
     assert len(sampler.samples) >= 6 and sampler.iterations >= 500
     rows = {name: (first, last) for name, first, last, _ in table(sampler)}
     assert rows["open file descriptors"][0] == rows["open file descriptors"][1]
-    assert rows["child processes"] == (2.0, 2.0)
+    assert rows["child processes"][0] == rows["child processes"][1]  # the workers, and what other tests left
     assert all(len(s.worker_rss_mb) == 2 for s in sampler.samples)
 
 
