@@ -12,6 +12,8 @@ import time
 import uuid
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -303,3 +305,66 @@ def test_a_killed_worker_stops_the_run_after_checkpointing_the_learner_and_resum
         assert resumed.iteration == 12
         resumed.learn()
     assert logged_iterations(run) == list(range(1, 17))
+
+
+class FlakyCartPole(gym.Wrapper):
+    """CartPole-v1 whose step raises on ``rate`` of the calls, as a crashing simulator would."""
+
+    def __init__(self, env_config=None):
+        super().__init__(gym.make("CartPole-v1"))
+        self.rate = (env_config or {}).get("rate", 0.01)
+        self.rng = np.random.default_rng()
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.rng.random() < self.rate:
+            raise RuntimeError("the simulator crashed")
+        return self.env.step(action)
+
+
+shoal.register_env("FlakyCartPole-v0", FlakyCartPole)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_failed_envs_are_made_anew_counted_and_left_out_of_the_metrics(workers, recwarn):
+    settings = dict(env="FlakyCartPole-v0", num_workers=workers, restart_failed_envs=True, max_restarts_per_hour=1000)
+    with shoal.PPO(seed=1, save_outputs=False, **{**FAST, **settings}) as algo:
+        result = algo.learn(20 * 128)
+        episodes = algo.tracker.returns
+    assert 10 < result["num_env_restarts"] < 60  # 1% of 2,560 steps
+    warned = [w for w in recwarn if "failed (RuntimeError: the simulator crashed) and was made anew" in str(w)]
+    assert len(warned) == 4  # once for each env
+    assert all(r == int(r) and r >= 1 for r in episodes)  # CartPole's returns are whole episodes' step counts
+
+    with pytest.raises(shoal.EnvError, match="raised RuntimeError in step"):
+        shoal.PPO(seed=1, save_outputs=False, **{**FAST, "env": "FlakyCartPole-v0"}).learn(20 * 128)
+
+
+def test_a_restarted_step_bootstraps_the_step_before_it_and_is_not_learned():
+    from shoal.algos.advantages import gae
+
+    # decisions at 0 and 1, a restart at 2 (no transition, truncated, final value V(obs_2) = 5), a new episode at 3
+    reward = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+    value = torch.tensor([[2.0, 3.0, 5.0, 7.0, 11.0]])
+    done = torch.zeros(1, 4, dtype=torch.bool)
+    truncated = torch.tensor([[False, False, True, False]])
+    final_value = torch.tensor([[0.0, 0.0, 5.0, 0.0]])
+    valid = torch.tensor([[True, True, False, True]])
+    adv = gae(reward, value, done, truncated, final_value, 0.9, 1.0, valid_t=valid)
+    delta_1 = 1.0 + 0.9 * 5.0 - 3.0  # the step before the failure bootstraps from the observation it reached
+    assert adv[0, 1].item() == pytest.approx(delta_1)
+    assert adv[0, 2].item() == 0.0  # the failed step is not a decision
+    assert adv[0, 3].item() == pytest.approx(1.0 + 0.9 * 11.0 - 7.0)  # the new episode starts clean
+
+
+def test_envs_that_keep_failing_stop_the_run_at_the_restart_budget():
+    settings = dict(env="FlakyCartPole-v0", env_config={"rate": 0.2}, restart_failed_envs=True, max_restarts_per_hour=5)
+    with (
+        shoal.PPO(seed=1, save_outputs=False, **{**FAST, **settings}) as algo,
+        pytest.raises(shoal.EnvError, match=r"failed within the last hour, more than max_restarts_per_hour=5"),
+    ):
+        algo.learn(10 * 128)

@@ -203,8 +203,8 @@ def valid_configs(draw) -> dict[str, Any]:
         cfg |= draw(policy_settings())
     if cfg.get("soft_horizon") and cfg.get("horizon") is None:
         cfg["horizon"] = draw(st.integers(1, 1000))
-    if cfg.get("vectorization_mode") is not None:  # horizons and info_keys need the envs shoal makes itself
-        for key in ("horizon", "soft_horizon", "no_done_at_end", "info_keys"):
+    if cfg.get("vectorization_mode") is not None:  # horizons, info_keys, restarts need envs shoal makes itself
+        for key in ("horizon", "soft_horizon", "no_done_at_end", "info_keys", "restart_failed_envs"):
             cfg.pop(key, None)
     if cfg.get("batch_mode") == "complete_episodes":  # whole episodes give rows of varying length
         plain = PPOConfig.build(**FIXED | cfg | {"batch_mode": "truncate_episodes"})

@@ -113,8 +113,12 @@ class EpisodeTracker:
         agent_names: list[str] | None = None,
         policy_ids: list[str] | None = None,
         info_keys: list[str] | None = None,
+        drop_failed: bool = False,
     ):
+        """``drop_failed``: an episode ending at a step that was not a transition is one whose env
+        failed and was made anew (``restart_failed_envs``, single-agent envs): it is left out."""
         self.agent_names = agent_names
+        self.drop_failed = drop_failed
         self.info_keys = info_keys or []
         # running sums and counts of each row's info_keys values (nan: absent that step)
         self.info_sum = np.zeros((num_rows, len(self.info_keys)), dtype=np.float64)
@@ -168,8 +172,19 @@ class EpisodeTracker:
             present = ~np.isnan(info) & valid[..., None]
             cum_info = np.cumsum(np.where(present, info, 0.0), axis=0, dtype=np.float64)
             cum_count = np.cumsum(present, axis=0, dtype=np.int64)
+        dropped = 0
         for t, row in zip(steps.tolist(), rows.tolist()):
             ret, length = float(self.ret[row] + cum_ret[t, row]), int(self.len[row] + cum_len[t, row])
+            means = {}
+            if info is not None and self.info_keys:
+                sums, counts = self.info_sum[row] + cum_info[t, row], self.info_count[row] + cum_count[t, row]
+                means = {key: float(sums[k] / counts[k]) for k, key in enumerate(self.info_keys) if counts[k]}
+                self.info_sum[row], self.info_count[row] = -cum_info[t, row], -cum_count[t, row]
+            self.ret[row] = -cum_ret[t, row]
+            self.len[row] = -cum_len[t, row]
+            if self.drop_failed and not valid[t, row]:  # its env failed and was made anew: left out
+                dropped += 1
+                continue
             if self.per_policy:
                 self.policy_returns[self.policy_ids[0 if policy is None else policy[t, row]]].append(ret)
             if self.agent_names:
@@ -177,21 +192,14 @@ class EpisodeTracker:
             else:
                 self.returns.append(ret)
                 self.lengths.append(length)
-            means = {}
-            if info is not None and self.info_keys:
-                sums, counts = self.info_sum[row] + cum_info[t, row], self.info_count[row] + cum_count[t, row]
-                means = {key: float(sums[k] / counts[k]) for k, key in enumerate(self.info_keys) if counts[k]}
-                self.info_sum[row], self.info_count[row] = -cum_info[t, row], -cum_count[t, row]
             if step_infos or self.on_episode_end is not None or means:
                 self._close(row, ret, length, step_infos.get(t, {}).get(row, {}), means)
-            self.ret[row] = -cum_ret[t, row]
-            self.len[row] = -cum_len[t, row]
         self.ret += cum_ret[-1]
         self.len += cum_len[-1]
         if info is not None and self.info_keys:
             self.info_sum += cum_info[-1]
             self.info_count += cum_count[-1]
-        ended = len(team_ends) if self.agent_names else len(rows)  # multi-agent: the team's episodes
+        ended = len(team_ends) if self.agent_names else len(rows) - dropped  # multi-agent: the team's episodes
         self.episodes_this_iter += ended
         self.episodes_total += ended
 

@@ -42,6 +42,16 @@ def check_sampling(c: TrainerConfig) -> None:
             f"remote_worker_envs steps each worker's {per_worker} envs in async_factor={c.async_factor} equal groups; "
             f"use a num_envs that gives each of the num_workers={c.num_workers} workers a multiple of it."
         )
+    if c.restart_failed_envs and c.backend != "local":
+        raise ConfigError(
+            f"restart_failed_envs restarts envs stepped in this process or in worker processes (num_workers); "
+            f"not yet with backend='{c.backend}'."
+        )
+    if c.restart_failed_envs and (c.vectorization_mode is not None or _is_vmas(c.env)):
+        raise ConfigError(
+            "restart_failed_envs makes a failed env anew, which needs envs that shoal makes one by one (not a "
+            "VMAS scenario or vectorization_mode)."
+        )
     if c.info_keys and c.backend == "external":
         raise ConfigError(
             "info_keys reads the step infos of envs that shoal steps; with backend='external' the simulators "

@@ -168,6 +168,12 @@ class TrainerConfig(BaseModel):
     info_keys: list[str] = Field(default_factory=list)
     """Keys of the env's step `info` whose values (numbers) are stored in the rollout at every step (field `info`)
     and reported as their per-episode mean, `custom_metrics/<key>_mean` (single-agent Gymnasium envs)."""
+    restart_failed_envs: bool = False
+    """An env that raises in `step` is made anew and reset instead of stopping the run: the step it failed is not
+    learned, its episode is left out of the metrics, and `num_env_restarts` counts it (single-agent Gymnasium envs,
+    in this process or worker processes)."""
+    max_restarts_per_hour: int = Field(default=100, ge=1)
+    """More restarts than this within an hour stop the run: the envs are failing, not flaky."""
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     """`truncate_episodes`: each iteration takes `rollout_fragment_length` steps of every env, cutting episodes where
     it ends (the learner bootstraps there); `complete_episodes`: each env runs on past its fragment to its episode's

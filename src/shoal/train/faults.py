@@ -7,12 +7,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import shutil
+import time
+import warnings
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from shoal.errors import OutputError, TrainingDiverged
+from shoal.errors import EnvError, OutputError, TrainingDiverged
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 
@@ -99,3 +102,37 @@ def non_finite_weights(policies: dict[str, Policy]) -> TrainingDiverged | None:
             name = next(k for k, v in tensors.items() if not bool(v.isfinite().all()))
             return TrainingDiverged(f"its weights hold non-finite values ('{name}').", pid)
     return None
+
+
+class EnvRestarts:
+    """Counts the envs made anew after they failed (``restart_failed_envs``), warns at each env's
+    first failure (the count is in ``num_env_restarts``), and stops the run when more than
+    ``per_hour`` of them fall within an hour: a crash loop, not a flaky env."""
+
+    def __init__(self, per_hour: int, env_name: str):
+        self.per_hour, self.env_name = per_hour, env_name
+        self.total = 0
+        self._times: deque[float] = deque(maxlen=per_hour + 1)
+        self._warned: set[int] = set()
+
+    def take(self, restarted: list[tuple[int, str]]) -> None:
+        """Count ``restarted`` ((env id, error) pairs, emptied here)."""
+        now = time.monotonic()
+        for env_id, error in restarted:
+            if env_id not in self._warned:
+                self._warned.add(env_id)
+                warnings.warn(
+                    f"env '{self.env_name}' (env {env_id}) failed ({error}) and was made anew; its later failures "
+                    f"are counted in num_env_restarts.",
+                    stacklevel=3,
+                )
+            self.total += 1
+            self._times.append(now)
+        last = restarted[-1]
+        restarted.clear()
+        if len(self._times) > self.per_hour and now - self._times[0] < 3600:
+            raise EnvError(
+                f"{len(self._times)} envs of '{self.env_name}' failed within the last hour, more than "
+                f"max_restarts_per_hour={self.per_hour}: the envs keep failing (the last, env {last[0]}: {last[1]}). "
+                f"Fix the env, or raise max_restarts_per_hour if it is only flaky."
+            )

@@ -48,6 +48,7 @@ def build_backend(
         first_env_id=first_env_id,
         rules=c.episode_rules,
         info_keys=() if evaluation else tuple(c.info_keys),
+        restart_failed_envs=c.restart_failed_envs and not evaluation,
     )
     return with_action_rules(backend, c)
 

@@ -108,6 +108,7 @@ class Trainer:
                 self.backend.agents,
                 c.policy_ids,
                 c.info_keys,
+                drop_failed=c.restart_failed_envs,
             )
             self.collector = setup.collector(
                 c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
@@ -124,6 +125,7 @@ class Trainer:
         self.time_total_s = 0.0
         self._schedule_end = c.total_timesteps
         self.analysis = MetricAnalysis()
+        self.env_restarts = faults.EnvRestarts(c.max_restarts_per_hour, self.env_name)
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
@@ -182,6 +184,8 @@ class Trainer:
             stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
             if (broken := faults.non_finite_weights(self.policies)) is not None:
                 raise broken
+            if self.backend.restarted:
+                self.env_restarts.take(self.backend.restarted)
         except TrainingDiverged as e:
             raise self._diverged(e) from e
         except EnvError as e:  # an env raised or a worker died: keep what the learner has first
@@ -214,6 +218,7 @@ class Trainer:
             "sample_time_ms": 1e3 * sample_s,
             "learn_time_ms": 1e3 * (elapsed - sample_s),
             **collector.iteration_stats(),
+            **({"num_env_restarts": self.env_restarts.total} if c.restart_failed_envs else {}),
             **stats,
         }
         if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
@@ -317,6 +322,7 @@ class Trainer:
                 "timesteps_total": self.timesteps_total,
                 "time_total_s": self.time_total_s,
                 "schedule_end": self._schedule_end,
+                "env_restarts": self.env_restarts.total,
             },
             "algorithm": self.algorithm.state_dict(),
             "collector": self.collector.state_dict(),
@@ -339,6 +345,7 @@ class Trainer:
         counters = state["counters"]
         self.iteration, self.timesteps_total = counters["iteration"], counters["timesteps_total"]
         self.time_total_s, self._schedule_end = counters["time_total_s"], counters["schedule_end"]
+        self.env_restarts.total = counters.get("env_restarts", 0)  # checkpoints written before it was counted
         self.analysis = MetricAnalysis(state["analysis"])
         if not self.backend.load_state_dict(state["backend"]):
             warnings.warn(

@@ -57,6 +57,7 @@ def make_backend(
     first_env_id: int = 0,
     rules: EpisodeRules | None = None,
     info_keys: tuple[str, ...] = (),
+    restart_failed_envs: bool = False,
 ) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
@@ -68,7 +69,8 @@ def make_backend(
     rollout worker's): envs are made, seeded and reported by their ids in the whole set.
     ``rules``: horizons and ``no_done_at_end`` (``envs/horizon.py``), applied to each env made.
     ``info_keys``: each step's values of these keys of the env's info go to the batch's ``info``
-    (single-agent Gymnasium envs made one by one)."""
+    (single-agent Gymnasium envs made one by one). ``restart_failed_envs``: an env that raises in
+    ``step`` is made anew instead (the same envs)."""
     env_config = env_config or {}
     name = env_name(env)
     rules = rules if rules is not None and rules.active else None
@@ -76,8 +78,11 @@ def make_backend(
         raise stepped_as_one_vector(f"vectorization_mode='{vectorization_mode}'")
     if rules is not None and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv)):
         raise stepped_as_one_vector(f"'{name}'")
-    if info_keys and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None):
+    one_vector = is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None
+    if info_keys and one_vector:
         raise _infos_unsupported(info_keys, name, "stepped as one vector")
+    if restart_failed_envs and one_vector:
+        raise _restarts_unsupported(name, "stepped as one vector")
     if is_vmas(env):
         if num_workers or vectorization_mode is not None:
             raise ConfigError(
@@ -111,10 +116,16 @@ def make_backend(
     if rules is not None:
         make = _under_rules(make, rules, name)
     make, serial_class = adapted(make, name, env_state)
-    if info_keys:
-        if serial_class is not SerialBackend:
-            raise _infos_unsupported(info_keys, name, "a multi-agent env")
-        serial_class = functools.partial(SerialBackend, info_keys=tuple(info_keys))
+    if (info_keys or restart_failed_envs) and serial_class is not SerialBackend:
+        raise (
+            _infos_unsupported(info_keys, name, "a multi-agent env")
+            if info_keys
+            else _restarts_unsupported(name, "a multi-agent env")
+        )
+    if info_keys or restart_failed_envs:
+        serial_class = functools.partial(
+            SerialBackend, info_keys=tuple(info_keys), restart_failed_envs=restart_failed_envs
+        )
     if num_workers:
         return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
     return serial_class(make, num_envs, name, first_env_id=first_env_id)
@@ -143,6 +154,13 @@ def _infos_unsupported(info_keys: tuple[str, ...], name: str, what: str) -> Conf
         f"info_keys={list(info_keys)} reads the step infos of single-agent Gymnasium envs that shoal makes one "
         f"by one (in this process, worker processes or Ray workers); '{name}' is {what}. Numbers in the info of "
         f"an episode's last step become custom metrics without info_keys."
+    )
+
+
+def _restarts_unsupported(name: str, what: str) -> ConfigError:
+    return ConfigError(
+        f"restart_failed_envs makes a failed env anew, which needs single-agent Gymnasium envs that shoal makes "
+        f"one by one; '{name}' is {what}."
     )
 
 

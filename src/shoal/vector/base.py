@@ -172,6 +172,9 @@ class VecBackend:
         # Rows whose episode ended in the last send(), mapped to their last step's info (only
         # non-empty infos travel): the tracker turns their numbers into custom metrics.
         self.final_infos: dict[int, dict[str, Any]] = {}
+        self.restarted: list[tuple[int, str]] = []
+        """(env id, error) of each env made anew after it failed (``restart_failed_envs``) since the
+        trainer last took them."""
         space = act.space
         if isinstance(space, gym.spaces.Box):  # continuous actions
             self._act_low = torch.as_tensor(space.low, dtype=torch.float32)

@@ -57,7 +57,7 @@ SerialClass = Callable[..., SerialBackend | AgentEnvBackend]
 
 # one-byte commands and replies
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
-_OK, _INFOS, _ERROR = b"k", b"i", b"e"
+_OK, _EVENTS, _ERROR = b"k", b"i", b"e"
 
 
 def _shared_array(shape: tuple[int, ...], dtype: npt.DTypeLike, maps: list[mmap.mmap]) -> npt.NDArray[Any]:
@@ -108,8 +108,10 @@ def _worker(
                 envs.reset(pickle.loads(cmd[1:]))
             else:
                 break
-            if envs.final_infos:
-                conn.send_bytes(_INFOS + pickle.dumps({first_row + i: info for i, info in envs.final_infos.items()}))
+            if envs.final_infos or envs.restarted:  # rare: episode-end infos, restarted envs
+                infos = {first_row + i: info for i, info in envs.final_infos.items()}
+                conn.send_bytes(_EVENTS + pickle.dumps((infos, envs.restarted)))
+                envs.restarted = []
             else:
                 conn.send_bytes(_OK)
         envs.close()
@@ -230,9 +232,10 @@ class MultiprocessBackend(VecBackend):
                 f"env worker {w} (envs {first}-{last} of '{self.name}') died with exit code {self._procs[w].exitcode}."
             )
         tag = reply[:1]
-        if tag == _INFOS:
-            infos = pickle.loads(reply[1:])
+        if tag == _EVENTS:
+            infos, restarted = pickle.loads(reply[1:])
             self._group_infos[self._group_of_worker[w]].update(infos)
+            self.restarted.extend(restarted)
         elif tag == _ERROR:
             env_id, message, tb = pickle.loads(reply[1:])
             where = f"env {env_id}" if env_id >= 0 else f"worker {w}"

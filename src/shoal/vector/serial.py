@@ -6,6 +6,7 @@ the shared-memory buffers (``buffers``, ``first_env_id``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -31,8 +32,11 @@ class SerialBackend(VecBackend):
         buffers: Buffers | None = None,
         first_env_id: int = 0,
         info_keys: tuple[str, ...] = (),
+        restart_failed_envs: bool = False,
     ):
-        """``info_keys``: the step infos' values written to the batch's ``info`` each step."""
+        """``info_keys``: the step infos' values written to the batch's ``info`` each step.
+        ``restart_failed_envs``: an env that raises in ``step`` is made anew (see ``_restart``)."""
+        self.make_env, self.restart_failed_envs = make_env, restart_failed_envs
         self.envs = [make_env(first_env_id + i) for i in range(num_envs)]
         first = self.envs[0]
         for i, env in enumerate(self.envs[1:], start=1):
@@ -51,11 +55,15 @@ class SerialBackend(VecBackend):
             info_size=len(info_keys),
         )
         self.info_keys = info_keys
+        self._restarts = 0
+        self._restarted_rows: list[int] = []  # rows whose step was a restart (valid again next step)
+        self._seed: int | None = None  # the last reset's seed, from which restarts draw theirs
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
 
     def reset(self, seed: Seed = None) -> None:
         seeds = env_seeds(seed, self.num_envs, self.first_env_id, self.name)
+        self._seed = seed if isinstance(seed, int) else None
         for i, (env, s) in enumerate(zip(self.envs, seeds)):
             try:
                 obs, _ = env.reset(seed=s)
@@ -81,10 +89,21 @@ class SerialBackend(VecBackend):
         info_rows = self._buffers.get("info")  # [envs, K] when info_keys are asked for
         if final_infos:
             final_infos.clear()
+        if self._restarted_rows:  # restarted last step: this step is a transition again
+            self._valid[self._restarted_rows] = True
+            self._restarted_rows.clear()
         i = 0
         try:
             for i, env in enumerate(self.envs):
-                obs, r, te, tr, info = env.step(acts[i])
+                try:
+                    obs, r, te, tr, info = env.step(acts[i])
+                except ShoalError:
+                    raise
+                except Exception as e:
+                    if not self.restart_failed_envs:
+                        raise
+                    self._restart(i, e)
+                    continue
                 rew[i] = r
                 term[i] = te
                 trunc[i] = tr
@@ -101,6 +120,26 @@ class SerialBackend(VecBackend):
             raise
         except Exception as e:  # free when nothing is raised; names the env when something is
             raise self._failed(i, "step", e) from e
+
+    def _restart(self, i: int, error: Exception) -> None:
+        """Env ``i`` raised in ``step``: make it anew and reset it. Its failed step is written as a
+        truncation that is not a transition (``valid`` False, reward 0, the last observation as the
+        final one), so the learners bootstrap the step before it and skip this one, and the
+        episode tracker drops the episode."""
+        with contextlib.suppress(Exception):  # a broken env may fail to close too
+            self.envs[i].close()
+        self.envs[i] = env = self.make_env(self.first_env_id + i)
+        self._restarts += 1
+        seed = None if self._seed is None else self._seed + 7919 * self._restarts  # a fresh, reproducible start
+        try:
+            obs, _ = env.reset(seed=seed)
+        except Exception as e:
+            raise self._failed(i, "reset() after a restart", e) from e
+        self._final_obs[i] = self._obs[i]
+        self._reward[i], self._terminated[i], self._truncated[i], self._valid[i] = 0.0, False, True, False
+        self.obs_spec.write(self._obs[i], obs, self.name)
+        self._restarted_rows.append(i)
+        self.restarted.append((self.first_env_id + i, f"{type(error).__name__}: {error}"))
 
     def _write_info(self, out: npt.NDArray[np.float32], info: dict[str, Any]) -> None:
         for k, key in enumerate(self.info_keys):
