@@ -102,6 +102,8 @@ def test_suite_file_runs_are_filtered_and_take_the_seeds_and_budget_given(tmp_pa
         ("Acrobot-v1", "ppo"),
         ("Acrobot-v1", "dqn"),
     ]
+    with pytest.raises(ConfigError, match=r"no runs for algo \['sac'\] .* it has: dqn on CartPole-v1, ppo on CartPole"):
+        load_suite(path, algos=["sac"])
 
 
 def test_bad_suites_and_references_are_named(tmp_path):

@@ -127,9 +127,13 @@ def load_suite(
             raise ConfigError("give a suite file, or --algo and --env (each one or more names).")
         entries = [{"algo": a, "env": e} for e in envs for a in algos]
     else:
-        entries = [e for e in entries if (not algos or e["algo"] in algos) and (not envs or e["env"] in envs)]
-        if not entries:
-            raise ConfigError(f"suite '{path}' has no runs for algo {algos} and env {envs}.")
+        chosen = [e for e in entries if (not algos or e["algo"] in algos) and (not envs or e["env"] in envs)]
+        if not chosen:
+            pairs = sorted({f"{e['algo']} on {e['env']}" for e in entries})
+            raise ConfigError(
+                f"suite '{path}' has no runs for algo {algos} and env {envs}; it has: {', '.join(pairs)}."
+            )
+        entries = chosen
     runs: dict[tuple[str, str, int], RunSpec] = {}
     for entry in entries:
         where = f"suite '{path}', {entry['algo']} on {entry['env']}"
