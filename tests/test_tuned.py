@@ -1,6 +1,7 @@
 """Tuned configs: every shipped file is valid and where the lookup expects it; the lookup is used,
 overridden by explicit keys and turned off by the flag."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,5 @@ def test_the_command_line_starts_from_the_tuned_config_unless_the_flag_is_given(
     said = "starting from the tuned config" in capsys.readouterr().err
     assert said == (not flag)
     assert load_yaml(run / "config.yaml")["num_envs"] == (8 if flag else 16)
+    tuned = json.loads((run / "result.json").read_text())["tuned_config"]
+    assert tuned == (None if flag else str(TUNED_DIR / "ppo" / "Acrobot-v1.yaml"))

@@ -306,6 +306,7 @@ class Trainer:
             "time_total_s": self.time_total_s,
             "stop_reason": self.stop_reason,
             "checkpoint": str(checkpoint) if checkpoint else None,
+            "tuned_config": str(self.tuned_config) if self.tuned_config else None,
             "metric_analysis": self.analysis.summary(),
         }
         path = self.run_dir / "result.json"
