@@ -368,3 +368,37 @@ def test_envs_that_keep_failing_stop_the_run_at_the_restart_budget():
         pytest.raises(shoal.EnvError, match=r"failed within the last hour, more than max_restarts_per_hour=5"),
     ):
         algo.learn(10 * 128)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_started_anew_and_the_run_reaches_its_budget(tmp_path, recwarn):
+    settings = dict(FAST, num_workers=2, recreate_failed_workers=True)
+    with shoal.PPO(seed=1, run_dir=str(tmp_path / "run"), callbacks=[KillWorker(at=5)], **settings) as algo:
+        result = algo.learn(12 * 128)
+        assert algo.backend.pids[0] != algo.backend.pids[1]
+    assert result["timesteps_total"] == 12 * 128 and result["num_worker_restarts"] == 1
+    assert any("env worker 0 " in str(w.message) and "started anew" in str(w.message) for w in recwarn)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["training_iteration"] for r in rows] == list(range(1, 13))
+    assert [r["workers/num_worker_restarts"] for r in rows] == [0] * 5 + [1] * 7
+
+
+@pytest.mark.slow
+def test_a_recreated_workers_step_is_a_truncation_that_is_not_a_transition():
+    from shoal.vector import make_backend
+
+    backend = make_backend("CartPole-v1", 4, num_workers=2, recreate_failed_workers=True)
+    try:
+        backend.reset(1)
+        backend.recv()
+        os.kill(backend.pids[0], signal.SIGKILL)
+        time.sleep(0.2)
+        backend.send(torch.zeros(4, dtype=torch.long))
+        batch = backend.recv()
+        assert batch.valid.tolist() == [False, False, True, True] and batch.truncated[:2].all()
+        assert batch.reward[:2].tolist() == [0.0, 0.0] and backend.failed_rows == [0, 1]
+        assert len(backend.worker_restarts) == 1 and "died with exit code -9" in backend.worker_restarts[0]
+        backend.send(torch.zeros(4, dtype=torch.long))
+        assert backend.recv().valid.all()  # its envs step again
+    finally:
+        backend.close()

@@ -108,6 +108,7 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "num_envs": st.integers(1, 4),  # each a real CartPole: kept small for speed
     "num_workers": st.just(0),  # worker processes: the slow tests in test_mp.py
     "async_factor": st.just(1),  # needs workers
+    "recreate_failed_workers": st.just(False),  # needs workers: tests/test_faults.py
     "backend": st.just("local"),  # Ray actors: tests/test_ray.py
     "ray_address": st.just(None),
     "num_cpus_per_worker": st.floats(0.25, 4.0),  # read by the Ray backend only

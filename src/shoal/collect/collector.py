@@ -226,6 +226,8 @@ class Collector:
             views = self._views_for(rollout, batch, start_states)
             t = int(self._position[batch.rows.start])
             if not resumed:
+                if backend.failed_rows:  # its worker died taking this step (recreate_failed_workers)
+                    self._failed_step(batch, views, t - 1)
                 self._record_step(batch, views, t - 1, step_infos)
                 if ended is not None:
                     self._mark_ended(ended[batch.rows], views, t - 1)
@@ -413,6 +415,16 @@ class Collector:
         done = views["terminated_np"] | views["truncated_np"]
         ended = np.flatnonzero(env_episode_ends(done, views["valid_np"], k)) + batch.rows.start // k
         self.policies.start_episodes(ended, self.backend.first_env_id)
+
+    def _failed_step(self, batch: StepBatch, views: dict[str, Any], t: int) -> None:
+        """The batch's rows whose worker died during step ``t`` end their episode there as a
+        truncation from the observation the step was taken from (the backend wrote the flags)."""
+        mine = [r for r in self.backend.failed_rows if batch.rows.start <= r < batch.rows.stop]
+        if not mine:
+            return
+        local = torch.tensor(mine) - batch.rows.start
+        batch.final_obs[local] = views["obs"][t][local]
+        self.backend.failed_rows[:] = [r for r in self.backend.failed_rows if r not in mine]
 
     def _non_finite_action(self, action: torch.Tensor, batch: StepBatch) -> TrainingDiverged:
         """Caught before the env sees it: the policy is at fault, not the env."""

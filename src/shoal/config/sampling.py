@@ -52,6 +52,11 @@ def check_sampling(c: TrainerConfig) -> None:
             "restart_failed_envs makes a failed env anew, which needs envs that shoal makes one by one (not a "
             "VMAS scenario or vectorization_mode)."
         )
+    if c.recreate_failed_workers and (c.backend != "local" or not c.num_workers or c.vectorization_mode is not None):
+        raise ConfigError(
+            "recreate_failed_workers starts env worker processes anew: it needs num_workers > 0 with "
+            "backend='local' and envs made one by one (Ray rollout workers are always replaced)."
+        )
     if c.info_keys and c.backend == "external":
         raise ConfigError(
             "info_keys reads the step infos of envs that shoal steps; with backend='external' the simulators "

@@ -172,8 +172,12 @@ class TrainerConfig(BaseModel):
     """An env that raises in `step` is made anew and reset instead of stopping the run: the step it failed is not
     learned, its episode is left out of the metrics, and `num_env_restarts` counts it (single-agent Gymnasium envs,
     in this process or worker processes)."""
+    recreate_failed_workers: bool = False
+    """An env worker process that dies (the OOM killer's SIGKILL) is started anew with fresh envs instead of stopping
+    the run: the step under way is lost, its envs' episodes are left out of the metrics, and `num_worker_restarts`
+    counts it (`num_workers` > 0, single-agent Gymnasium envs; Ray workers are always replaced)."""
     max_restarts_per_hour: int = Field(default=100, ge=1)
-    """More restarts than this within an hour stop the run: the envs are failing, not flaky."""
+    """More env and worker restarts than this within an hour stop the run: they are failing, not flaky."""
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     """`truncate_episodes`: each iteration takes `rollout_fragment_length` steps of every env, cutting episodes where
     it ends (the learner bootstraps there); `complete_episodes`: each env runs on past its fragment to its episode's

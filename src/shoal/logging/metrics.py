@@ -17,7 +17,7 @@ _GROUPS = {
     "rollout": ("episode_", "episodes_"),
     "losses": ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac", "explained_variance"),
     "perf": ("sps", "agent_sps", "time_this_iter_s", "sample_time_ms", "learn_time_ms", "remote_overhead_ms"),
-    "workers": ("num_worker_restarts",),
+    "workers": ("num_worker_restarts", "num_env_restarts"),
     "learner": ("learning_rate", "num_sgd_"),
 }
 # Groups where a larger value is better; "best" is reported only where that direction is known.

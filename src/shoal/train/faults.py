@@ -105,20 +105,24 @@ def non_finite_weights(policies: dict[str, Policy]) -> TrainingDiverged | None:
 
 
 class EnvRestarts:
-    """Counts the envs made anew after they failed (``restart_failed_envs``), warns at each env's
-    first failure (the count is in ``num_env_restarts``), and stops the run when more than
-    ``per_hour`` of them fall within an hour: a crash loop, not a flaky env."""
+    """Counts the envs (``restart_failed_envs``) and env worker processes (``recreate_failed_workers``)
+    started anew after they failed, warns at each env's first failure and at each worker's death
+    (the counts are in ``num_env_restarts`` / ``num_worker_restarts``), and stops the run when more
+    than ``per_hour`` of them fall within an hour: a crash loop, not a flaky env."""
 
     def __init__(self, per_hour: int, env_name: str):
         self.per_hour, self.env_name = per_hour, env_name
         self.total = 0
+        """Envs made anew."""
+        self.workers = 0
+        """Worker processes started anew."""
         self._times: deque[float] = deque(maxlen=per_hour + 1)
         self._warned: set[int] = set()
 
-    def take(self, restarted: list[tuple[int, str]]) -> None:
-        """Count ``restarted`` ((env id, error) pairs, emptied here)."""
+    def take(self, envs: list[tuple[int, str]], workers: list[str]) -> None:
+        """Count ``envs`` ((env id, error) pairs) and ``workers`` (why each died); both are emptied."""
         now = time.monotonic()
-        for env_id, error in restarted:
+        for env_id, error in envs:
             if env_id not in self._warned:
                 self._warned.add(env_id)
                 warnings.warn(
@@ -126,13 +130,17 @@ class EnvRestarts:
                     f"are counted in num_env_restarts.",
                     stacklevel=3,
                 )
-            self.total += 1
-            self._times.append(now)
-        last = restarted[-1]
-        restarted.clear()
+        for why in workers:
+            warnings.warn(f"{why}; it was started anew with fresh envs (recreate_failed_workers).", stacklevel=3)
+        self.total += len(envs)
+        self.workers += len(workers)
+        self._times.extend([now] * (len(envs) + len(workers)))
+        last = f"env {envs[-1][0]}: {envs[-1][1]}" if envs else workers[-1]
+        envs.clear()
+        workers.clear()
         if len(self._times) > self.per_hour and now - self._times[0] < 3600:
             raise EnvError(
-                f"{len(self._times)} envs of '{self.env_name}' failed within the last hour, more than "
-                f"max_restarts_per_hour={self.per_hour}: the envs keep failing (the last, env {last[0]}: {last[1]}). "
-                f"Fix the env, or raise max_restarts_per_hour if it is only flaky."
+                f"{len(self._times)} envs or workers of '{self.env_name}' failed within the last hour, more than "
+                f"max_restarts_per_hour={self.per_hour}: they keep failing (the last: {last}). Fix the env, or "
+                f"raise max_restarts_per_hour if it is only flaky."
             )

@@ -49,6 +49,7 @@ def build_backend(
         rules=c.episode_rules,
         info_keys=() if evaluation else tuple(c.info_keys),
         restart_failed_envs=c.restart_failed_envs and not evaluation,
+        recreate_failed_workers=c.recreate_failed_workers and not evaluation,
     )
     return with_action_rules(backend, c)
 

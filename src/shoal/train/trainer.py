@@ -108,7 +108,7 @@ class Trainer:
                 self.backend.agents,
                 c.policy_ids,
                 c.info_keys,
-                drop_failed=c.restart_failed_envs,
+                drop_failed=c.restart_failed_envs or c.recreate_failed_workers,
             )
             self.collector = setup.collector(
                 c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
@@ -184,8 +184,8 @@ class Trainer:
             stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
             if (broken := faults.non_finite_weights(self.policies)) is not None:
                 raise broken
-            if self.backend.restarted:
-                self.env_restarts.take(self.backend.restarted)
+            if self.backend.restarted or self.backend.worker_restarts:
+                self.env_restarts.take(self.backend.restarted, self.backend.worker_restarts)
         except TrainingDiverged as e:
             raise self._diverged(e) from e
         except EnvError as e:  # an env raised or a worker died: keep what the learner has first
@@ -219,6 +219,7 @@ class Trainer:
             "learn_time_ms": 1e3 * (elapsed - sample_s),
             **collector.iteration_stats(),
             **({"num_env_restarts": self.env_restarts.total} if c.restart_failed_envs else {}),
+            **({"num_worker_restarts": self.env_restarts.workers} if c.recreate_failed_workers else {}),
             **stats,
         }
         if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
@@ -324,6 +325,7 @@ class Trainer:
                 "time_total_s": self.time_total_s,
                 "schedule_end": self._schedule_end,
                 "env_restarts": self.env_restarts.total,
+                "worker_restarts": self.env_restarts.workers,
             },
             "algorithm": self.algorithm.state_dict(),
             "collector": self.collector.state_dict(),
@@ -346,7 +348,9 @@ class Trainer:
         counters = state["counters"]
         self.iteration, self.timesteps_total = counters["iteration"], counters["timesteps_total"]
         self.time_total_s, self._schedule_end = counters["time_total_s"], counters["schedule_end"]
-        self.env_restarts.total = counters.get("env_restarts", 0)  # checkpoints written before it was counted
+        # checkpoints written before restarts were counted have neither
+        self.env_restarts.total = counters.get("env_restarts", 0)
+        self.env_restarts.workers = counters.get("worker_restarts", 0)
         self.analysis = MetricAnalysis(state["analysis"])
         if not self.backend.load_state_dict(state["backend"]):
             warnings.warn(

@@ -58,6 +58,7 @@ def make_backend(
     rules: EpisodeRules | None = None,
     info_keys: tuple[str, ...] = (),
     restart_failed_envs: bool = False,
+    recreate_failed_workers: bool = False,
 ) -> VecBackend:
     """Build the backend for ``env``: an id, a registered name, a gym.Env, a factory, a VectorEnv,
     or ``"vmas:<scenario>"`` (``env_config`` goes to ``vmas.make_env`` and the scenario).
@@ -70,7 +71,8 @@ def make_backend(
     ``rules``: horizons and ``no_done_at_end`` (``envs/horizon.py``), applied to each env made.
     ``info_keys``: each step's values of these keys of the env's info go to the batch's ``info``
     (single-agent Gymnasium envs made one by one). ``restart_failed_envs``: an env that raises in
-    ``step`` is made anew instead (the same envs)."""
+    ``step`` is made anew instead (the same envs). ``recreate_failed_workers``: a worker process
+    that dies is started anew."""
     env_config = env_config or {}
     name = env_name(env)
     rules = rules if rules is not None and rules.active else None
@@ -116,7 +118,7 @@ def make_backend(
     if rules is not None:
         make = _under_rules(make, rules, name)
     make, serial_class = adapted(make, name, env_state)
-    if (info_keys or restart_failed_envs) and serial_class is not SerialBackend:
+    if (info_keys or restart_failed_envs or recreate_failed_workers) and serial_class is not SerialBackend:
         raise (
             _infos_unsupported(info_keys, name, "a multi-agent env")
             if info_keys
@@ -127,7 +129,9 @@ def make_backend(
             SerialBackend, info_keys=tuple(info_keys), restart_failed_envs=restart_failed_envs
         )
     if num_workers:
-        return MultiprocessBackend(make, num_envs, name, num_workers, async_factor, serial_class)
+        return MultiprocessBackend(
+            make, num_envs, name, num_workers, async_factor, serial_class, recreate_failed_workers
+        )
     return serial_class(make, num_envs, name, first_env_id=first_env_id)
 
 
@@ -159,8 +163,8 @@ def _infos_unsupported(info_keys: tuple[str, ...], name: str, what: str) -> Conf
 
 def _restarts_unsupported(name: str, what: str) -> ConfigError:
     return ConfigError(
-        f"restart_failed_envs makes a failed env anew, which needs single-agent Gymnasium envs that shoal makes "
-        f"one by one; '{name}' is {what}."
+        f"restart_failed_envs and recreate_failed_workers start failed envs anew, which needs single-agent "
+        f"Gymnasium envs that shoal makes one by one; '{name}' is {what}."
     )
 
 

@@ -175,6 +175,11 @@ class VecBackend:
         self.restarted: list[tuple[int, str]] = []
         """(env id, error) of each env made anew after it failed (``restart_failed_envs``) since the
         trainer last took them."""
+        self.worker_restarts: list[str] = []
+        """Why each env worker was started anew (``recreate_failed_workers``) since the trainer last took them."""
+        self.failed_rows: list[int] = []
+        """Rows whose step under way failed with their worker: the collector gives them the observation
+        the step was taken from as the final one, then empties this."""
         space = act.space
         if isinstance(space, gym.spaces.Box):  # continuous actions
             self._act_low = torch.as_tensor(space.low, dtype=torch.float32)

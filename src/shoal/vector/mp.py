@@ -135,8 +135,11 @@ class MultiprocessBackend(VecBackend):
         num_workers: int,
         async_factor: int = 1,
         serial_class: SerialClass = SerialBackend,
+        recreate_failed_workers: bool = False,
     ):
-        """``make_env(index)`` makes what ``serial_class`` steps: a gym.Env, or a multi-agent adapter."""
+        """``make_env(index)`` makes what ``serial_class`` steps: a gym.Env, or a multi-agent adapter.
+        ``recreate_failed_workers``: a worker that dies is started anew over the same envs (see
+        ``_recreate``) instead of stopping the run."""
         if num_envs % num_workers or num_workers % async_factor:
             raise EnvError(
                 f"num_envs={num_envs} must be a multiple of num_workers={num_workers}, and num_workers "
@@ -182,32 +185,16 @@ class MultiprocessBackend(VecBackend):
         self._ready: list[int] = []  # groups whose results are in, in arrival order
         self._last: StepBatch | None = None
 
-        ctx = mp.get_context("fork")
+        self._worker_args = (serial_class, make_env, per_worker, name, buffers, k)
+        self.recreate_failed_workers = recreate_failed_workers
+        self._failed_rows: list[slice] = []  # rows of recreated workers, valid again at their next step
+        self._seed: Seed = None  # the last reset's, from which a recreated worker's envs draw theirs
+        self._group_workers = group_workers
         self._conns: list[Connection] = []
         self._procs: list[BaseProcess] = []
         for w in range(num_workers):
-            parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(
-                target=_worker,
-                name=f"shoal-env-worker-{w}",
-                daemon=True,
-                args=(
-                    serial_class,
-                    make_env,
-                    w * per_worker,
-                    per_worker,
-                    name,
-                    buffers,
-                    self._actions,
-                    k,
-                    child_end,
-                    list(self._conns),
-                    os.getpid(),
-                ),
-            )
-            proc.start()
-            child_end.close()
-            self._conns.append(parent_end)
+            proc, conn = self._spawn(w)
+            self._conns.append(conn)
             self._procs.append(proc)
         self._closer = weakref.finalize(self, _shutdown, self._conns, self._procs)
         self._worker_of_fd = {conn.fileno(): w for w, conn in enumerate(self._conns)}
@@ -217,20 +204,65 @@ class MultiprocessBackend(VecBackend):
         self._group_conns = [[self._conns[w] for w in ws] for ws in group_workers]
         self._receive_all()  # every worker has built its envs
 
+    def _spawn(self, w: int) -> tuple[BaseProcess, Connection]:
+        """Start worker ``w`` over its envs' slice of the shared buffers."""
+        serial_class, make_env, per_worker, name, buffers, k = self._worker_args
+        parent_end, child_end = mp.get_context("fork").Pipe()
+        siblings = [conn for other, conn in enumerate(self._conns) if other != w]
+        args = (serial_class, make_env, w * per_worker, per_worker, name, buffers, self._actions, k, child_end)
+        proc = mp.get_context("fork").Process(
+            target=_worker, name=f"shoal-env-worker-{w}", daemon=True, args=(*args, siblings, os.getpid())
+        )
+        proc.start()
+        child_end.close()
+        return proc, parent_end
+
+    def _recreate(self, w: int, why: str) -> None:
+        """Worker ``w`` died: start it anew, reset its envs, and write the step it was taking as a
+        truncation that is not a transition (``valid`` False, reward 0). The collector gives those
+        rows the observation the step was taken from as their final one, since the dead worker may
+        have overwritten part of the buffer."""
+        old = self._conns[w]
+        self._poller.unregister(old.fileno())
+        del self._worker_of_fd[old.fileno()]
+        old.close()
+        self._procs[w], self._conns[w] = self._spawn(w)
+        conn = self._conns[w]
+        self._worker_of_fd[conn.fileno()] = w
+        self._poller.register(conn.fileno(), select.POLLIN)
+        g = self._group_of_worker[w]
+        self._group_conns[g] = [self._conns[x] for x in self._group_workers[g]]
+        self._receive(w, starting=True)  # its envs are built
+        first, last = self._worker_envs[w]
+        restarts = len(self.worker_restarts) + 1
+        seed = self._seed + 7919 * restarts if isinstance(self._seed, int) else None
+        conn.send_bytes(_RESET + pickle.dumps(seed))
+        self._receive(w, starting=True)
+        k = self.rows_per_env
+        rows = slice(first * k, (last + 1) * k)
+        self._valid[rows], self._truncated[rows], self._terminated[rows], self._reward[rows] = False, True, False, 0.0
+        self._failed_rows.append(rows)
+        self.failed_rows.extend(range(rows.start, rows.stop))
+        self.worker_restarts.append(why)
+
     # ----- talking to workers -------------------------------------------------------------
     def _fail(self, message: str) -> NoReturn:
         self.close()
         raise EnvError(message)
 
-    def _receive(self, w: int) -> None:
+    def _receive(self, w: int, starting: bool = False) -> None:
         try:
             reply = self._conns[w].recv_bytes()
         except (EOFError, ConnectionResetError):
             self._procs[w].join(timeout=1.0)
             first, last = self._worker_envs[w]
-            self._fail(
-                f"env worker {w} (envs {first}-{last} of '{self.name}') died with exit code {self._procs[w].exitcode}."
+            died = (
+                f"env worker {w} (envs {first}-{last} of '{self.name}') died with exit code {self._procs[w].exitcode}"
             )
+            if starting or not self.recreate_failed_workers:
+                self._fail(f"{died}{' while it was started anew' if starting else ''}.")
+            self._recreate(w, died)
+            return
         tag = reply[:1]
         if tag == _EVENTS:
             infos, restarted = pickle.loads(reply[1:])
@@ -259,6 +291,7 @@ class MultiprocessBackend(VecBackend):
         """Reset every env: an int (or None) goes to every worker, which adds its envs' ids; a list
         of one seed per env is cut into each worker's slice."""
         per_env = None if seed is None or isinstance(seed, int) else env_seeds(seed, self.num_envs, 0, self.name)
+        self._seed = seed
         for w, conn in enumerate(self._conns):
             first, last = self._worker_envs[w]
             conn.send_bytes(_RESET + pickle.dumps(seed if per_env is None else per_env[first : last + 1]))
@@ -295,11 +328,16 @@ class MultiprocessBackend(VecBackend):
                 raise RuntimeError("MultiprocessBackend.send() needs a batch from recv() first")
             batch = self._last
         g = self._group_of[id(batch)]
+        if self._failed_rows:  # a recreated worker's rows take real steps again
+            for rows in [r for r in self._failed_rows if batch.rows.start <= r.start < batch.rows.stop]:
+                self._valid[rows] = True
+                self._failed_rows.remove(rows)
         self._actions[batch.rows] = self.env_actions(actions)
         if self._group_infos[g]:
             self._group_infos[g].clear()
         for conn in self._group_conns[g]:
-            conn.send_bytes(_STEP)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a dead worker: recv reports it
+                conn.send_bytes(_STEP)
         self._pending[g] = len(self._group_conns[g])
 
     @property
