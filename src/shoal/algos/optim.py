@@ -20,7 +20,7 @@ class AutogradOptimizer:
 
     A step whose loss or gradient norm is not finite is not taken: it raises ``TrainingDiverged``
     naming ``owner`` (the policy id, and which of its networks), so the parameters stay as they
-    were. That costs one host read of a scalar per step, as the clip already does."""
+    were. That costs one host read of a scalar per step (on a GPU, one synchronization)."""
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ so a recurrent learner can replay each segment from where it began.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -40,7 +41,7 @@ from shoal.collect.carry import EpisodeCarry
 from shoal.collect.critic import CriticInput
 from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, mark_episode_starts
 from shoal.collect.policies import PolicyMap
-from shoal.errors import ConfigError, EnvError, TrainingDiverged
+from shoal.errors import ConfigError, EnvError, ShoalError, TrainingDiverged
 from shoal.models.normalize import RewardScaler
 from shoal.vector.base import Seed, StepBatch, VecBackend
 
@@ -102,6 +103,9 @@ class Collector:
         self.backend, self.policies, self.tracker, self.critic = backend, policies, tracker, critic
         self.extras, self.reward_scaler, self.clip_rewards = extras, reward_scaler, clip_rewards
         self.env_steps = 0  # env steps collected so far
+        # given the backend's lists of restarted envs and workers as they come (the trainer counts them
+        # against its budget, which may stop the run before a crash loop fills the rollout)
+        self.take_restarts: Callable[[list[tuple[int, str]], list[str]], None] | None = None
         self.sample_time_s = 0.0  # time spent collecting so far
         self.truncations: Truncations | None = None
         """The last rollout's truncated steps and the true final observation of each (None before the
@@ -223,6 +227,8 @@ class Collector:
         while len(self._parked) < num_groups:
             resumed = bool(ready)  # parked since the last rollout: its obs is current, no step result to record
             batch = ready.pop() if resumed else backend.recv()
+            if (backend.restarted or backend.worker_restarts) and self.take_restarts is not None:
+                self.take_restarts(backend.restarted, backend.worker_restarts)
             views = self._views_for(rollout, batch, start_states)
             t = int(self._position[batch.rows.start])
             if not resumed:
@@ -271,7 +277,7 @@ class Collector:
             if backend.logs_actions:  # external clients may have taken actions of their own
                 action = backend.logged(action, batch)
             if action.is_floating_point() and not bool(torch.isfinite(action).all()):  # one read per step
-                raise self._non_finite_action(action, batch)
+                raise self._non_finite_action(action, batch, obs)
             views["action"][t].copy_(action)
             backend.send(action, batch)
             self._position[batch.rows] = t + 1
@@ -282,7 +288,7 @@ class Collector:
             step_infos = self._carry_over(rollout, horizon, cut, step_infos)
             steps = int((cut + 1 - padding).sum()) // backend.rows_per_env
         self._track(rollout, horizon, step_infos)
-        self._check_rewards(rollout, horizon)
+        self._check_env_outputs(rollout, horizon)
         self.env_steps += steps
         self.sample_time_s += time.perf_counter() - start
         return steps
@@ -426,11 +432,17 @@ class Collector:
         batch.final_obs[local] = views["obs"][t][local]
         self.backend.failed_rows[:] = [r for r in self.backend.failed_rows if r not in mine]
 
-    def _non_finite_action(self, action: torch.Tensor, batch: StepBatch) -> TrainingDiverged:
-        """Caught before the env sees it: the policy is at fault, not the env."""
+    def _non_finite_action(self, action: torch.Tensor, batch: StepBatch, obs: torch.Tensor) -> ShoalError:
+        """Caught before the env sees it: the policy is at fault, unless the env's observation was
+        not finite already."""
         row = int((~torch.isfinite(action)).reshape(len(action), -1).any(1).nonzero()[0])
         policy = self.policies.ids[int(self.policies.row_policy[batch.rows][row])]
         env_id = int(self.backend.batch.env_id[batch.rows][row])
+        if obs.is_floating_point() and not bool(torch.isfinite(obs[row]).all()):
+            return EnvError(
+                f"env '{self.backend.name}' (env {env_id}) returned a non-finite observation "
+                f"({obs[row].flatten()[:8].tolist()}); observations must be finite."
+            )
         value = action[row].flatten()[~torch.isfinite(action[row].flatten())][0].item()
         return TrainingDiverged(
             f"it chose a non-finite action ({value}) for env '{self.backend.name}' (env {env_id}); "
@@ -438,7 +450,17 @@ class Collector:
             policy,
         )
 
-    def _check_rewards(self, rollout: TensorDict, horizon: int) -> None:
+    def _check_env_outputs(self, rollout: TensorDict, horizon: int) -> None:
+        """The env's rewards, and its observations when they are floats, are finite: a NaN from the
+        env is the env's fault, and must not reach the learner to be taken for a diverged update."""
+        obs = rollout["obs"]
+        if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
+            row, step = (~torch.isfinite(obs)).reshape(*obs.shape[:2], -1).any(-1).nonzero()[0].tolist()
+            raise EnvError(
+                f"env '{self.backend.name}' (env {int(self.backend.batch.env_id[row])}) returned a non-finite "
+                f"observation ({obs[row, step].flatten()[:8].tolist()}) at step {step} of this rollout; "
+                f"observations must be finite."
+            )
         reward = rollout["reward"][:, :horizon]
         if not torch.isfinite(reward).all():
             row, step = (~torch.isfinite(reward)).nonzero()[0].tolist()

@@ -195,6 +195,8 @@ class GRPOConfig(SurrogateConfig):
     every step of an env's first episode gets that episode's return normalized within its group. Defaults (8 envs in
     one group) solve CartPole-v1 within 300k steps (benchmarks/grpo_cartpole.py)."""
 
+    NO_RESTARTS = "a restart would cut an episode short, which GRPO would score against its group as a finished one"
+
     group_size: int = Field(default=8, ge=2)
     """Episodes per group, G: the envs of a group reset with the same seed, and each episode's return is compared
     with the others' of its group. `num_envs` must be a multiple of it."""

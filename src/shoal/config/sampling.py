@@ -52,6 +52,10 @@ def check_sampling(c: TrainerConfig) -> None:
             "restart_failed_envs makes a failed env anew, which needs envs that shoal makes one by one (not a "
             "VMAS scenario or vectorization_mode)."
         )
+    restarts = "restart_failed_envs" if c.restart_failed_envs else "recreate_failed_workers"
+    if (c.restart_failed_envs or c.recreate_failed_workers) and (c.NO_RESTARTS or getattr(c, "n_step", 1) > 1):
+        why = c.NO_RESTARTS or "n-step returns would run across the failed step (n_step=1 works)"
+        raise ConfigError(f"{restarts} is not for this algorithm yet: {why}.")
     if c.recreate_failed_workers and (c.backend != "local" or not c.num_workers or c.vectorization_mode is not None):
         raise ConfigError(
             "recreate_failed_workers starts env worker processes anew: it needs num_workers > 0 with "

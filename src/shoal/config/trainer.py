@@ -199,6 +199,8 @@ class TrainerConfig(BaseModel):
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
     # other names of keys, as the segment learner writes them: alias -> key
     ALIASES: ClassVar[dict[str, str]] = {}
+    NO_RESTARTS: ClassVar[str | None] = None
+    """Why the algorithm cannot learn around an env or worker started anew (None: it can)."""
     MINIBATCH_DIVIDES_BATCH: ClassVar[bool] = False
     """Whether ``sgd_minibatch_size`` must divide the batch (a tuned config's is then rescaled with it)."""
     # keys that moved: old name -> what to write instead

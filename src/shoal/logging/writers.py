@@ -191,5 +191,13 @@ class RunLogger:
                 raise
 
     def close(self) -> None:
+        """Close every writer, then raise the first error one of them gave (a write it had deferred)."""
+        errors = []
         for w in self.writers:
-            w.close()
+            try:
+                w.close()
+            except OSError as e:
+                e.filename = e.filename or str(w.path)
+                errors.append(e)
+        if errors:
+            raise errors[0]

@@ -64,22 +64,22 @@ def what_was_kept(run_dir: Path | None, then: str, overrides: str = "") -> str:
 
 
 @contextlib.contextmanager
-def run_writes(what: str, path: Path | None, run_dir: Path | None) -> Iterator[None]:
+def run_writes(what: str, path: Path | None, run_dir: Path | None, within: Path | None = None) -> Iterator[None]:
     """Turn a refused write of ``what`` (at ``path``) into one ``OutputError``; with ``run_dir``
-    it also names the run's newest checkpoint that loads and the command that resumes."""
+    it also names the run's newest checkpoint that loads and the command that resumes. With
+    ``within``, only refusals of files under it count (an env's own file errors pass through)."""
     try:
         yield
     except OutputError:
         raise
     except Exception as e:
         refusal = refused_write(e)
-        if refusal is None:
+        if refusal is None or (within is not None and not str(refusal.filename or "").startswith(str(within))):
             raise
         where = Path(refusal.filename) if refusal.filename else (path or run_dir or Path.cwd())
         kept = "" if run_dir is None else " " + what_was_kept(run_dir, "Make room (or fix the permission)")
         raise OutputError(
-            f"could not write {what} '{where}': {refusal.strerror} ({_free_space(where)} free there); "
-            f"no partial file was left.{kept}"
+            f"could not write {what} '{where}': {refusal.strerror} ({_free_space(where)} free there now).{kept}"
         ) from e
 
 

@@ -39,7 +39,7 @@ from shoal.config import TrainerConfig
 from shoal.config.tuned import start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
-from shoal.errors import ConfigError, EnvError, TrainingDiverged, did_you_mean
+from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, did_you_mean
 from shoal.files import write_atomic
 from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
@@ -89,6 +89,7 @@ class Trainer:
         setup.seed_everything(c.seed)
         self.env_name = env_name(c.env)
         self.callbacks = CallbackList(c.callbacks)
+        self.env_restarts = faults.EnvRestarts(c.max_restarts_per_hour, self.env_name)
 
         self.backend = setup.training_backend(c)
         try:
@@ -113,6 +114,7 @@ class Trainer:
             self.collector = setup.collector(
                 c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
             )
+            self.collector.take_restarts = self.env_restarts.take
             self.collector.reset(c.seed)
         except BaseException:  # the envs (worker processes, Ray actors) must not outlive a failed start
             self.backend.close()
@@ -125,7 +127,6 @@ class Trainer:
         self.time_total_s = 0.0
         self._schedule_end = c.total_timesteps
         self.analysis = MetricAnalysis()
-        self.env_restarts = faults.EnvRestarts(c.max_restarts_per_hour, self.env_name)
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
@@ -184,8 +185,6 @@ class Trainer:
             stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
             if (broken := faults.non_finite_weights(self.policies)) is not None:
                 raise broken
-            if self.backend.restarted or self.backend.worker_restarts:
-                self.env_restarts.take(self.backend.restarted, self.backend.worker_restarts)
         except TrainingDiverged as e:
             raise self._diverged(e) from e
         except EnvError as e:  # an env raised or a worker died: keep what the learner has first
@@ -242,18 +241,32 @@ class Trainer:
     def _save_after_failure(self, error: EnvError) -> None:
         """Checkpoint the learner (weights, optimizer, normalizers, counters) as of the last whole
         iteration, so a resume loses at most the fragment under way. The envs' state is not kept:
-        the failed ones are in no state to save, and a resume starts new episodes."""
+        the failed ones are in no state to save, and a resume starts new episodes. A checkpoint of
+        that iteration already written (a periodic one, with the envs' state) is kept as it is."""
         if self.run_dir is None:
             return
+        root = self.run_dir / "checkpoints"
+        path = root / f"{ckpt.PREFIX}{self.iteration:06d}"
+        if path in ckpt.list_checkpoints(root):
+            error.add_line(f"The learner's state at iteration {self.iteration} is in '{path}'; {self._resume_hint()}")
+            return
+        if self.iteration == 0 or faults.non_finite_weights(self.policies) is not None:
+            return  # nothing learned yet, or nothing worth keeping
         state = self.state_dict()
         state["backend"] = {"exact": False, "reason": "the run stopped on an env failure", "envs": [], "buffers": {}}
-        path = self.run_dir / "checkpoints" / f"{ckpt.PREFIX}{self.iteration:06d}"
-        with faults.run_writes("the checkpoint", path, self.run_dir):
-            ckpt.write_checkpoint(path, state, self._meta())
+        try:
+            with faults.run_writes("the checkpoint", path, self.run_dir):
+                ckpt.write_checkpoint(path, state, self._meta())
+            ckpt.rotate(root, self.config.keep_checkpoints)
+        except OutputError as e:  # the env's error stays the one raised
+            error.add_line(f"Checkpointing the learner failed too: {e}")
+            return
         error.add_line(
-            f"The learner's state at iteration {self.iteration} was checkpointed first; "
-            f"continue with: shoal train --resume {self.run_dir}"
+            f"The learner's state at iteration {self.iteration} was checkpointed first; {self._resume_hint()}"
         )
+
+    def _resume_hint(self) -> str:
+        return f"continue with: shoal train --resume {self.run_dir}"
 
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)
@@ -514,7 +527,8 @@ class Trainer:
         """
         c = self.config
         video = None if video_dir is None else Path(video_dir)
-        with faults.run_writes("the evaluation video", video, self.run_dir) if video else contextlib.nullcontext():
+        writes = faults.run_writes("the evaluation video", video, self.run_dir, within=video) if video else None
+        with writes or contextlib.nullcontext():
             return evaluate_policies(
                 c,
                 self.policies,
@@ -529,16 +543,23 @@ class Trainer:
     def close(self) -> None:
         """Close the envs (and their worker processes) and the loggers; ``with`` calls it on exit."""
         self.backend.close()
-        if self._logger is not None:
-            self._logger.close()
-        if self._joined_ranks:
-            distributed.leave()
+        try:
+            if self._logger is not None:
+                with faults.run_writes("the metrics", None, self.run_dir):
+                    self._logger.close()
+        finally:
+            if self._joined_ranks:
+                distributed.leave()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(OutputError):  # the error under way says what went wrong (a full disk) already
+            self.close()
 
     def __repr__(self) -> str:
         name, steps = type(self).__name__, self.timesteps_total

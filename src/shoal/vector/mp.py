@@ -50,7 +50,7 @@ from shoal.vector.base import (
     batch_view,
     env_seeds,
 )
-from shoal.vector.serial import SerialBackend
+from shoal.vector.serial import RESTART_SEED_STRIDE, SerialBackend
 
 # what each worker runs over its envs: a serial backend of gym envs or of multi-agent adapters
 SerialClass = Callable[..., SerialBackend | AgentEnvBackend]
@@ -189,6 +189,9 @@ class MultiprocessBackend(VecBackend):
         self.recreate_failed_workers = recreate_failed_workers
         self._failed_rows: list[slice] = []  # rows of recreated workers, valid again at their next step
         self._seed: Seed = None  # the last reset's, from which a recreated worker's envs draw theirs
+        self._recreated = 0  # workers started anew so far
+        self._resetting = False  # a worker started anew during a reset is reset as the others
+        self._reset_seeds: list[Any] = [None] * num_workers  # what each worker was sent in the last reset
         self._group_workers = group_workers
         self._conns: list[Connection] = []
         self._procs: list[BaseProcess] = []
@@ -234,16 +237,18 @@ class MultiprocessBackend(VecBackend):
         self._group_conns[g] = [self._conns[x] for x in self._group_workers[g]]
         self._receive(w, starting=True)  # its envs are built
         first, last = self._worker_envs[w]
-        restarts = len(self.worker_restarts) + 1
-        seed = self._seed + 7919 * restarts if isinstance(self._seed, int) else None
-        conn.send_bytes(_RESET + pickle.dumps(seed))
+        self._recreated += 1
+        seed = self._seed + RESTART_SEED_STRIDE * self._recreated if isinstance(self._seed, int) else None
+        conn.send_bytes(_RESET + pickle.dumps(self._reset_seeds[w] if self._resetting else seed))
         self._receive(w, starting=True)
+        self.worker_restarts.append(why)
+        if self._resetting:  # no step was under way: the reset's observations are all there is
+            return
         k = self.rows_per_env
         rows = slice(first * k, (last + 1) * k)
         self._valid[rows], self._truncated[rows], self._terminated[rows], self._reward[rows] = False, True, False, 0.0
         self._failed_rows.append(rows)
         self.failed_rows.extend(range(rows.start, rows.stop))
-        self.worker_restarts.append(why)
 
     # ----- talking to workers -------------------------------------------------------------
     def _fail(self, message: str) -> NoReturn:
@@ -292,12 +297,18 @@ class MultiprocessBackend(VecBackend):
         of one seed per env is cut into each worker's slice."""
         per_env = None if seed is None or isinstance(seed, int) else env_seeds(seed, self.num_envs, 0, self.name)
         self._seed = seed
+        self._resetting = True
         for w, conn in enumerate(self._conns):
             first, last = self._worker_envs[w]
-            conn.send_bytes(_RESET + pickle.dumps(seed if per_env is None else per_env[first : last + 1]))
+            self._reset_seeds[w] = seed if per_env is None else per_env[first : last + 1]
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a dead worker: its reply says so
+                conn.send_bytes(_RESET + pickle.dumps(self._reset_seeds[w]))
         for infos in self._group_infos:
             infos.clear()
-        self._receive_all()
+        try:
+            self._receive_all()
+        finally:
+            self._resetting = False
         self._pending = [0] * self.async_factor
         self._ready = list(range(self.async_factor))
 

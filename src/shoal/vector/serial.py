@@ -20,6 +20,9 @@ from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError, ShoalError
 from shoal.vector.base import Buffers, Seed, StepBatch, VecBackend, env_seeds
 
+RESTART_SEED_STRIDE = 1_000_003
+"""Seeds of envs started anew are ``seed + stride x restarts (+ env id)``: clear of the ids of any run's envs."""
+
 
 class SerialBackend(VecBackend):
     autoreset = "same_step"
@@ -128,9 +131,13 @@ class SerialBackend(VecBackend):
         episode tracker drops the episode."""
         with contextlib.suppress(Exception):  # a broken env may fail to close too
             self.envs[i].close()
-        self.envs[i] = env = self.make_env(self.first_env_id + i)
+        try:
+            self.envs[i] = env = self.make_env(self.first_env_id + i)
+        except Exception as e:
+            raise self._failed(i, "being made anew after a failure", e) from e
         self._restarts += 1
-        seed = None if self._seed is None else self._seed + 7919 * self._restarts  # a fresh, reproducible start
+        # a fresh, reproducible start that no other env's seed (seed + env id) or earlier restart shares
+        seed = None if self._seed is None else self._seed + RESTART_SEED_STRIDE * self._restarts + self.first_env_id + i
         try:
             obs, _ = env.reset(seed=seed)
         except Exception as e:
