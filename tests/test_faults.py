@@ -475,3 +475,21 @@ def test_the_metrics_writers_failing_on_close_give_one_output_error(tmp_path, mo
     with pytest.raises(KeyError), shoal.PPO(seed=1, run_dir=str(tmp_path / "run2"), **FAST) as other:
         other.learn(128)
         raise KeyError("the error under way stays the one raised")
+
+
+@pytest.mark.parametrize(
+    "config, settings, message",
+    [
+        ("PPOConfig", dict(backend="external"), r"restart_failed_envs .*backend='external' the simulators"),
+        ("PPOConfig", dict(backend="ray", num_workers=1, remote_worker_envs=True), r"remote_worker_envs make their"),
+        ("PPOConfig", dict(env="CartPole-v1", vectorization_mode="sync"), r"envs that shoal makes one by one"),
+        ("GRPOConfig", dict(), r"restart_failed_envs is not for this algorithm yet: .*group"),
+        ("DQNConfig", dict(n_step=3), r"restart_failed_envs is not for this algorithm yet: n-step returns"),
+        ("PPOConfig", dict(restart_failed_envs=False, recreate_failed_workers=True), r"needs num_workers > 0"),
+    ],
+)
+def test_restarts_where_they_cannot_work_are_refused_with_the_reason(config, settings, message):
+    from shoal import config as configs
+
+    with pytest.raises(shoal.ConfigError, match=message):
+        getattr(configs, config).build(**{"restart_failed_envs": True, **settings})

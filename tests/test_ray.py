@@ -4,10 +4,12 @@ carry recurrent state, replay exploration and checkpoints. One local cluster (2 
 
 import copy
 import os
+import re
 import signal
 import sys
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -45,14 +47,15 @@ def test_ppo_learns_cartpole_with_two_ray_workers(ray_cluster):
     with shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, seed=1, save_outputs=False, verbose=0) as algo:
         result = algo.learn(80_000)
         assert result["timesteps_total"] == algo.iteration * algo.config.train_batch_size
-        assert result["num_worker_restarts"] == 0
+        assert "num_worker_restarts" not in result  # counted with recreate_failed_workers only
         assert algo.evaluate(num_episodes=10)["episode_reward_mean"] >= 475
 
 
 @pytest.mark.slow
 def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(ray_cluster, tmp_path):
-    """The actor dies in the middle of sampling; its fragment is sampled again by a new actor,
-    the counters hold each iteration's batch exactly once, and a resumed run continues them."""
+    """With recreate_failed_workers the actor dies in the middle of sampling; its fragment is
+    sampled again by a new actor, the counters hold each iteration's batch exactly once, and a
+    resumed run continues them."""
     config = dict(
         env=DiesOnce,
         env_config={"marker": str(tmp_path / "died"), "after": 100},
@@ -60,11 +63,12 @@ def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(ray_cluster,
         num_workers=2,
         num_envs=4,
         rollout_fragment_length=64,
+        recreate_failed_workers=True,
         seed=2,
         run_dir=str(tmp_path / "run"),
         verbose=0,
     )
-    died = r"Ray rollout worker \d \(envs \d-\d of 'DiesOnce'\) died"
+    died = r"Ray rollout worker \d \(envs \d-\d of 'DiesOnce'\) died .* started anew with fresh envs"
     with pytest.warns(UserWarning, match=died), shoal.PPO(**config) as algo:
         pids = ray.get([worker.pid.remote() for worker in algo.backend.workers])
         for _ in range(4):  # 64 steps per env an iteration: the first env to take its 100th step dies in the second
@@ -84,6 +88,62 @@ def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(ray_cluster,
     with shoal.PPO.from_checkpoint(tmp_path / "run", env=DiesOnce, backend="local", ray_address=None) as local:
         assert local.timesteps_total == 4 * 256  # the newest checkpoint, as `shoal eval` loads it: no Ray workers
         assert local.evaluate(num_episodes=1)["episodes"] == 1
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_after_the_learner_is_checkpointed(ray_cluster, tmp_path):
+    """Without recreate_failed_workers a dead actor stops the run, as a dead worker process does;
+    the learner's state of the last whole iteration is saved first and the run resumes from it."""
+    run = tmp_path / "run"
+    config = dict(env=DiesOnce, env_config={"marker": str(tmp_path / "died"), "after": 100}, backend="ray")
+    config |= dict(num_workers=2, num_envs=4, rollout_fragment_length=64, seed=2, run_dir=str(run), verbose=0)
+    with shoal.PPO(**config) as algo, pytest.raises(shoal.EnvError) as caught:
+        for _ in range(3):  # the first env to take its 100th step dies in the second iteration
+            algo.train()
+    message = str(caught.value)
+    assert re.match(r"Ray rollout worker \d \(envs \d-\d of 'DiesOnce'\) died \(", message), message
+    assert "Set recreate_failed_workers=True" in message
+    assert message.endswith(f"iteration 1 was checkpointed first; continue with: shoal train --resume {run}")
+    with (
+        pytest.warns(UserWarning, match="starts new episodes"),
+        shoal.PPO.from_checkpoint(run, env=DiesOnce) as resumed,
+    ):
+        assert resumed.iteration == 1 and resumed.train()["timesteps_total"] == 2 * 256
+
+
+class Flaky(gym.Wrapper):
+    """CartPole-v1 whose step raises on ``rate`` of the calls, as a crashing simulator would."""
+
+    def __init__(self, config):
+        super().__init__(gym.make("CartPole-v1"))
+        self.rate, self.rng = config["rate"], np.random.default_rng()
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.rng.random() < self.rate:
+            raise RuntimeError("the simulator crashed")
+        return self.env.step(action)
+
+
+@pytest.mark.slow
+def test_ray_workers_make_failed_envs_anew_and_the_trainer_counts_them(ray_cluster, recwarn):
+    config = dict(env=Flaky, env_config={"rate": 0.01}, backend="ray", num_workers=2, num_envs=4, seed=1)
+    config |= dict(rollout_fragment_length=64, restart_failed_envs=True, save_outputs=False, verbose=0)
+    with shoal.PPO(**config) as algo:
+        result = algo.learn(10 * 256)
+        episodes = list(algo.tracker.returns)
+    assert 10 < result["num_env_restarts"] < 50  # 1% of 2,560 steps
+    warned = {str(w.message).split(")")[0] for w in recwarn if "and was made anew" in str(w.message)}
+    assert len(warned) == 4  # each env's first failure, named by its id in the run
+    assert episodes and all(r == int(r) >= 1 for r in episodes)  # whole episodes only: cut ones are dropped
+
+    config |= dict(env_config={"rate": 0.2}, max_restarts_per_hour=5)
+    with shoal.PPO(**config) as algo, pytest.raises(shoal.EnvError, match="more than max_restarts_per_hour=5"):
+        algo.learn(10 * 256)
 
 
 RECURRENT = dict(
@@ -113,7 +173,6 @@ def test_every_algorithm_samples_through_ray_workers(ray_cluster, algo, settings
             actions = trainer.algorithm.replay.storage["action"][:, : result["timesteps_total"] // 4]  # [envs, steps]
             assert actions.std() > 0.9 and actions.abs().max() > 1.9  # uniform on [-2, 2]: std 1.15
         result = trainer.train()
-        assert result["num_worker_restarts"] == 0
         assert result["timesteps_total"] == trainer.collector.env_steps > 0
         if algo == "dqn":
             assert result["replay_size"] == result["timesteps_total"]
@@ -307,7 +366,7 @@ def test_a_dead_env_actor_takes_its_worker_down_and_the_worker_is_replaced(ray_c
     config |= dict(num_workers=2, num_envs=4, rollout_fragment_length=64, seed=2, save_outputs=False, verbose=0)
     with (
         pytest.warns(UserWarning, match=r"Ray rollout worker \d .* died"),
-        shoal.PPO(**config, remote_worker_envs=True) as algo,
+        shoal.PPO(**config, remote_worker_envs=True, recreate_failed_workers=True) as algo,
     ):
         for _ in range(4):  # an env actor kills itself at its 100th step, in the second iteration
             result = algo.train()

@@ -42,10 +42,11 @@ def check_sampling(c: TrainerConfig) -> None:
             f"remote_worker_envs steps each worker's {per_worker} envs in async_factor={c.async_factor} equal groups; "
             f"use a num_envs that gives each of the num_workers={c.num_workers} workers a multiple of it."
         )
-    if c.restart_failed_envs and c.backend != "local":
+    if c.restart_failed_envs and (c.backend == "external" or c.remote_worker_envs):
+        where = "with backend='external' the simulators" if c.backend == "external" else "remote_worker_envs"
         raise ConfigError(
-            f"restart_failed_envs restarts envs stepped in this process or in worker processes (num_workers); "
-            f"not yet with backend='{c.backend}'."
+            f"restart_failed_envs makes a failed env anew where it steps: in this process, a worker process or a "
+            f"Ray rollout worker; {where} make their own envs (leave it out there)."
         )
     if c.restart_failed_envs and (c.vectorization_mode is not None or _is_vmas(c.env)):
         raise ConfigError(
@@ -56,10 +57,12 @@ def check_sampling(c: TrainerConfig) -> None:
     if (c.restart_failed_envs or c.recreate_failed_workers) and (c.NO_RESTARTS or getattr(c, "n_step", 1) > 1):
         why = c.NO_RESTARTS or "n-step returns would run across the failed step (n_step=1 works)"
         raise ConfigError(f"{restarts} is not for this algorithm yet: {why}.")
-    if c.recreate_failed_workers and (c.backend != "local" or not c.num_workers or c.vectorization_mode is not None):
+    if c.recreate_failed_workers and (
+        c.backend == "external" or not c.num_workers or (c.backend == "local" and c.vectorization_mode is not None)
+    ):
         raise ConfigError(
-            "recreate_failed_workers starts env worker processes anew: it needs num_workers > 0 with "
-            "backend='local' and envs made one by one (Ray rollout workers are always replaced)."
+            "recreate_failed_workers starts dead env workers anew: it needs num_workers > 0, as worker processes "
+            "(backend='local', envs made one by one) or Ray rollout workers (backend='ray')."
         )
     if c.info_keys and c.backend == "external":
         raise ConfigError(

@@ -171,11 +171,12 @@ class TrainerConfig(BaseModel):
     restart_failed_envs: bool = False
     """An env that raises in `step` is made anew and reset instead of stopping the run: the step it failed is not
     learned, its episode is left out of the metrics, and `num_env_restarts` counts it (single-agent Gymnasium envs,
-    in this process or worker processes)."""
+    in this process, worker processes or Ray rollout workers)."""
     recreate_failed_workers: bool = False
-    """An env worker process that dies (the OOM killer's SIGKILL) is started anew with fresh envs instead of stopping
-    the run: the step under way is lost, its envs' episodes are left out of the metrics, and `num_worker_restarts`
-    counts it (`num_workers` > 0, single-agent Gymnasium envs; Ray workers are always replaced)."""
+    """An env worker that dies (the OOM killer's SIGKILL, a lost node) is started anew with fresh envs instead of
+    stopping the run: the step under way is lost (a Ray worker samples its fragment again), its envs' episodes are
+    left out of the metrics, and `num_worker_restarts` counts it (`num_workers` > 0: worker processes of
+    single-agent Gymnasium envs, or Ray rollout workers)."""
     max_restarts_per_hour: int = Field(default=100, ge=1)
     """More env and worker restarts than this within an hour stop the run: they are failing, not flaky."""
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"

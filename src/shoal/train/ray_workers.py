@@ -11,10 +11,12 @@ an actor costs about a millisecond, more than most env steps: this way one round
 per iteration carries ``T`` steps of all its envs, and the workers may run on other machines.
 
 Counting: a worker's fragment holds ``T`` steps of each of its rows, so an iteration gathers
-exactly ``train_batch_size`` steps and discards none. A worker whose actor dies is replaced by a
-new actor over the same envs with new seeds; the episodes its rows had under way are forgotten,
-the new actor samples the fragment again, and a warning says so. Only fragments that arrive are
-counted, so no step is lost from the counters or counted twice.
+exactly ``train_batch_size`` steps and discards none. A worker whose actor dies stops the run, or
+with ``recreate_failed_workers`` is replaced by a new actor over the same envs with new seeds: the
+episodes its rows had under way are forgotten, the new actor samples the fragment again, and the
+trainer counts the replacement against its restart budget. Only fragments that arrive are counted,
+so no step is lost from the counters or counted twice. With ``restart_failed_envs`` a worker makes
+its failed envs anew itself, as a local run does, and its fragment tells the trainer which.
 
 Episodes are counted on the driver from the gathered raw rewards, as in a local run, so metrics
 and ``on_episode_end`` callbacks are the same. The envs, the reward-scaling statistics and the
@@ -84,6 +86,7 @@ class Fragment:
     truncations: Truncations
     raw_reward: torch.Tensor  # [rows, T]: the env's rewards before scaling and clipping
     step_infos: StepInfos  # rows numbered within the worker
+    restarted: list[tuple[int, str]]  # (env id, error) of each env made anew (restart_failed_envs)
 
 
 class RolloutWorker:
@@ -109,6 +112,7 @@ class RolloutWorker:
         self.policies: dict[str, Policy] = {}
         self.collector: Collector | None = None
         self.storage: dict[int, Storage] = {}
+        self.restarted: list[tuple[int, str]] = []  # envs made anew since the last fragment
         # An env that fails to build is reported by start() as the env's error: raised here, it
         # would look like the actor dying, which the driver answers with a replacement.
         self.error: Exception | None = None
@@ -125,6 +129,13 @@ class RolloutWorker:
         policy_map = setup.policy_map(policies, self.backend, c.policy_mapping_fn)
         self.policies = policies
         self.collector = setup.collector(c, self.backend, policy_map, None, extras, critic)
+        self.collector.take_restarts = self._take_restarts
+
+    def _take_restarts(self, envs: list[tuple[int, str]], workers: list[str]) -> None:
+        """Keep the envs made anew for the next fragment (the driver's trainer counts them)."""
+        self.restarted.extend(envs)
+        envs.clear()
+        workers.clear()  # (none: the worker's own envs step in its process)
 
     def _collector(self) -> Collector:
         if self.collector is None:
@@ -160,7 +171,10 @@ class RolloutWorker:
         assert truncations is not None  # collect() sets them
         raw_reward = collector.raw_reward[:, :horizon]
         written = rollout.select(*(key for key in WRITTEN if key in rollout.keys()), *collector.extras)  # noqa: SIM118
-        return Fragment(steps, seconds, (written, start_states), truncations, raw_reward, collector.step_infos)
+        restarted, self.restarted = self.restarted, []
+        return Fragment(
+            steps, seconds, (written, start_states), truncations, raw_reward, collector.step_infos, restarted
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return self._collector().state_dict()
@@ -182,7 +196,7 @@ class WorkerSet(VecBackend):
     the workers sample them."""
 
     unsaved_state = "envs run in Ray actors"
-    ATTEMPTS = 3  # a worker whose actors die this many times in one call stops the run
+    ATTEMPTS = 3  # with recreate_failed_workers: a worker whose actors die this many times in one call stops the run
 
     def __init__(self, config: TrainerConfig):
         c = config
@@ -213,6 +227,7 @@ class WorkerSet(VecBackend):
                 "ray_address": None,
                 "num_workers": 0,
                 "callbacks": [],
+                "recreate_failed_workers": False,  # the driver replaces dead workers; inside, envs step in-process
                 "device": "cpu",
                 "env": registered_creator(c.env) or c.env,  # a fresh process does not know shoal.register_env names
             }
@@ -228,8 +243,11 @@ class WorkerSet(VecBackend):
         k = self.rows_per_env
         self.shares = [slice(e * k, (e + self.envs_per_worker) * k) for e in self.first_envs]
         """Each worker's agent rows of the flat batch."""
-        self.restarts = 0
-        """Workers replaced so far (their actors died)."""
+        self.recreate = c.recreate_failed_workers
+        self.incarnations = 0
+        """Actors started to replace dead ones by this driver: each new one seeds its envs afresh."""
+        self.lost = False
+        """A worker died and was not replaced: the run stops, and the others' states are not saved."""
         self.replaced: list[int] = []
         """Workers replaced since the driver's collector last looked: their envs start new episodes."""
         self.workers = [self._actor(w) for w in range(c.num_workers)]
@@ -254,7 +272,7 @@ class WorkerSet(VecBackend):
 
     def _actor(self, w: int) -> Any:
         c = self.worker_config
-        return self.actor_class.remote(c, w, self.restarts, self.first_envs[w], self.envs_per_worker, self.env_spec)
+        return self.actor_class.remote(c, w, self.incarnations, self.first_envs[w], self.envs_per_worker, self.env_spec)
 
     def start(self, policies: dict[str, Policy], extras: tuple[str, ...]) -> None:
         """Give every worker its copy of ``policies`` (on the CPU) and the extras to store."""
@@ -294,9 +312,9 @@ class WorkerSet(VecBackend):
         return self._each(call)
 
     def _each(self, call: Callable[[int], Any]) -> list[Any]:
-        """``call(w)`` (a remote call) for every worker at once, then each result; a worker whose
-        actor died is replaced and called again. An exception the call raises (an env's) is not a
-        death: it comes through, with its traceback."""
+        """``call(w)`` (a remote call) for every worker at once, then each result. A worker whose
+        actor died stops the run, or with ``recreate_failed_workers`` is replaced and called again.
+        An exception the call raises (an env's) is not a death: it comes through, with its traceback."""
         pending = [call(w) for w in range(len(self.workers))]
         results = []
         for w, ref in enumerate(pending):
@@ -309,26 +327,31 @@ class WorkerSet(VecBackend):
                     results.append(self.ray.get(ref))
                     break
                 except self.ray.exceptions.RayActorError as e:
+                    if not self.recreate:
+                        self.lost = True
+                        raise EnvError(
+                            f"{self._died(w, e)}. Set recreate_failed_workers=True to replace a dead worker "
+                            f"with a new actor and keep going."
+                        ) from None
                     error = e
             else:
-                raise EnvError(
-                    f"Ray rollout worker {w} of '{self.name}' died {self.ATTEMPTS} times in a row; the last: {error}"
-                )
+                raise EnvError(f"{self._died(w, error)}, {self.ATTEMPTS} times in a row") from None
         return results
+
+    def _died(self, w: int, error: Exception | None) -> str:
+        first, text = self.first_envs[w], str(error).strip()
+        cause = text.splitlines()[0] if text else type(error).__name__
+        return (
+            f"Ray rollout worker {w} (envs {first}-{first + self.envs_per_worker - 1} of '{self.name}') died ({cause})"
+        )
 
     def _replace(self, w: int, error: Exception) -> None:
         """A new actor over worker ``w``'s envs, started and reset like the one that died: with new
         seeds, unless the last reset gave each env its own (an algorithm's chosen starts, as GRPO's
-        groups), which the new envs then start from again."""
-        self.restarts += 1
-        first = self.first_envs[w]
-        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        warnings.warn(
-            f"Ray rollout worker {w} (envs {first}-{first + self.envs_per_worker - 1} of '{self.name}') died "
-            f"({cause}); a new actor took its envs, and the episodes they had under way are dropped. "
-            f"Replaced so far: {self.restarts}.",
-            stacklevel=3,
-        )
+        groups), which the new envs then start from again. The trainer takes the death from
+        ``worker_restarts``: it warns, counts it and keeps to the restart budget."""
+        self.incarnations += 1
+        self.worker_restarts.append(f"{self._died(w, error)}; the episodes its envs had under way are dropped")
         actor = self.workers[w] = self._actor(w)
         self._known[w] = set()
         self.replaced.append(w)
@@ -336,7 +359,9 @@ class WorkerSet(VecBackend):
             seed = self._seeds[w]
             self.ray.get(actor.start.remote(self._policies, self._extras))
             self.ray.get(
-                actor.reset.remote(seed if isinstance(seed, list) else _seed(self.worker_config.seed, w, self.restarts))
+                actor.reset.remote(
+                    seed if isinstance(seed, list) else _seed(self.worker_config.seed, w, self.incarnations)
+                )
             )
 
     def worker_states(self) -> list[dict[str, Any]]:
@@ -394,6 +419,10 @@ class RemoteCollector(Collector):
         replaced, self.workers.replaced = self.workers.replaced, []
         for w in replaced:
             self.tracker.reset_episodes(self.workers.shares[w])
+        for fragment in fragments:
+            self.workers.restarted.extend(fragment.restarted)
+        if (self.workers.restarted or self.workers.worker_restarts) and self.take_restarts is not None:
+            self.take_restarts(self.workers.restarted, self.workers.worker_restarts)
         step_infos: StepInfos = {}
         for rows, fragment in zip(self.workers.shares, fragments):
             share, states = fragment.storage
@@ -414,15 +443,17 @@ class RemoteCollector(Collector):
         return steps
 
     def iteration_stats(self) -> dict[str, float]:
-        """``num_worker_restarts`` so far, and ``remote_overhead_ms``: the iteration's sampling time
-        beyond the slowest worker's own collecting (sending weights, the calls, moving fragments)."""
+        """``remote_overhead_ms``: the iteration's sampling time beyond the slowest worker's own
+        collecting (sending weights, the calls, moving fragments)."""
         overhead, self._overhead_s = self._overhead_s, 0.0
-        return {"num_worker_restarts": self.workers.restarts, "remote_overhead_ms": 1e3 * overhead}
+        return {"remote_overhead_ms": 1e3 * overhead}
 
     def state_dict(self) -> dict[str, Any]:
         """A local collector's state (so the checkpoint also loads into a run with local envs, as
-        ``shoal eval`` makes), and each worker's."""
-        return super().state_dict() | {"workers": self.workers.worker_states()}
+        ``shoal eval`` makes), and each worker's, unless one died and the run is stopping: then the
+        learner is saved alone, and a resumed run's workers start with fresh statistics."""
+        workers = [] if self.workers.lost else self.workers.worker_states()
+        return super().state_dict() | {"workers": workers}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         assert self.tracker is not None
