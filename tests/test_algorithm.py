@@ -110,7 +110,7 @@ def test_presets_train_their_own_algorithm_and_trainer_builds_any():
     with shoal.Trainer(algo="REINFORCE", save_outputs=False, **FAST) as trainer:
         assert isinstance(trainer.algorithm, Reinforce)
         # checkpoints name it by import path: a new process has not registered the short name
-        assert trainer._meta()["algo"] == "examples.reinforce:Reinforce"
+        assert trainer.checkpoint_meta()["algo"] == "examples.reinforce:Reinforce"
 
 
 def test_a_checkpoint_of_another_algorithm_is_refused_by_a_preset(tmp_path):

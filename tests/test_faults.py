@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -159,7 +160,7 @@ def test_a_diverging_update_names_the_policy_and_iteration_and_no_checkpoint_hol
     message = str(caught.value)
     assert caught.value.policy == "default_policy"
     assert message.startswith(f"training diverged at iteration {saved + 1} (policy 'default_policy'): the update")
-    assert "was not finite" in message and "env" not in message.split("Nothing after")[0]
+    assert "was not finite (loss " in message and "env" not in message.split("Nothing after")[0]
     assert f"checkpoint_{saved:06d}" in message and "learning_rate=1e+29" in message
     assert [ckpt.read_meta(p)["training_iteration"] for p in ckpt.list_checkpoints(run / "checkpoints")][-1] == saved
     assert all(all_finite(p) for p in ckpt.list_checkpoints(run / "checkpoints"))
@@ -180,7 +181,7 @@ def test_weights_that_are_not_finite_are_never_saved(tmp_path):
         algo.learn(128)
         with torch.no_grad():
             next(algo.get_policy().parameters())[0].fill_(float("nan"))
-        with pytest.raises(shoal.TrainingDiverged, match="its weights hold non-finite values"):
+        with pytest.raises(shoal.TrainingDiverged, match=r"at iteration 1 \(policy 'default_policy'\): its weights"):
             algo.save(tmp_path / "by_hand")
         with pytest.raises(shoal.TrainingDiverged, match="its weights hold non-finite values"):
             algo.save()
@@ -493,3 +494,38 @@ def test_restarts_where_they_cannot_work_are_refused_with_the_reason(config, set
 
     with pytest.raises(shoal.ConfigError, match=message):
         getattr(configs, config).build(**{"restart_failed_envs": True, **settings})
+
+
+def test_a_policy_with_its_own_step_size_is_told_to_lower_that_one(tmp_path):
+    from shoal.config import parse_overrides
+
+    run = tmp_path / "run"
+    own = {"default_policy": {"learning_rate": 3e-4, "gamma": 0.9}}
+    with shoal.PPO(seed=1, run_dir=str(run), policies=own, checkpoint_interval=1, **FAST) as good:
+        good.learn(128)
+    own["default_policy"]["learning_rate"] = 1e30
+    with shoal.PPO.from_checkpoint(run, policies=own) as bad, pytest.raises(shoal.TrainingDiverged) as caught:
+        bad.learn(5 * 128)
+    command = str(caught.value).split("continue with: ")[1].split(" (max_grad_norm")[0]
+    assert command == f"shoal train --resume {run} 'policies.default_policy={{gamma: 0.9, learning_rate: 1.0e+29}}'"
+    with shoal.PPO.from_checkpoint(run, **parse_overrides(shlex.split(command)[4:])) as lowered:
+        assert lowered.algorithm.policy_configs["default_policy"].learning_rate == 1e29
+        assert lowered.algorithm.policy_configs["default_policy"].gamma == 0.9
+
+
+def test_a_refused_plot_is_one_output_error_and_leaves_no_broken_image(tmp_path, monkeypatch):
+    from shoal.logging.runs import plot_runs
+
+    with shoal.PPO(seed=1, run_dir=str(tmp_path / "run"), **FAST) as algo:
+        algo.learn(2 * 128)
+
+    def refused(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("shoal.files.os.fsync", refused)
+    out = tmp_path / "plots" / "curve.png"
+    with pytest.raises(shoal.OutputError, match=r"could not write the plot '.*curve.png': No space left on device \("):
+        plot_runs([str(tmp_path / "run")], "episode_reward_mean", "timesteps", out)
+    assert list(out.parent.iterdir()) == []  # neither the image nor its temporary file
+    monkeypatch.undo()
+    assert plot_runs([str(tmp_path / "run")], "episode_reward_mean", "timesteps", out).stat().st_size > 1000

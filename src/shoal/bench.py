@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from shoal.files import save_figure
 from shoal.train.callbacks import Callback
 from shoal.vector import make_backend
 
@@ -249,5 +251,7 @@ def plot_curves(results: dict[str, list[dict[str, Any]]], path: str, title: str,
         ax.set_ylim(0, level * 1.1)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, Path(path), dpi=120)
+    finally:
+        plt.close(fig)

@@ -86,10 +86,10 @@ class AutogradOptimizer:
         self.optimizer.load_state_dict(state)
 
 
-def non_finite_step(owner: str, part: str, loss: float | None, grad_norm: float) -> TrainingDiverged:
-    """The error of an optimizer step not taken (``loss`` None: the step does not know it)."""
+def non_finite_step(owner: str, part: str, loss: float, grad_norm: float) -> TrainingDiverged:
+    """The error of an optimizer step not taken."""
     where = f" ({part})" if part else ""
-    values = f"loss {loss:g}, gradient norm {grad_norm:g}" if loss is not None else f"gradient norm {grad_norm:g}"
+    values = f"loss {loss:g}, gradient norm {grad_norm:g}"
     return TrainingDiverged(f"the update{where} was not finite ({values}), so it was not applied.", owner or None)
 
 

@@ -19,7 +19,7 @@ against autograd.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -105,15 +105,20 @@ class FusedPPOStep:
             "list[torch.Tensor]", [p.grad for p in params]
         )  # views into the flat gradient (flatten_parameters)
         stacked_backward(x, net.activation, params, hidden, (grad_dist, grad_value.unsqueeze(-1)), grads)
-        self._adam()
+
+        def loss() -> float:  # computed only to report a step that is not taken
+            values = outputs or ppo_loss_and_grad(logp, value.squeeze(-1), ent, *loss_args, with_values=True)[0]
+            return float(cast(LossOutputs, values)[0])
+
+        self._adam(loss)
         return outputs, ent
 
-    def _adam(self) -> None:
+    def _adam(self, loss: Callable[[], float]) -> None:
         grad = cast(torch.Tensor, self.flat.grad)  # set by flatten_parameters
         distributed.average_(grad)  # several data-parallel ranks: their mean gradient
         norm = grad.norm().item()  # a host float: on the CPU this costs nothing and saves three ops
         if not math.isfinite(norm):  # a non-finite loss reaches every gradient: the step is not taken
-            raise non_finite_step(self.policy.policy_id, "", None, norm)
+            raise non_finite_step(self.policy.policy_id, "", loss(), norm)
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
             grad.mul_(self.max_grad_norm / (norm + 1e-6))
         self.step_count += 1  # the kernel reads the incremented count for bias correction

@@ -18,6 +18,7 @@ import yaml
 
 from shoal.benchmark.references import SHARE, References
 from shoal.errors import ConfigError
+from shoal.files import refused_writes, save_figure, write_atomic
 from shoal.logging.runs import learning_curves, load_run, resolve_metric
 
 if TYPE_CHECKING:
@@ -192,7 +193,8 @@ def write_report(suite: Suite, out: Path, references: References, command: str) 
     )
     out.mkdir(parents=True, exist_ok=True)  # nothing ran (interrupted at once): the table still says so
     md = out / "benchmark.md"
-    md.write_text(text)
+    with refused_writes("the benchmark table", md):
+        write_atomic(md, text)
     try:
         png: Path | None = plot_grid(suite, out, references)
     except ConfigError:  # no matplotlib: the table alone
@@ -234,8 +236,10 @@ def plot_grid(suite: Suite, out: Path, references: References) -> Path:
     axes[0][0].set_ylabel("training return")
     fig.tight_layout()
     path = out / "benchmark.png"
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import yaml
 
 from shoal.errors import ConfigError, did_you_mean
+from shoal.files import save_figure
 from shoal.logging.metrics import log_key
 
 X_KEYS = {"timesteps": "timesteps_total", "time": "time_total_s", "iterations": "training_iteration"}
@@ -174,11 +175,10 @@ def plot_runs(paths: list[str], metric: str, x: str, out: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    try:
+        return save_figure(fig, Path(out))
+    finally:
+        plt.close(fig)
 
 
 def compare_runs(paths: list[str], metric: str) -> tuple[str, list[dict[str, Any]]]:

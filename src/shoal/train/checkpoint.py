@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from shoal.errors import ShoalError
+from shoal.imports import importable, is_spec
 
 FORMAT_VERSION = 2
 STATE_FILE, META_FILE = "state.pt", "meta.json"
@@ -172,3 +173,27 @@ def resolve_checkpoint(path: str | Path) -> Path:
         except (CheckpointError, OSError) as e:
             warnings.warn(f"skipping damaged checkpoint: {e}", stacklevel=2)
     raise CheckpointError(f"no usable checkpoint in '{path}' (looked for {PREFIX}* directories in '{root}').")
+
+
+def stored_settings(
+    path: Path, settings: dict[str, Any], meta: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """The config a checkpoint was trained with, ready to build its trainer again. Objects are not
+    stored (only their repr): importable ones are kept, and the others must be passed again in
+    ``overrides``, which this says by name."""
+    if meta.get("env_is_object") and "env" not in overrides:
+        raise CheckpointError(
+            f"checkpoint '{path}' was trained on an env object ({settings['env']}); "
+            f"pass the same env again: from_checkpoint(path, env=...)."
+        )
+    settings = dict(settings, callbacks=[cb for cb in settings.get("callbacks", []) if is_spec(cb)])
+    for key in ("policy_mapping_fn", "algo", "model"):
+        value = settings.get(key)
+        stored_object = isinstance(value, str) and (key == "policy_mapping_fn" or ":" in value)
+        if stored_object and not importable(value) and key not in overrides:
+            raise CheckpointError(
+                f"checkpoint '{path}' was trained with {key} {value}, which cannot be "
+                f"imported; pass it again: from_checkpoint(path, {key}=...)."
+            )
+    settings.setdefault("tuned", False)  # written before tuned configs: every key is in it
+    return settings

@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 import torch
+from tensordict import TensorDict
 
 from shoal.collect.episodes import mark_episode_starts
 from shoal.config import TrainerConfig
@@ -236,6 +237,28 @@ def prepare_obs(spec: ObsSpec, obs: Any, device: str) -> tuple[torch.Tensor, boo
                 f"[batch, {', '.join(map(str, spec.shape))}] or one observation of shape {spec.shape}."
             )
     return torch.as_tensor(arr, device=device), single
+
+
+def act_once(
+    policy: Policy, backend: VecBackend, obs: Any, state: TensorDict | None, deterministic: bool, device: str
+) -> npt.NDArray[Any] | np.generic | tuple[npt.NDArray[Any] | np.generic, TensorDict]:
+    """``Trainer.compute_actions``: the policy's env-ready actions for a batch of observations (or
+    one), from its initial state, or from ``state`` and then with the next state."""
+    x, single = prepare_obs(backend.obs_spec, obs, device)
+    rows = x.shape[0]
+    given = state is not None
+    if state is None:
+        state = policy.initial_state(rows)
+    elif state.batch_size[:1] != torch.Size([rows]):
+        raise ConfigError(
+            f"compute_actions got a state for {state.batch_size[0] if state.batch_dims else 0} rows and "
+            f"{rows} observations; pass initial_state({rows}) at an episode start, then the state it returned."
+        )
+    first = torch.full((rows,), not given, dtype=torch.bool)
+    action, _, next_state = policy.act(x, state, first, deterministic=deterministic)
+    actions = backend.env_actions(action.cpu())
+    out = actions[0] if single else actions
+    return (out, next_state) if given else out
 
 
 def evaluate_policies(

@@ -1,49 +1,27 @@
-"""How a run stops when it cannot go on: a write the filesystem refuses, an update that diverged.
-Either way it stops with one message that says what went wrong, what was kept (the newest
-checkpoint that loads) and how to continue, and it never saves a checkpoint of broken weights."""
+"""How a run stops when it cannot go on: a write the filesystem refuses, an update that diverged,
+an env or worker that failed (or, with the restart options, how it keeps going within a budget).
+Each stop gives one message that says what went wrong, what was kept (the newest checkpoint that
+loads) and how to continue, and no checkpoint of broken weights is ever saved."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import shutil
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+import yaml
 
 from shoal.errors import EnvError, OutputError, TrainingDiverged
+from shoal.files import refused_writes
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 
-# What a filesystem answers when the run's files cannot be written: out of space or quota,
-# read-only, no permission, file too large, a failing device.
-REFUSED_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO})
-
-
-def refused_write(error: BaseException) -> OSError | None:
-    """The filesystem's refusal behind ``error``, if there is one: torch.save reports a full disk as
-    a RuntimeError raised while handling the OSError, so the whole chain is searched."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in REFUSED_WRITE:
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _free_space(path: Path) -> str:
-    for folder in (path, *path.parents):  # the file itself may not exist
-        if folder.is_dir():
-            free = float(shutil.disk_usage(folder).free)
-            for unit in ("bytes", "KB", "MB", "GB"):
-                if free < 1024 or unit == "GB":
-                    return f"{free:.0f} {unit}" if unit == "bytes" else f"{free:.1f} {unit}"
-                free /= 1024
-    return "unknown space"
+if TYPE_CHECKING:
+    from shoal.train.trainer import Trainer
 
 
 def what_was_kept(run_dir: Path | None, then: str, overrides: str = "") -> str:
@@ -63,35 +41,63 @@ def what_was_kept(run_dir: Path | None, then: str, overrides: str = "") -> str:
     return f"No checkpoint of this run was written yet ('{folder}'): {then.lower()}, then start it again."
 
 
-@contextlib.contextmanager
-def run_writes(what: str, path: Path | None, run_dir: Path | None, within: Path | None = None) -> Iterator[None]:
-    """Turn a refused write of ``what`` (at ``path``) into one ``OutputError``; with ``run_dir``
-    it also names the run's newest checkpoint that loads and the command that resumes. With
-    ``within``, only refusals of files under it count (an env's own file errors pass through)."""
-    try:
-        yield
-    except OutputError:
-        raise
-    except Exception as e:
-        refusal = refused_write(e)
-        if refusal is None or (within is not None and not str(refusal.filename or "").startswith(str(within))):
-            raise
-        where = Path(refusal.filename) if refusal.filename else (path or run_dir or Path.cwd())
-        kept = "" if run_dir is None else " " + what_was_kept(run_dir, "Make room (or fix the permission)")
-        raise OutputError(
-            f"could not write {what} '{where}': {refusal.strerror} ({_free_space(where)} free there now).{kept}"
-        ) from e
+def run_writes(
+    what: str, path: Path | None, run_dir: Path | None, within: Path | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """``files.refused_writes`` for a file of the run: the error also names the run's newest
+    checkpoint that loads and the command that resumes it."""
+    kept = None if run_dir is None else lambda: what_was_kept(run_dir, "Make room (or fix the permission)")
+    return refused_writes(what, path or run_dir, within, kept)
 
 
-def diverged(error: TrainingDiverged, iteration: int, run_dir: Path | None, lr: float) -> TrainingDiverged:
-    """The run-level message for a non-finite value found during ``iteration``."""
-    policy = f"policy '{error.policy}'" if error.policy else "a policy"
-    kept = what_was_kept(run_dir, f"Lower the step size (learning_rate is {lr:g})", f" learning_rate={lr / 10:g}")
+def diverged(error: TrainingDiverged, trainer: Trainer, iteration: int) -> TrainingDiverged:
+    """The run-level message for a non-finite value found during ``iteration``: what was kept, and
+    the resume command with a tenth of the policy's step size."""
+    c, pid = trainer.config, error.policy or ""
+    lr = trainer.algorithm.policy_configs.get(pid, c).learning_rate
+    own = c.policies.get(pid) if isinstance(c.policies, dict) else None
+    tenth = float(f"{lr / 10:g}")
+    if own and "learning_rate" in own:  # the policy's own step size, which a top-level key would not reach
+        lowered = yaml.safe_dump(own | {"learning_rate": tenth}, default_flow_style=True, width=1000).strip()
+        override = f" 'policies.{pid}={lowered}'"
+    else:
+        override = f" learning_rate={tenth:g}"
+    policy = f"policy '{pid}'" if pid else "a policy"
+    kept = what_was_kept(trainer.run_dir, f"Lower the step size (learning_rate is {lr:g})", override)
     return TrainingDiverged(
         f"training diverged at iteration {iteration} ({policy}): {error} Nothing after it was saved. {kept} "
         f"(max_grad_norm and observation or reward normalization help too).",
         error.policy,
     )
+
+
+def save_learner(trainer: Trainer, error: EnvError) -> None:
+    """Checkpoint the learner (weights, optimizer, normalizers, counters) as of the last whole
+    iteration when an env failure stops the run, so a resume loses at most the fragment under way;
+    ``error`` gets a last line saying where. The envs' state is not kept: the failed ones are in no
+    state to save, and a resume starts new episodes. A checkpoint of that iteration already written
+    (a periodic one, with the envs' state) is kept as it is."""
+    run_dir, iteration = trainer.run_dir, trainer.iteration
+    if run_dir is None:
+        return
+    root = run_dir / "checkpoints"
+    path = root / f"{ckpt.PREFIX}{iteration:06d}"
+    resume = f"continue with: shoal train --resume {run_dir}"
+    if path in ckpt.list_checkpoints(root):
+        error.add_line(f"The learner's state at iteration {iteration} is in '{path}'; {resume}")
+        return
+    if iteration == 0 or non_finite_weights(trainer.policies) is not None:
+        return  # nothing learned yet, or nothing worth keeping
+    state = trainer.state_dict()
+    state["backend"] = {"exact": False, "reason": "the run stopped on an env failure", "envs": [], "buffers": {}}
+    try:
+        with run_writes("the checkpoint", path, run_dir):
+            ckpt.write_checkpoint(path, state, trainer.checkpoint_meta())
+        ckpt.rotate(root, trainer.config.keep_checkpoints)
+    except OutputError as e:  # the env's error stays the one raised
+        error.add_line(f"Checkpointing the learner failed too: {e}")
+        return
+    error.add_line(f"The learner's state at iteration {iteration} was checkpointed first; {resume}")
 
 
 def non_finite_weights(policies: dict[str, Policy]) -> TrainingDiverged | None:

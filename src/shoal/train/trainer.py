@@ -35,19 +35,18 @@ from shoal.algos.base import Algorithm
 from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.collect import EpisodeTracker
 from shoal.collect.episodes import Episode
-from shoal.config import TrainerConfig
+from shoal.config import TrainerConfig, merge_settings
 from shoal.config.tuned import start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.snapshot import decode, encode
 from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, did_you_mean
 from shoal.files import write_atomic
-from shoal.imports import importable, is_spec
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train import data_parallel, faults, setup, signals
 from shoal.train.callbacks import CallbackList
-from shoal.train.evaluation import evaluate_policies, prepare_obs
+from shoal.train.evaluation import act_once, evaluate_policies
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -186,9 +185,9 @@ class Trainer:
             if (broken := faults.non_finite_weights(self.policies)) is not None:
                 raise broken
         except TrainingDiverged as e:
-            raise self._diverged(e) from e
+            raise faults.diverged(e, self, self.iteration + 1) from e
         except EnvError as e:  # an env raised or a worker died: keep what the learner has first
-            self._save_after_failure(e)
+            faults.save_learner(self, e)
             raise
         if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
             warnings.warn(
@@ -233,40 +232,6 @@ class Trainer:
         if self.run_dir is not None and c.checkpoint_interval and self.iteration % c.checkpoint_interval == 0:
             self.save()
         return result
-
-    def _diverged(self, error: TrainingDiverged) -> TrainingDiverged:
-        policy = self.algorithm.policy_configs.get(error.policy or "", self.config)
-        return faults.diverged(error, self.iteration + 1, self.run_dir, policy.learning_rate)
-
-    def _save_after_failure(self, error: EnvError) -> None:
-        """Checkpoint the learner (weights, optimizer, normalizers, counters) as of the last whole
-        iteration, so a resume loses at most the fragment under way. The envs' state is not kept:
-        the failed ones are in no state to save, and a resume starts new episodes. A checkpoint of
-        that iteration already written (a periodic one, with the envs' state) is kept as it is."""
-        if self.run_dir is None:
-            return
-        root = self.run_dir / "checkpoints"
-        path = root / f"{ckpt.PREFIX}{self.iteration:06d}"
-        if path in ckpt.list_checkpoints(root):
-            error.add_line(f"The learner's state at iteration {self.iteration} is in '{path}'; {self._resume_hint()}")
-            return
-        if self.iteration == 0 or faults.non_finite_weights(self.policies) is not None:
-            return  # nothing learned yet, or nothing worth keeping
-        state = self.state_dict()
-        state["backend"] = {"exact": False, "reason": "the run stopped on an env failure", "envs": [], "buffers": {}}
-        try:
-            with faults.run_writes("the checkpoint", path, self.run_dir):
-                ckpt.write_checkpoint(path, state, self._meta())
-            ckpt.rotate(root, self.config.keep_checkpoints)
-        except OutputError as e:  # the env's error stays the one raised
-            error.add_line(f"Checkpointing the learner failed too: {e}")
-            return
-        error.add_line(
-            f"The learner's state at iteration {self.iteration} was checkpointed first; {self._resume_hint()}"
-        )
-
-    def _resume_hint(self) -> str:
-        return f"continue with: shoal train --resume {self.run_dir}"
 
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)
@@ -383,7 +348,7 @@ class Trainer:
         the newest ``keep_checkpoints``); returns its directory. Weights that are not finite are
         never saved (``TrainingDiverged``)."""
         if (broken := faults.non_finite_weights(self.policies)) is not None:
-            raise self._diverged(broken)
+            raise faults.diverged(broken, self, self.iteration)
         if checkpoint_dir is None:
             if self.run_dir is None:
                 raise ConfigError("save() needs a directory when save_outputs=False.")
@@ -392,13 +357,14 @@ class Trainer:
         else:
             path, root = Path(checkpoint_dir), None
         with faults.run_writes("the checkpoint", path, self.run_dir):
-            ckpt.write_checkpoint(path, self.state_dict(), self._meta())
+            ckpt.write_checkpoint(path, self.state_dict(), self.checkpoint_meta())
             if root is not None:
                 ckpt.rotate(root, self.config.keep_checkpoints)
         self.callbacks("on_checkpoint", self, path)
         return path
 
-    def _meta(self) -> dict[str, Any]:
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint records beside the state: algorithm, env, counters, shoal version, time."""
         from shoal import __version__
 
         return {
@@ -414,7 +380,9 @@ class Trainer:
     @classmethod
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Self:
         """Rebuild a trainer from a checkpoint (or the newest good one in a run directory) and
-        restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``)."""
+        restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``), and
+        a dict updates the stored dict key by key (``policies={"p": {...}}`` replaces policy p's
+        overrides and keeps the other policies), as ``key.sub=value`` does on the command line."""
         path = ckpt.resolve_checkpoint(path)
         state, meta = ckpt.read_checkpoint(path)
         settings = dict(state["config"])
@@ -429,23 +397,7 @@ class Trainer:
                     f"checkpoint '{path}' was written by algo '{saved}', not '{cls.algo}'; load "
                     f"it with shoal.Trainer.from_checkpoint."
                 )
-        if meta.get("env_is_object") and "env" not in overrides:
-            raise ckpt.CheckpointError(
-                f"checkpoint '{path}' was trained on an env object ({settings['env']}); "
-                f"pass the same env again: from_checkpoint(path, env=...)."
-            )
-        # Objects are not stored (only their repr): keep importable ones, ask for the others again.
-        settings["callbacks"] = [cb for cb in settings.get("callbacks", []) if is_spec(cb)]
-        for key in ("policy_mapping_fn", "algo", "model"):
-            value = settings.get(key)
-            stored_object = isinstance(value, str) and (key == "policy_mapping_fn" or ":" in value)
-            if stored_object and not importable(value) and key not in overrides:
-                raise ckpt.CheckpointError(
-                    f"checkpoint '{path}' was trained with {key} {value}, which cannot be "
-                    f"imported; pass it again: from_checkpoint(path, {key}=...)."
-                )
-        settings.setdefault("tuned", False)  # written before tuned configs: every key is in it
-        trainer = cls(**settings | overrides)
+        trainer = cls(**merge_settings(ckpt.stored_settings(path, settings, meta, overrides), overrides))
         trainer.load_state_dict(state)
         trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
         return trainer
@@ -490,22 +442,7 @@ class Trainer:
         returned) it returns ``(actions, next_state)``: a recurrent policy remembers the episode so
         far. Keep one state row per observation row; give a row ``initial_state`` again when its
         episode starts over."""
-        x, single = prepare_obs(self.backend.obs_spec, obs, self.config.device)
-        policy = self.get_policy(policy_id)
-        rows = x.shape[0]
-        given = state is not None
-        if state is None:
-            state = policy.initial_state(rows)
-        elif state.batch_size[:1] != torch.Size([rows]):
-            raise ConfigError(
-                f"compute_actions got a state for {state.batch_size[0] if state.batch_dims else 0} rows and "
-                f"{rows} observations; pass initial_state({rows}) at an episode start, then the state it returned."
-            )
-        first = torch.full((rows,), not given, dtype=torch.bool)
-        action, _, next_state = policy.act(x, state, first, deterministic=deterministic)
-        actions = self.backend.env_actions(action.cpu())
-        out = actions[0] if single else actions
-        return (out, next_state) if given else out
+        return act_once(self.get_policy(policy_id), self.backend, obs, state, deterministic, self.config.device)
 
     @torch.inference_mode()
     def evaluate(
