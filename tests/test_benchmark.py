@@ -245,7 +245,7 @@ def test_the_curve_grid_draws_the_seeds_of_a_run_as_one_line_beside_its_referenc
         rows = [{"timesteps_total": t, "rollout/episode_reward_mean": t / 10 + spec.seed} for t in (1000, 2000)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     figures = []
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **options: figures.append(fig))
     plot_grid(Suite(specs), tmp_path, REFS)
     (ax, *_) = figures[0].axes
     assert [line.get_label() for line in ax.get_lines()] == ["ppo (3 seeds)", "ppo reference"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import shoal
-from shoal.config import PPOConfig, load_yaml, parse_overrides
+from shoal.config import PPOConfig, load_yaml, merge_settings, parse_overrides
 from shoal.errors import ConfigError
 
 
@@ -93,16 +93,25 @@ def test_overrides_are_parsed_as_yaml_scalars():
             "norm_adv=false",
             "env=CartPole-v1",
             "model_config.activation=relu",
+            "policies.hunter.learning_rate=0.0001",
+            "policies.hunter.gamma=0.9",
         ]
     ) == {
         "seed": 2,
         "model_config": {"hiddens": [32, 32], "activation": "relu"},
+        "policies": {"hunter": {"learning_rate": 0.0001, "gamma": 0.9}},
         "target_kl": None,
         "norm_adv": False,
         "env": "CartPole-v1",
     }
     with pytest.raises(ConfigError, match="expected key=value, got 'seed'"):
         parse_overrides(["seed"])
+    with pytest.raises(ConfigError, match=r"expected key=value, got 'model_config\.=\[32\]'"):
+        parse_overrides(["model_config.=[32]"])
+    assert merge_settings(
+        {"policies": {"a": {"gamma": 0.9, "learning_rate": 1.0}, "b": None}},
+        {"policies": {"a": {"learning_rate": 0.1}}},
+    ) == {"policies": {"a": {"gamma": 0.9, "learning_rate": 0.1}, "b": None}}
 
 
 def test_yaml_is_loaded_safely(tmp_path):

@@ -309,20 +309,23 @@ def test_a_killed_worker_stops_the_run_after_checkpointing_the_learner_and_resum
 
 
 class FlakyCartPole(gym.Wrapper):
-    """CartPole-v1 whose step raises on ``rate`` of the calls, as a crashing simulator would."""
+    """CartPole-v1 whose step raises on ``rate`` of the calls, as a crashing simulator would; with
+    ``at``, only on calls that would be an episode's ``at``-th step."""
 
     def __init__(self, env_config=None):
         super().__init__(gym.make("CartPole-v1"))
-        self.rate = (env_config or {}).get("rate", 0.01)
-        self.rng = np.random.default_rng()
+        self.rate, self.at = (env_config or {}).get("rate", 0.01), (env_config or {}).get("at")
+        self.rng, self.steps = np.random.default_rng(), 0
 
     def reset(self, *, seed=None, options=None):
         if seed is not None:
             self.rng = np.random.default_rng(seed)
+        self.steps = 0
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action):
-        if self.rng.random() < self.rate:
+        self.steps += 1
+        if self.at in (None, self.steps) and self.rng.random() < self.rate:
             raise RuntimeError("the simulator crashed")
         return self.env.step(action)
 
@@ -333,13 +336,14 @@ shoal.register_env("FlakyCartPole-v0", FlakyCartPole)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_failed_envs_are_made_anew_counted_and_left_out_of_the_metrics(workers, recwarn):
     settings = dict(env="FlakyCartPole-v0", num_workers=workers, restart_failed_envs=True, max_restarts_per_hour=1000)
+    settings["env_config"] = {"rate": 0.3, "at": 3}  # 3 in 10 episodes fail at their third step
     with shoal.PPO(seed=1, save_outputs=False, **{**FAST, **settings}) as algo:
         result = algo.learn(20 * 128)
-        episodes = algo.tracker.returns
-    assert 10 < result["num_env_restarts"] < 60  # 1% of 2,560 steps
+        episodes = list(algo.tracker.returns)
+    assert 10 < result["num_env_restarts"] < 80
     warned = [w for w in recwarn if "failed (RuntimeError: the simulator crashed) and was made anew" in str(w)]
     assert len(warned) == 4  # once for each env
-    assert all(r == int(r) and r >= 1 for r in episodes)  # CartPole's returns are whole episodes' step counts
+    assert len(episodes) > 20 and min(episodes) >= 8  # no episode cut at its third step (CartPole's shortest: 8)
 
     with pytest.raises(shoal.EnvError, match="raised RuntimeError in step"):
         shoal.PPO(seed=1, save_outputs=False, **{**FAST, "env": "FlakyCartPole-v0"}).learn(20 * 128)
@@ -487,6 +491,7 @@ def test_the_metrics_writers_failing_on_close_give_one_output_error(tmp_path, mo
         ("GRPOConfig", dict(), r"restart_failed_envs is not for this algorithm yet: .*group"),
         ("DQNConfig", dict(n_step=3), r"restart_failed_envs is not for this algorithm yet: n-step returns"),
         ("PPOConfig", dict(restart_failed_envs=False, recreate_failed_workers=True), r"needs num_workers > 0"),
+        ("GRPOConfig", dict(restart_failed_envs=False, recreate_failed_workers=True, num_workers=1), r"yet: .*group"),
     ],
 )
 def test_restarts_where_they_cannot_work_are_refused_with_the_reason(config, settings, message):
@@ -494,6 +499,14 @@ def test_restarts_where_they_cannot_work_are_refused_with_the_reason(config, set
 
     with pytest.raises(shoal.ConfigError, match=message):
         getattr(configs, config).build(**{"restart_failed_envs": True, **settings})
+
+
+def test_a_ray_workers_replacement_samples_its_fragment_again_so_it_suits_every_algorithm():
+    from shoal.config import DQNConfig, GRPOConfig
+
+    ray = dict(backend="ray", num_workers=1, recreate_failed_workers=True)
+    assert GRPOConfig.build(**ray).recreate_failed_workers
+    assert DQNConfig.build(**ray, n_step=3).recreate_failed_workers
 
 
 def test_a_policy_with_its_own_step_size_is_told_to_lower_that_one(tmp_path):
@@ -507,7 +520,7 @@ def test_a_policy_with_its_own_step_size_is_told_to_lower_that_one(tmp_path):
     with shoal.PPO.from_checkpoint(run, policies=own) as bad, pytest.raises(shoal.TrainingDiverged) as caught:
         bad.learn(5 * 128)
     command = str(caught.value).split("continue with: ")[1].split(" (max_grad_norm")[0]
-    assert command == f"shoal train --resume {run} 'policies.default_policy={{gamma: 0.9, learning_rate: 1.0e+29}}'"
+    assert command == f"shoal train --resume {run} policies.default_policy.learning_rate=1e+29"
     with shoal.PPO.from_checkpoint(run, **parse_overrides(shlex.split(command)[4:])) as lowered:
         assert lowered.algorithm.policy_configs["default_policy"].learning_rate == 1e29
         assert lowered.algorithm.policy_configs["default_policy"].gamma == 0.9

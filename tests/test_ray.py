@@ -102,46 +102,49 @@ def test_a_killed_worker_stops_the_run_after_the_learner_is_checkpointed(ray_clu
             algo.train()
     message = str(caught.value)
     assert re.match(r"Ray rollout worker \d \(envs \d-\d of 'DiesOnce'\) died \(", message), message
-    assert "Set recreate_failed_workers=True" in message
+    assert "; set recreate_failed_workers=True" in message
     assert message.endswith(f"iteration 1 was checkpointed first; continue with: shoal train --resume {run}")
     with (
-        pytest.warns(UserWarning, match="starts new episodes"),
+        pytest.warns(UserWarning, match="written as a Ray worker died and holds no worker's state"),
         shoal.PPO.from_checkpoint(run, env=DiesOnce) as resumed,
     ):
         assert resumed.iteration == 1 and resumed.train()["timesteps_total"] == 2 * 256
 
 
 class Flaky(gym.Wrapper):
-    """CartPole-v1 whose step raises on ``rate`` of the calls, as a crashing simulator would."""
+    """CartPole-v1 whose step raises, as a crashing simulator would, on ``rate`` of the calls that
+    would be an episode's third step."""
 
     def __init__(self, config):
         super().__init__(gym.make("CartPole-v1"))
-        self.rate, self.rng = config["rate"], np.random.default_rng()
+        self.rate, self.rng, self.steps = config["rate"], np.random.default_rng(), 0
 
     def reset(self, *, seed=None, options=None):
         if seed is not None:
             self.rng = np.random.default_rng(seed)
+        self.steps = 0
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action):
-        if self.rng.random() < self.rate:
+        self.steps += 1
+        if self.steps == 3 and self.rng.random() < self.rate:
             raise RuntimeError("the simulator crashed")
         return self.env.step(action)
 
 
 @pytest.mark.slow
 def test_ray_workers_make_failed_envs_anew_and_the_trainer_counts_them(ray_cluster, recwarn):
-    config = dict(env=Flaky, env_config={"rate": 0.01}, backend="ray", num_workers=2, num_envs=4, seed=1)
+    config = dict(env=Flaky, env_config={"rate": 0.3}, backend="ray", num_workers=2, num_envs=4, seed=1)
     config |= dict(rollout_fragment_length=64, restart_failed_envs=True, save_outputs=False, verbose=0)
     with shoal.PPO(**config) as algo:
         result = algo.learn(10 * 256)
         episodes = list(algo.tracker.returns)
-    assert 10 < result["num_env_restarts"] < 50  # 1% of 2,560 steps
+    assert 10 < result["num_env_restarts"] < 80
     warned = {str(w.message).split(")")[0] for w in recwarn if "and was made anew" in str(w.message)}
     assert len(warned) == 4  # each env's first failure, named by its id in the run
-    assert episodes and all(r == int(r) >= 1 for r in episodes)  # whole episodes only: cut ones are dropped
+    assert len(episodes) > 20 and min(episodes) >= 8  # no episode cut at its third step (CartPole's shortest: 8)
 
-    config |= dict(env_config={"rate": 0.2}, max_restarts_per_hour=5)
+    config |= dict(env_config={"rate": 1.0}, max_restarts_per_hour=5)  # the workers stop a crash loop themselves
     with shoal.PPO(**config) as algo, pytest.raises(shoal.EnvError, match="more than max_restarts_per_hour=5"):
         algo.learn(10 * 256)
 

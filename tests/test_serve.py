@@ -292,7 +292,7 @@ def test_rate_connection_size_and_time_limits():
     limits = dict(max_requests_per_s=5, max_connections=2, max_body_bytes=64, idle_timeout_s=2.0)
     with PolicyServer(backend, port=0, **limits) as server:
         statuses = []
-        with PolicyClient(server.url) as client:
+        with PolicyClient(server.url, rate_retries=0) as client:
             for _ in range(8):  # a burst of one second's worth, then refused
                 try:
                     client.start_episode(wait_s=0)
@@ -328,6 +328,14 @@ def test_rate_connection_size_and_time_limits():
             return status == 413 and "at most 64" in reply["error"]
 
         _until(refused_for_size)  # once the closed connections are counted out
+
+
+def test_the_client_waits_out_the_rate_limit_and_sends_the_request_again():
+    with PolicyServer(_backend(), port=0, max_requests_per_s=5) as server, PolicyClient(server.url) as client:
+        started = time.monotonic()
+        answers = [client.info() for _ in range(7)]  # 5 at once, then a 429 and a wait
+        assert time.monotonic() - started >= 1.0
+        assert answers[-1]["protocol"] == 1 and answers[-1]["stats"]["refused"] == {"429": 1}
 
 
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     serve.add_argument("--port", type=int, default=9900, help="port (default 9900; 0 picks a free one)")
     serve.add_argument("--token", help="bearer token clients must send (default: $SHOAL_SERVE_TOKEN)")
-    serve.add_argument("--max-requests-per-s", type=float, default=1000.0, help="per connection (default 1000)")
+    serve.add_argument("--max-requests-per-s", type=float, default=5000.0, help="per connection (default 5000)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request (default 1 MiB)")
     serve.add_argument("--max-wait-ms", type=float, default=2.0, help="checkpoints: how long a batch waits to fill")
     serve.add_argument("--max-batch", type=int, default=256, help="checkpoints: most requests per forward pass")

@@ -56,9 +56,11 @@ def refused_writes(
         raise
     except Exception as e:
         refusal = refused_write(e)
-        if refusal is None or (within is not None and not str(refusal.filename or "").startswith(str(within))):
+        if refusal is None or (
+            within is not None and not Path(os.fsdecode(refusal.filename or "")).is_relative_to(within)
+        ):
             raise
-        where = Path(refusal.filename) if refusal.filename else (path or Path.cwd())
+        where = Path(os.fsdecode(refusal.filename)) if refusal.filename else (path or Path.cwd())
         then = "" if kept is None else " " + kept()
         raise OutputError(
             f"could not write {what} '{where}': {refusal.strerror} ({free_space(where)} free there now).{then}"
@@ -109,10 +111,11 @@ class AppendOnly:
 
 
 def save_figure(figure: Any, path: Path, **options: Any) -> Path:
-    """Write a matplotlib ``figure`` as a PNG (``options`` go to ``savefig``) in one rename, so a
-    refused write leaves no broken image, only one ``OutputError`` naming the file."""
+    """Write a matplotlib ``figure`` in the format its suffix names (PNG without one; ``options``
+    go to ``savefig``) in one rename, so a refused write leaves no broken image, only one
+    ``OutputError`` naming the file."""
     image = io.BytesIO()
-    figure.savefig(image, format="png", **options)
+    figure.savefig(image, format=path.suffix[1:] or "png", **options)
     with refused_writes("the plot", path):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, image.getvalue())

@@ -191,9 +191,9 @@ def write_report(suite: Suite, out: Path, references: References, command: str) 
         "Wall time: training time per run; SPS: env steps per second of training.\n"
         f"Regenerate with:\n\n```bash\n{command}\n```\n\n{markdown_table(rows, references, suite.notes)}"
     )
-    out.mkdir(parents=True, exist_ok=True)  # nothing ran (interrupted at once): the table still says so
     md = out / "benchmark.md"
     with refused_writes("the benchmark table", md):
+        out.mkdir(parents=True, exist_ok=True)  # nothing ran (interrupted at once): the table still says so
         write_atomic(md, text)
     try:
         png: Path | None = plot_grid(suite, out, references)

@@ -12,26 +12,29 @@ from shoal.errors import ConfigError
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """Parse ``key=value`` command-line pairs; values are read as YAML (``model_config.hiddens=[64,64]``
-    sets one key of a dict-valued key)."""
+    """Parse ``key=value`` command-line pairs; values are read as YAML, and a dotted key sets one
+    key of a dict-valued key (``model_config.hiddens=[64,64]``, ``policies.p.learning_rate=1e-4``)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key:
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
             raise ConfigError(f"expected key=value, got '{pair}'.")
-        value = yaml.safe_load(raw) if raw.strip() else None
-        outer, dot, inner = key.strip().partition(".")
-        out = merge_settings(out, {outer: {inner: value}} if dot else {outer: value})
+        nested: dict[str, Any] = {parts[-1]: yaml.safe_load(raw) if raw.strip() else None}
+        for part in reversed(parts[:-1]):
+            nested = {part: nested}
+        out = merge_settings(out, nested)
     return out
 
 
 def merge_settings(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``extra``, where a dict value updates the dict it replaces key by key
-    (``model_config.hiddens=[32]`` on the command line keeps the YAML file's other model_config keys)."""
+    """``base`` updated by ``extra``, where a dict value updates the dict it replaces key by key, at
+    every depth (``model_config.hiddens=[32]`` on the command line keeps the YAML file's other
+    model_config keys); any other value replaces what was there."""
     out = dict(base)
     for key, value in extra.items():
-        both_dicts = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = out[key] | value if both_dicts else value
+        before = out.get(key)
+        out[key] = merge_settings(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
     return out
 
 

@@ -29,7 +29,9 @@ class ServerError(Exception):
 
 class PolicyClient:
     """Calls a policy server at ``address`` (``http://host:port``). ``token`` (default: the
-    ``SHOAL_SERVE_TOKEN`` environment variable) is sent as a bearer token."""
+    ``SHOAL_SERVE_TOKEN`` environment variable) is sent as a bearer token. A request refused for
+    coming faster than the server's rate limit (429, refused before the server acts on it) goes
+    again after the wait the server asks for, up to ``rate_retries`` times."""
 
     def __init__(
         self,
@@ -37,12 +39,13 @@ class PolicyClient:
         token: str | None = None,
         timeout_s: float = 600.0,
         binary: bool = False,
+        rate_retries: int = 3,
     ):
         parts = urlsplit(address if "://" in address else f"http://{address}")
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"address must look like http://host:port, got {address!r}.")
         self.host, self.port = parts.hostname, parts.port or 80
-        self.timeout_s, self.binary = timeout_s, binary
+        self.timeout_s, self.binary, self.rate_retries = timeout_s, binary, rate_retries
         token = token if token is not None else os.environ.get("SHOAL_SERVE_TOKEN")
         self._headers = {"Content-Type": "application/json"}
         if token:
@@ -116,6 +119,16 @@ class PolicyClient:
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         payload = None if body is None else json.dumps(body).encode()
+        for retry in range(self.rate_retries + 1):
+            try:
+                return self._send(method, path, payload)
+            except ServerError as e:
+                if e.status != 429 or e.retry_after_s is None or retry == self.rate_retries:
+                    raise
+                time.sleep(e.retry_after_s)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _send(self, method: str, path: str, payload: bytes | None) -> dict[str, Any]:
         for attempt in (0, 1):
             reused = self._conn is not None
             if self._conn is None:

@@ -77,7 +77,7 @@ class PolicyServer:
         token: str | None = None,
         max_body_bytes: int = 1 << 20,
         max_connections: int = 256,
-        max_requests_per_s: float = 1000.0,
+        max_requests_per_s: float = 5000.0,
         idle_timeout_s: float = 30.0,
     ):
         if token is None and not is_loopback(host):

@@ -6,6 +6,7 @@ loads) and how to continue, and no checkpoint of broken weights is ever saved.""
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 import warnings
 from collections import deque
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import yaml
 
 from shoal.errors import EnvError, OutputError, TrainingDiverged
 from shoal.files import refused_writes
@@ -56,12 +56,9 @@ def diverged(error: TrainingDiverged, trainer: Trainer, iteration: int) -> Train
     c, pid = trainer.config, error.policy or ""
     lr = trainer.algorithm.policy_configs.get(pid, c).learning_rate
     own = c.policies.get(pid) if isinstance(c.policies, dict) else None
-    tenth = float(f"{lr / 10:g}")
-    if own and "learning_rate" in own:  # the policy's own step size, which a top-level key would not reach
-        lowered = yaml.safe_dump(own | {"learning_rate": tenth}, default_flow_style=True, width=1000).strip()
-        override = f" 'policies.{pid}={lowered}'"
-    else:
-        override = f" learning_rate={tenth:g}"
+    # the policy's own step size, if it has one: a top-level key would not reach it
+    key = f"policies.{pid}.learning_rate" if own and "learning_rate" in own else "learning_rate"
+    override = " " + shlex.quote(f"{key}={lr / 10:g}")
     policy = f"policy '{pid}'" if pid else "a policy"
     kept = what_was_kept(trainer.run_dir, f"Lower the step size (learning_rate is {lr:g})", override)
     return TrainingDiverged(
@@ -88,7 +85,11 @@ def save_learner(trainer: Trainer, error: EnvError) -> None:
         return
     if iteration == 0 or non_finite_weights(trainer.policies) is not None:
         return  # nothing learned yet, or nothing worth keeping
-    state = trainer.state_dict()
+    try:
+        state = trainer.state_dict()
+    except Exception as e:  # (a Ray worker that cannot answer) the env's error stays the one raised
+        error.add_line(f"The learner could not be checkpointed: gathering its state failed ({type(e).__name__}: {e}).")
+        return
     state["backend"] = {"exact": False, "reason": "the run stopped on an env failure", "envs": [], "buffers": {}}
     try:
         with run_writes("the checkpoint", path, run_dir):
@@ -116,8 +117,9 @@ class EnvRestarts:
     (the counts are in ``num_env_restarts`` / ``num_worker_restarts``), and stops the run when more
     than ``per_hour`` of them fall within an hour: a crash loop, not a flaky env."""
 
-    def __init__(self, per_hour: int, env_name: str):
-        self.per_hour, self.env_name = per_hour, env_name
+    def __init__(self, per_hour: int, env_name: str, warn: bool = True):
+        """``warn=False``: count and keep to the budget only (a Ray worker's own check; the trainer warns)."""
+        self.per_hour, self.env_name, self.warn = per_hour, env_name, warn
         self.total = 0
         """Envs made anew."""
         self.workers = 0
@@ -128,7 +130,7 @@ class EnvRestarts:
     def take(self, envs: list[tuple[int, str]], workers: list[str]) -> None:
         """Count ``envs`` ((env id, error) pairs) and ``workers`` (why each died); both are emptied."""
         now = time.monotonic()
-        for env_id, error in envs:
+        for env_id, error in envs if self.warn else ():
             if env_id not in self._warned:
                 self._warned.add(env_id)
                 warnings.warn(
@@ -136,7 +138,7 @@ class EnvRestarts:
                     f"are counted in num_env_restarts.",
                     stacklevel=3,
                 )
-        for why in workers:
+        for why in workers if self.warn else ():
             warnings.warn(f"{why}; it was started anew with fresh envs (recreate_failed_workers).", stacklevel=3)
         self.total += len(envs)
         self.workers += len(workers)

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import gymnasium as gym
-import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -47,9 +46,9 @@ from shoal.config import TrainerConfig
 from shoal.envs.registry import registered_creator
 from shoal.errors import ConfigError, EnvError
 from shoal.models.policy import Policy
-from shoal.train import setup
+from shoal.train import faults, setup
 from shoal.vector import VecBackend
-from shoal.vector.base import Seed, env_seeds
+from shoal.vector.base import Seed, env_seeds, mixed_seed
 from shoal.vector.vmas import is_vmas
 
 Weights = dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]  # policy id -> (state dict, synced attributes)
@@ -71,9 +70,8 @@ def ray_module() -> Any:
     return ray
 
 
-def _seed(*parts: int) -> int:
-    """One well-mixed 32-bit seed from several numbers (run seed, worker, incarnation)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+# The last part of a new actor's env seeds (run seed, worker, incarnation, RESET): its RNGs' seed lacks it
+RESET = 1
 
 
 @dataclass
@@ -105,7 +103,7 @@ class RolloutWorker:
         """``gym_spec``: the Gymnasium registration of the env id, for ids the driver registered
         itself (a fresh process does not know them)."""
         torch.set_num_threads(config.torch_threads)
-        setup.seed_everything(_seed(config.seed, index, incarnation))
+        setup.seed_everything(mixed_seed(config.seed, index, incarnation))
         if gym_spec is not None and gym_spec.id not in gym.registry:
             gym.registry[gym_spec.id] = gym_spec
         self.config = config
@@ -130,12 +128,13 @@ class RolloutWorker:
         self.policies = policies
         self.collector = setup.collector(c, self.backend, policy_map, None, extras, critic)
         self.collector.take_restarts = self._take_restarts
+        # the trainer's budget, kept here too: a crash loop stops as it happens, not after the fragment
+        self.budget = faults.EnvRestarts(c.max_restarts_per_hour, self.backend.name, warn=False)
 
     def _take_restarts(self, envs: list[tuple[int, str]], workers: list[str]) -> None:
-        """Keep the envs made anew for the next fragment (the driver's trainer counts them)."""
+        """Keep the envs made anew for the next fragment (the driver's trainer warns and counts them)."""
         self.restarted.extend(envs)
-        envs.clear()
-        workers.clear()  # (none: the worker's own envs step in its process)
+        self.budget.take(envs, workers)  # (empties both; no workers: the worker's envs step in its process)
 
     def _collector(self) -> Collector:
         if self.collector is None:
@@ -197,6 +196,7 @@ class WorkerSet(VecBackend):
 
     unsaved_state = "envs run in Ray actors"
     ATTEMPTS = 3  # with recreate_failed_workers: a worker whose actors die this many times in one call stops the run
+    START_TIMEOUT_S = 300.0  # a new actor that cannot start (or build its envs) in this time stops the run
 
     def __init__(self, config: TrainerConfig):
         c = config
@@ -206,7 +206,7 @@ class WorkerSet(VecBackend):
                 "steps its envs as one batch in one process: use backend='local'."
             )
         self.ray = ray_module()
-        probe = setup.build_backend(c, 1)
+        probe = setup.build_backend(c.model_copy(update={"recreate_failed_workers": False}), 1)  # no workers here
         mask, state, info = probe.batch.action_mask, probe.batch.state, probe.batch.info
         super().__init__(
             probe.name,
@@ -330,17 +330,18 @@ class WorkerSet(VecBackend):
                     if not self.recreate:
                         self.lost = True
                         raise EnvError(
-                            f"{self._died(w, e)}. Set recreate_failed_workers=True to replace a dead worker "
+                            f"{self._died(w, e)}; set recreate_failed_workers=True to replace a dead worker "
                             f"with a new actor and keep going."
                         ) from None
                     error = e
             else:
+                self.lost = True
                 raise EnvError(f"{self._died(w, error)}, {self.ATTEMPTS} times in a row") from None
         return results
 
     def _died(self, w: int, error: Exception | None) -> str:
         first, text = self.first_envs[w], str(error).strip()
-        cause = text.splitlines()[0] if text else type(error).__name__
+        cause = text.splitlines()[0].rstrip(".") if text else type(error).__name__
         return (
             f"Ray rollout worker {w} (envs {first}-{first + self.envs_per_worker - 1} of '{self.name}') died ({cause})"
         )
@@ -355,14 +356,21 @@ class WorkerSet(VecBackend):
         actor = self.workers[w] = self._actor(w)
         self._known[w] = set()
         self.replaced.append(w)
-        if self._policies:
-            seed = self._seeds[w]
-            self.ray.get(actor.start.remote(self._policies, self._extras))
-            self.ray.get(
-                actor.reset.remote(
-                    seed if isinstance(seed, list) else _seed(self.worker_config.seed, w, self.incarnations)
-                )
-            )
+        if not self._policies:
+            return
+        seed = self._seeds[w]
+        new_seed = seed if isinstance(seed, list) else mixed_seed(self.worker_config.seed, w, self.incarnations, RESET)
+        try:
+            self.ray.get(actor.start.remote(self._policies, self._extras), timeout=self.START_TIMEOUT_S)
+            self.ray.get(actor.reset.remote(new_seed), timeout=self.START_TIMEOUT_S)
+        except self.ray.exceptions.GetTimeoutError:  # the cluster cannot place it (a lost node took its CPUs)
+            self.ray.kill(actor)
+            self.lost = True
+            free, needed = self.ray.available_resources().get("CPU", 0.0), self.worker_config.num_cpus_per_worker
+            raise EnvError(
+                f"{self._died(w, error)}, and its new actor did not start within {self.START_TIMEOUT_S:g} s: it needs "
+                f"num_cpus_per_worker={needed:g} CPUs and the cluster has {free:g} free."
+            ) from None
 
     def worker_states(self) -> list[dict[str, Any]]:
         """Each worker's collector state (reward statistics, recurrent state, policy assignment)."""
@@ -462,12 +470,14 @@ class RemoteCollector(Collector):
         saved = state.get("workers", [])
         if len(saved) == len(self.workers.workers):
             self.workers.load_worker_states(saved)
+            return
+        if "workers" not in state:
+            why = "the checkpoint was written by a run without Ray workers"
+        elif not saved:
+            why = "the checkpoint was written as a Ray worker died and holds no worker's state"
         else:
-            warnings.warn(
-                f"the checkpoint holds {len(saved)} Ray workers' state and this run has {len(self.workers.workers)}; "
-                f"the workers start with fresh reward statistics and recurrent state.",
-                stacklevel=2,
-            )
+            why = f"the checkpoint holds {len(saved)} Ray workers' state and this run has {len(self.workers.workers)}"
+        warnings.warn(f"{why}; the workers start with fresh reward statistics and recurrent state.", stacklevel=2)
 
 
 def join_truncations(parts: list[tuple[int, Truncations]], device: torch.device) -> Truncations:

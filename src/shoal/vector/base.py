@@ -71,6 +71,11 @@ Buffers = dict[str, npt.NDArray[Any]]  # the flat-batch arrays by field name, [r
 Allocator = Callable[[tuple[int, ...], npt.DTypeLike], npt.NDArray[Any]]  # (shape, dtype) -> zeroed array
 
 
+def mixed_seed(*parts: int) -> int:
+    """One well-mixed 32-bit seed from several numbers (a run's seed, a counter, an id...)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
 def env_seeds(seed: Seed, num_envs: int, first_env_id: int, name: str) -> list[int | None]:
     """The reset seed of each of ``num_envs`` envs: ``seed + first_env_id + i`` for an int (each env
     its own stream), the list as given for a list (``num_envs`` of them, e.g. the same seed for a

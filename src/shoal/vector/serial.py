@@ -18,10 +18,11 @@ import torch
 
 from shoal.envs.spaces import action_spec, obs_spec
 from shoal.errors import EnvError, ShoalError
-from shoal.vector.base import Buffers, Seed, StepBatch, VecBackend, env_seeds
+from shoal.vector.base import Buffers, Seed, StepBatch, VecBackend, env_seeds, mixed_seed
 
 RESTART_SEED_STRIDE = 1_000_003
-"""Seeds of envs started anew are ``seed + stride x restarts (+ env id)``: clear of the ids of any run's envs."""
+"""A recreated worker process resets its envs from ``seed + stride x recreations``, so they get
+``seed + stride x recreations + env id``: clear of the seeds of any run's envs and of each other."""
 
 
 class SerialBackend(VecBackend):
@@ -136,8 +137,10 @@ class SerialBackend(VecBackend):
         except Exception as e:
             raise self._failed(i, "being made anew after a failure", e) from e
         self._restarts += 1
-        # a fresh, reproducible start that no other env's seed (seed + env id) or earlier restart shares
-        seed = None if self._seed is None else self._seed + RESTART_SEED_STRIDE * self._restarts + self.first_env_id + i
+        # a fresh, reproducible start, mixed from the reset's seed, the restart and the env so that it
+        # is clear of the envs' own seeds and of every other restart's, also across recreated workers
+        env_id = self.first_env_id + i
+        seed = None if self._seed is None else mixed_seed(self._seed, self._restarts, env_id)
         try:
             obs, _ = env.reset(seed=seed)
         except Exception as e:
