@@ -337,7 +337,7 @@ class FailsAtStep3(gym.Wrapper):
 
 @pytest.mark.slow
 def test_remote_worker_envs_step_the_same_episodes_as_in_process_envs(ray_cluster):
-    settings = dict(env="CartPole-v1", backend="ray", num_workers=2, num_envs=4, save_outputs=False, verbose=0)
+    settings = dict(env="CartPole-v1", backend="ray", num_workers=1, num_envs=2, save_outputs=False, verbose=0)
     settings |= dict(seed=3, sgd_minibatch_size=64, rollout_fragment_length=32)
     rollouts, results = [], []
     for remote in (False, True):
@@ -345,7 +345,7 @@ def test_remote_worker_envs_step_the_same_episodes_as_in_process_envs(ray_cluste
             results.append(algo.train())
             rollouts.append(algo.algorithm.buffer.rollout.select("obs", "action", "reward", "done").clone())
     assert (rollouts[0] == rollouts[1]).all()  # each env an actor: the same seeds give the same steps
-    assert results[0]["timesteps_total"] == results[1]["timesteps_total"] == 128
+    assert results[0]["timesteps_total"] == results[1]["timesteps_total"] == 64
     with (
         shoal.PPO(**settings | dict(env=FailsAtStep3, remote_worker_envs=True)) as algo,
         pytest.raises(shoal.EnvError, match=r"env .* raised RuntimeError in step\(\): the simulator went away"),
@@ -366,7 +366,8 @@ def test_remote_worker_envs_need_ray_workers():
 @pytest.mark.slow
 def test_a_dead_env_actor_takes_its_worker_down_and_the_worker_is_replaced(ray_cluster, tmp_path):
     config = dict(env=DiesOnce, env_config={"marker": str(tmp_path / "died"), "after": 100}, backend="ray")
-    config |= dict(num_workers=2, num_envs=4, rollout_fragment_length=64, seed=2, save_outputs=False, verbose=0)
+    config |= dict(num_workers=2, num_envs=2, rollout_fragment_length=64, sgd_minibatch_size=64, seed=2)
+    config |= dict(save_outputs=False, verbose=0)
     with (
         pytest.warns(UserWarning, match=r"Ray rollout worker \d .* died"),
         shoal.PPO(**config, remote_worker_envs=True, recreate_failed_workers=True) as algo,
@@ -374,7 +375,7 @@ def test_a_dead_env_actor_takes_its_worker_down_and_the_worker_is_replaced(ray_c
         for _ in range(4):  # an env actor kills itself at its 100th step, in the second iteration
             result = algo.train()
     assert (tmp_path / "died").exists()
-    assert result["num_worker_restarts"] == 1 and result["timesteps_total"] == 4 * 256
+    assert result["num_worker_restarts"] == 1 and result["timesteps_total"] == 4 * 128
 
 
 def only_in(config):
@@ -386,6 +387,7 @@ def only_in(config):
 
 @pytest.mark.slow
 def test_an_env_that_cannot_be_built_in_an_env_actor_stops_the_run_with_its_error(ray_cluster):
-    settings = dict(env=only_in, env_config={"pid": os.getpid()}, backend="ray", num_workers=1, num_envs=8)
+    settings = dict(env=only_in, env_config={"pid": os.getpid()}, backend="ray", num_workers=1, num_envs=2)
+    settings |= dict(sgd_minibatch_size=64)  # of the 2 x 32 steps of an iteration
     with pytest.raises(shoal.EnvError, match=r"(?s)could not start: .*no simulator license"):
         shoal.PPO(**settings, remote_worker_envs=True, save_outputs=False)
