@@ -22,7 +22,7 @@ import psutil
 
 import shoal
 from shoal.bench import env_sps
-from shoal.config import load_yaml, parse_overrides
+from shoal.config import load_yaml, merge_settings, parse_overrides
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ppo" / "ALE-Breakout-v5.yaml"
 ENV = "ALE/Breakout-v5"
@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=8192)
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
-    settings = {**load_yaml(CONFIG), **parse_overrides(args.overrides)}
+    settings = merge_settings(load_yaml(CONFIG), parse_overrides(args.overrides))
     n = settings["num_envs"]
     print(f"{ENV}, {n} envs, Atari preprocessing (frame skip 4: an env step is 4 emulator frames)")
     print(f"{'backend':<22} {'env-only SPS':>13} {'training SPS':>13} {'collecting':>11}")

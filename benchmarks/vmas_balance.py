@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import shoal
-from shoal.config import load_yaml, parse_overrides
+from shoal.config import load_yaml, merge_settings, parse_overrides
 from shoal.vector import make_backend
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ppo" / "vmas-balance.yaml"
@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=5, help="iterations between learning-curve points")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
-    settings = {**load_yaml(CONFIG), **parse_overrides(args.overrides)}
+    settings = merge_settings(load_yaml(CONFIG), parse_overrides(args.overrides))
     settings.update(seed=args.seed, save_outputs=False, verbose=0)
     torch.set_num_threads(settings.get("torch_threads", 1))
 

@@ -490,8 +490,17 @@ def test_the_metrics_writers_failing_on_close_give_one_output_error(tmp_path, mo
         ("PPOConfig", dict(env="CartPole-v1", vectorization_mode="sync"), r"envs that shoal makes one by one"),
         ("GRPOConfig", dict(), r"restart_failed_envs is not for this algorithm yet: .*group"),
         ("DQNConfig", dict(n_step=3), r"restart_failed_envs is not for this algorithm yet: n-step returns"),
+        (
+            "DQNConfig",
+            dict(restart_failed_envs=False, recreate_failed_workers=True, backend="ray", num_workers=1, n_step=3),
+            r"recreate_failed_workers is not .*: n-step returns",
+        ),
         ("PPOConfig", dict(restart_failed_envs=False, recreate_failed_workers=True), r"needs num_workers > 0"),
-        ("GRPOConfig", dict(restart_failed_envs=False, recreate_failed_workers=True, num_workers=1), r"yet: .*group"),
+        (
+            "GRPOConfig",
+            dict(restart_failed_envs=False, recreate_failed_workers=True, num_workers=1),
+            r"yet: .*group.*backend='ray'",
+        ),
     ],
 )
 def test_restarts_where_they_cannot_work_are_refused_with_the_reason(config, settings, message):
@@ -501,12 +510,10 @@ def test_restarts_where_they_cannot_work_are_refused_with_the_reason(config, set
         getattr(configs, config).build(**{"restart_failed_envs": True, **settings})
 
 
-def test_a_ray_workers_replacement_samples_its_fragment_again_so_it_suits_every_algorithm():
-    from shoal.config import DQNConfig, GRPOConfig
+def test_a_ray_workers_replacement_samples_its_fragment_again_so_it_suits_grpo():
+    from shoal.config import GRPOConfig
 
-    ray = dict(backend="ray", num_workers=1, recreate_failed_workers=True)
-    assert GRPOConfig.build(**ray).recreate_failed_workers
-    assert DQNConfig.build(**ray, n_step=3).recreate_failed_workers
+    assert GRPOConfig.build(backend="ray", num_workers=1, recreate_failed_workers=True).recreate_failed_workers
 
 
 def test_a_policy_with_its_own_step_size_is_told_to_lower_that_one(tmp_path):
@@ -542,3 +549,21 @@ def test_a_refused_plot_is_one_output_error_and_leaves_no_broken_image(tmp_path,
     assert list(out.parent.iterdir()) == []  # neither the image nor its temporary file
     monkeypatch.undo()
     assert plot_runs([str(tmp_path / "run")], "episode_reward_mean", "timesteps", out).stat().st_size > 1000
+
+
+def test_a_dotted_policy_id_is_told_to_lower_its_step_size_in_a_pair_that_keeps_the_id_whole(monkeypatch):
+    from types import SimpleNamespace
+
+    from shoal.config import parse_overrides
+    from shoal.train import faults
+
+    monkeypatch.setattr(faults, "what_was_kept", lambda run_dir, then, overrides="": f"resume{overrides}")
+    own = {"team.red": {"learning_rate": 1.0, "gamma": 0.9}}
+    trainer = SimpleNamespace(
+        config=SimpleNamespace(policies=own, learning_rate=3e-4),
+        algorithm=SimpleNamespace(policy_configs={"team.red": SimpleNamespace(learning_rate=1.0)}),
+        run_dir=None,
+    )
+    message = str(faults.diverged(shoal.TrainingDiverged("loss nan.", "team.red"), trainer, 3))
+    pair = message.split("resume ")[1].split(" (max_grad_norm")[0]
+    assert parse_overrides(shlex.split(pair)) == {"policies": {"team.red": {"learning_rate": 0.1, "gamma": 0.9}}}

@@ -57,11 +57,11 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the most likely")
     ev.add_argument("--seed", type=int, default=None, help="seed of the first evaluation env")
 
-    plot = sub.add_parser("plot", help="learning curves of runs as a PNG (mean and spread over seeds)")
+    plot = sub.add_parser("plot", help="learning curves of runs as an image (mean and spread over seeds)")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("--metric", default="episode_reward_mean", help="a logged key (default episode_reward_mean)")
     plot.add_argument("--x", default="timesteps", choices=["timesteps", "time", "iterations"])
-    plot.add_argument("--out", help="PNG path (default: <metric>.png)")
+    plot.add_argument("--out", help="image path; its suffix names the format (default: <metric>.png)")
 
     compare = sub.add_parser("compare", help="table of final and best (highest) values over runs")
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR")

@@ -17,7 +17,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        parts = key.strip().split(".")
+        parts = [part.strip() for part in key.split(".")]
         if not sep or not all(parts):
             raise ConfigError(f"expected key=value, got '{pair}'.")
         nested: dict[str, Any] = {parts[-1]: yaml.safe_load(raw) if raw.strip() else None}

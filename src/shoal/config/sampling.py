@@ -53,12 +53,20 @@ def check_sampling(c: TrainerConfig) -> None:
             "restart_failed_envs makes a failed env anew, which needs envs that shoal makes one by one (not a "
             "VMAS scenario or vectorization_mode)."
         )
-    # A restart cuts the step under way short; a Ray worker's replacement samples its fragment again instead.
     restarts = "restart_failed_envs" if c.restart_failed_envs else "recreate_failed_workers"
+    if (c.restart_failed_envs or c.recreate_failed_workers) and getattr(c, "n_step", 1) > 1:
+        # the episode before a restart ends without a done (a replaced Ray worker's too): n-step windows run across
+        raise ConfigError(
+            f"{restarts} is not for this algorithm yet: n-step returns would run across the restart (n_step=1 works)."
+        )
     cuts_steps = c.restart_failed_envs or (c.recreate_failed_workers and c.backend == "local")
-    if cuts_steps and (c.NO_RESTARTS or getattr(c, "n_step", 1) > 1):
-        why = c.NO_RESTARTS or "n-step returns would run across the failed step (n_step=1 works)"
-        raise ConfigError(f"{restarts} is not for this algorithm yet: {why}.")
+    if cuts_steps and c.NO_RESTARTS:  # a replaced Ray worker samples its whole fragment again instead
+        ray = (
+            ""
+            if c.restart_failed_envs
+            else "; a dead Ray rollout worker (backend='ray') is replaced without cutting one"
+        )
+        raise ConfigError(f"{restarts} is not for this algorithm yet: {c.NO_RESTARTS}{ray}.")
     if c.recreate_failed_workers and (
         c.backend == "external" or not c.num_workers or (c.backend == "local" and c.vectorization_mode is not None)
     ):

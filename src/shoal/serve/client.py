@@ -45,6 +45,8 @@ class PolicyClient:
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"address must look like http://host:port, got {address!r}.")
         self.host, self.port = parts.hostname, parts.port or 80
+        if rate_retries < 0:
+            raise ValueError(f"rate_retries must be >= 0, got {rate_retries}.")
         self.timeout_s, self.binary, self.rate_retries = timeout_s, binary, rate_retries
         token = token if token is not None else os.environ.get("SHOAL_SERVE_TOKEN")
         self._headers = {"Content-Type": "application/json"}
@@ -64,7 +66,8 @@ class PolicyClient:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return str(self._request("POST", "/v1/start_episode", body)["episode_id"])
+                # (its own loop waits out a 429 as it does a 503, within wait_s)
+                return str(self._request("POST", "/v1/start_episode", body, rate_retries=0)["episode_id"])
             except ServerError as e:
                 if e.retry_after_s is None or time.monotonic() + e.retry_after_s > deadline:
                     raise
@@ -117,13 +120,16 @@ class PolicyClient:
             return value.tolist()
         return value
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, rate_retries: int | None = None
+    ) -> dict[str, Any]:
         payload = None if body is None else json.dumps(body).encode()
-        for retry in range(self.rate_retries + 1):
+        retries = self.rate_retries if rate_retries is None else rate_retries
+        for retry in range(retries + 1):
             try:
                 return self._send(method, path, payload)
             except ServerError as e:
-                if e.status != 429 or e.retry_after_s is None or retry == self.rate_retries:
+                if e.status != 429 or e.retry_after_s is None or retry == retries:
                     raise
                 time.sleep(e.retry_after_s)
         raise AssertionError("unreachable")  # the loop returns or raises

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import yaml
 
 from shoal.errors import EnvError, OutputError, TrainingDiverged
 from shoal.files import refused_writes
@@ -56,9 +57,14 @@ def diverged(error: TrainingDiverged, trainer: Trainer, iteration: int) -> Train
     c, pid = trainer.config, error.policy or ""
     lr = trainer.algorithm.policy_configs.get(pid, c).learning_rate
     own = c.policies.get(pid) if isinstance(c.policies, dict) else None
-    # the policy's own step size, if it has one: a top-level key would not reach it
-    key = f"policies.{pid}.learning_rate" if own and "learning_rate" in own else "learning_rate"
-    override = " " + shlex.quote(f"{key}={lr / 10:g}")
+    tenth = float(f"{lr / 10:g}")
+    if not (own and "learning_rate" in own):
+        override = f"learning_rate={tenth:g}"
+    elif "." in pid or "=" in pid:  # a dotted pair would split the id: give the policy's settings whole
+        override = f"policies={yaml.safe_dump({pid: own | {'learning_rate': tenth}}, default_flow_style=True).strip()}"
+    else:  # the policy's own step size, which a top-level key would not reach
+        override = f"policies.{pid}.learning_rate={tenth:g}"
+    override = " " + shlex.quote(override)
     policy = f"policy '{pid}'" if pid else "a policy"
     kept = what_was_kept(trainer.run_dir, f"Lower the step size (learning_rate is {lr:g})", override)
     return TrainingDiverged(

@@ -247,7 +247,7 @@ class WorkerSet(VecBackend):
         self.incarnations = 0
         """Actors started to replace dead ones by this driver: each new one seeds its envs afresh."""
         self.lost = False
-        """A worker died and was not replaced: the run stops, and the others' states are not saved."""
+        """A worker died and has no working replacement: the run stops, and no worker's state is saved."""
         self.replaced: list[int] = []
         """Workers replaced since the driver's collector last looked: their envs start new episodes."""
         self.workers = [self._actor(w) for w in range(c.num_workers)]
@@ -356,21 +356,22 @@ class WorkerSet(VecBackend):
         actor = self.workers[w] = self._actor(w)
         self._known[w] = set()
         self.replaced.append(w)
-        if not self._policies:
+        if not self._policies:  # not started yet: start() starts it with the others
             return
+        self.lost = True  # until the new actor has started: a failure on the way stops the run without its state
         seed = self._seeds[w]
         new_seed = seed if isinstance(seed, list) else mixed_seed(self.worker_config.seed, w, self.incarnations, RESET)
         try:
             self.ray.get(actor.start.remote(self._policies, self._extras), timeout=self.START_TIMEOUT_S)
             self.ray.get(actor.reset.remote(new_seed), timeout=self.START_TIMEOUT_S)
-        except self.ray.exceptions.GetTimeoutError:  # the cluster cannot place it (a lost node took its CPUs)
+        except self.ray.exceptions.GetTimeoutError:  # not placed (a lost node took its CPUs), or its envs hang
             self.ray.kill(actor)
-            self.lost = True
             free, needed = self.ray.available_resources().get("CPU", 0.0), self.worker_config.num_cpus_per_worker
             raise EnvError(
-                f"{self._died(w, error)}, and its new actor did not start within {self.START_TIMEOUT_S:g} s: it needs "
-                f"num_cpus_per_worker={needed:g} CPUs and the cluster has {free:g} free."
+                f"{self._died(w, error)}, and its new actor did not start and build its envs within "
+                f"{self.START_TIMEOUT_S:g} s (it needs num_cpus_per_worker={needed:g} CPUs; {free:g} are free)."
             ) from None
+        self.lost = False
 
     def worker_states(self) -> list[dict[str, Any]]:
         """Each worker's collector state (reward statistics, recurrent state, policy assignment)."""

@@ -381,8 +381,9 @@ class Trainer:
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Self:
         """Rebuild a trainer from a checkpoint (or the newest good one in a run directory) and
         restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``), and
-        a dict updates the stored dict key by key (``policies={"p": {...}}`` replaces policy p's
-        overrides and keeps the other policies), as ``key.sub=value`` does on the command line."""
+        a dict updates the stored dict key by key at every depth (``policies={"p": {"gamma": 0.9}}``
+        changes one setting of policy p and keeps the rest), as ``key.sub=value`` does on the
+        command line."""
         path = ckpt.resolve_checkpoint(path)
         state, meta = ckpt.read_checkpoint(path)
         settings = dict(state["config"])
