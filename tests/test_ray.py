@@ -9,9 +9,10 @@ import signal
 import sys
 
 import gymnasium as gym
-import numpy as np
 import pytest
+import test_faults
 import torch
+from test_faults import FlakyCartPole
 
 import shoal
 from shoal.config import DQNConfig, PPOConfig
@@ -19,7 +20,9 @@ from shoal.errors import ConfigError
 from shoal.train.ray_workers import RolloutWorker
 
 ray = pytest.importorskip("ray")
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test file
+# the actors cannot import the test files
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(test_faults)
 
 
 class DiesOnce(gym.Wrapper):
@@ -111,30 +114,10 @@ def test_a_killed_worker_stops_the_run_after_the_learner_is_checkpointed(ray_clu
         assert resumed.iteration == 1 and resumed.train()["timesteps_total"] == 2 * 256
 
 
-class Flaky(gym.Wrapper):
-    """CartPole-v1 whose step raises, as a crashing simulator would, on ``rate`` of the calls that
-    would be an episode's third step."""
-
-    def __init__(self, config):
-        super().__init__(gym.make("CartPole-v1"))
-        self.rate, self.rng, self.steps = config["rate"], np.random.default_rng(), 0
-
-    def reset(self, *, seed=None, options=None):
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        self.steps = 0
-        return self.env.reset(seed=seed, options=options)
-
-    def step(self, action):
-        self.steps += 1
-        if self.steps == 3 and self.rng.random() < self.rate:
-            raise RuntimeError("the simulator crashed")
-        return self.env.step(action)
-
-
 @pytest.mark.slow
 def test_ray_workers_make_failed_envs_anew_and_the_trainer_counts_them(ray_cluster, recwarn):
-    config = dict(env=Flaky, env_config={"rate": 0.3}, backend="ray", num_workers=2, num_envs=4, seed=1)
+    crash = {"rate": 0.3, "at": 3}  # 3 in 10 episodes fail at their third step
+    config = dict(env=FlakyCartPole, env_config=crash, backend="ray", num_workers=2, num_envs=4, seed=1)
     config |= dict(rollout_fragment_length=64, restart_failed_envs=True, save_outputs=False, verbose=0)
     with shoal.PPO(**config) as algo:
         result = algo.learn(10 * 256)
@@ -144,7 +127,9 @@ def test_ray_workers_make_failed_envs_anew_and_the_trainer_counts_them(ray_clust
     assert len(warned) == 4  # each env's first failure, named by its id in the run
     assert len(episodes) > 20 and min(episodes) >= 8  # no episode cut at its third step (CartPole's shortest: 8)
 
-    config |= dict(env_config={"rate": 1.0}, max_restarts_per_hour=5)  # the workers stop a crash loop themselves
+    config |= dict(
+        env_config={"rate": 1.0, "at": 3}, max_restarts_per_hour=5
+    )  # the workers stop a crash loop themselves
     with shoal.PPO(**config) as algo, pytest.raises(shoal.EnvError, match="more than max_restarts_per_hour=5"):
         algo.learn(10 * 256)
 
