@@ -1,4 +1,4 @@
-"""What advantages cost: ``gae`` against ``vtrace`` (shoal.algos.advantages) on one rollout's steps.
+"""What advantages cost: ``gae`` against ``vtrace`` (shoal.algos.returns) on one rollout's steps.
 
     python benchmarks/advantages.py [--steps 524288] [--length 64] [--repeats 5] [--valid 0.75]
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from shoal.algos.advantages import gae, vtrace
+from shoal.algos.returns import gae, vtrace
 
 
 def make_case(
@@ -60,10 +60,10 @@ def time_both(case: dict[str, torch.Tensor], valid: torch.Tensor | None, repeats
     common = (case["reward"], case["value"], case["terminated"], case["truncated"], case["final_value"])
 
     def run_gae() -> torch.Tensor:
-        return gae(*common, 0.99, 0.95, valid_t=valid)
+        return gae(*common, gamma=0.99, gae_lambda=0.95, valid_t=valid)
 
     def run_vtrace() -> torch.Tensor:
-        return vtrace(*common, case["ratio"], 0.99, 0.95, valid_t=valid)
+        return vtrace(*common, case["ratio"], gamma=0.99, gae_lambda=0.95, valid_t=valid)
 
     return median_ms(run_gae, repeats), median_ms(run_vtrace, repeats)
 

@@ -9,7 +9,7 @@ trunk ``[128]`` feeding one LSTM core of 128 units for both heads (``shared_trun
 ``--obs-dim`` floats observed and Discrete(4) actions. The rollout is random (about 2% of steps
 terminate, the next step is an episode start; every step is valid) with random segment start
 states. Each row of the table
-times ``PPOLearner.update`` (the segment path: ``SegmentSampler`` minibatches of 256 segments
+times the segment learner's update (``SegmentPPO.learn``: ``SegmentSampler`` minibatches of 256 segments
 replayed from their start states) ``--repeats`` times after a warm-up call; learner samples/s is
 agent steps x epochs / seconds. Rows: the LSTM, a GRU core, ``advantage_estimator="vtrace"``
 and ``prio_alpha=0.6`` (``--quick``: the LSTM only). Run it on an idle machine: a process busy on
@@ -40,12 +40,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from shoal.algos.base import SCALAR
-from shoal.algos.ppo import PPOLearner
-from shoal.buffers import RolloutBuffer
+from shoal.algos import PPOAlgorithm, SegmentPPO
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
-from shoal.models.catalog import build_policy
 
 CORE_SIZE, HIDDENS, BPTT, MINIBATCH = 128, [128], 16, 4_096
 # label -> (core, the config keys the row adds)
@@ -59,10 +56,8 @@ GATES = {"lstm": 4, "gru": 3}
 MIB = 2**20
 
 
-def build(
-    args: argparse.Namespace, variant: str, seed: int = 0
-) -> tuple[PPOLearner, RolloutBuffer, TensorDict, TensorDict | None]:
-    """The learner of ``variant`` and a rollout buffer filled with random steps and start states."""
+def build(args: argparse.Namespace, variant: str, seed: int = 0) -> tuple[SegmentPPO, TensorDict]:
+    """The segment learner of ``variant``, its rollout filled with random steps and start states."""
     core, keys = VARIANTS[variant]
     config = PPOConfig.build(
         num_envs=args.envs,
@@ -78,10 +73,8 @@ def build(
     space = gym.spaces.Box(-np.inf, np.inf, (args.obs_dim,), np.float32)
     env = EnvInfo("random", obs_spec(space), action_spec(gym.spaces.Discrete(4)), args.envs, 1)
     torch.manual_seed(seed)
-    policy = build_policy(config, env)
-    # PPO's own fields: its per-step extras, then what the learner writes
-    fields = dict.fromkeys(("sample_log_prob", "value", "final_value", "advantage", "return"), SCALAR)
-    buffer = RolloutBuffer(env, args.length, fields, "cpu", config.segment_length, [policy.initial_state(1)])
+    algo = PPOAlgorithm.implementation(config)(config, env)
+    buffer = algo.buffer
     g = torch.Generator().manual_seed(seed)
     rollout = buffer.start_rollout()
     for key in ("obs", "reward", "value", "sample_log_prob"):
@@ -92,13 +85,13 @@ def build(
     rollout["first"][:, 1:].copy_(rollout["done"][:, :-1])
     rollout["valid"].fill_(True)
     buffer.add(rollout)
-    starts = None
-    if buffer.start_states is not None:
-        starts = buffer.start_states[0]
-        for tensor in starts.values():
-            tensor.normal_(generator=g)
-    learner = PPOLearner(policy, config, torch.Generator().manual_seed(seed + 1))
-    return learner, buffer, rollout, starts
+    for tensor in buffer.start_states[0].values():
+        tensor.normal_(generator=g)
+    return algo, rollout
+
+
+def update(algo: SegmentPPO, rollout: TensorDict) -> None:
+    algo.learn(algo.learners["default_policy"], rollout, None)
 
 
 def nbytes(tensors: Any) -> int:
@@ -107,26 +100,28 @@ def nbytes(tensors: Any) -> int:
 
 def time_variant(args: argparse.Namespace, variant: str) -> list[float]:
     """Seconds of each of ``--repeats`` updates after a warm-up one."""
-    learner, _, rollout, starts = build(args, variant)
-    learner.update(rollout, 3e-4, None, starts)
+    algo, rollout = build(args, variant)
+    update(algo, rollout)
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        learner.update(rollout, 3e-4, None, starts)
+        update(algo, rollout)
         times.append(time.perf_counter() - start)
     return times
 
 
 def memory_only(args: argparse.Namespace, variant: str) -> None:
     """Build ``variant``, update twice (warm-up and one more), print the sizes and peak RSS as JSON."""
-    learner, buffer, rollout, starts = build(args, variant)
+    algo, rollout = build(args, variant)
+    buffer = algo.buffer
     for _ in range(2):
-        learner.update(rollout, 3e-4, None, starts)
+        update(algo, rollout)
     states = [t for s in buffer.start_states or [] for t in s.values(include_nested=True, leaves_only=True)]
     sizes = {
         "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
         "buffer": nbytes(buffer.rollout.values(include_nested=True, leaves_only=True)) + nbytes(states),
-        "model": 4 * nbytes(learner.policy.parameters()),  # weights, grads, Adam's exp_avg and exp_avg_sq
+        # weights, grads, Adam's exp_avg and exp_avg_sq
+        "model": 4 * nbytes(algo.learners["default_policy"].policy.parameters()),
     }
     print(json.dumps(sizes))
 
@@ -193,7 +188,7 @@ def main() -> None:
 
     steps = args.envs * args.length
     print(
-        f"PPOLearner.update on {steps:,} agent steps ({args.envs:,} rows x {args.length}), minibatch {MINIBATCH:,}, "
+        f"SegmentPPO.learn on {steps:,} agent steps ({args.envs:,} rows x {args.length}), minibatch {MINIBATCH:,}, "
         f"bptt_horizon {BPTT}, 1 epoch, hiddens {HIDDENS} + core {CORE_SIZE}, obs {args.obs_dim} floats, "
         f"Discrete(4); torch {torch.__version__}, {os.cpu_count()} CPU cores, "
         f"torch.get_num_threads() = {torch.get_num_threads()}; {args.repeats} timed updates after a warm-up; "

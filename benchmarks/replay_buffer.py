@@ -1,7 +1,8 @@
 """Replay buffers: the throughput of prioritized against uniform replay, and the memory of pixels.
 
 1. Throughput at capacity 1e6 (CartPole-sized steps, 8 agent rows, filled first): one cycle adds
-   a 32-step rollout of the 8 rows, draws a minibatch of 256 and gathers it (1-step), and for the
+   a 32-step rollout of the 8 rows, draws a minibatch of 256 and gathers it with its 1-step returns
+   (``shoal.algos.off_policy.transitions``, as the replay learners read minibatches), and for the
    prioritized buffer writes 256 new priorities; cycles per second and samples per second.
 2. Memory: a buffer of --frames 84x84 uint8 observations (1e6 by default: about 7 GB; the machine
    needs that much free) is allocated and written through; its resident size (RSS growth) against
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from shoal.algos.off_policy import transitions
 from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer
 from shoal.buffers.rollout import env_fields
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
@@ -55,7 +57,7 @@ def throughput(kind: type[ReplayBuffer], cycles: int) -> tuple[float, float]:
     for _ in range(cycles):
         buffer.add(rollout)
         index = buffer.sample(BATCH, generator)
-        buffer.gather(index, 1, 0.99)
+        transitions(buffer, index, n_step=1, gamma=0.99)
         if isinstance(buffer, PrioritizedReplayBuffer):
             buffer.update_priorities(index, torch.rand(BATCH, generator=generator) + 0.01)
     elapsed = time.perf_counter() - start

@@ -1,108 +1,66 @@
-"""REINFORCE with a learned baseline (Williams 1992), written as a shoal Algorithm.
+"""REINFORCE with a learned baseline (Williams 1992), written on shoal's on-policy base.
 
-The user guide's example of an algorithm of your own: a config with its keys, an ``Algorithm``
-subclass that owns its storage and optimizer, and a ``training_step`` that collects one rollout
-and takes one gradient step on it. It collects whole episodes (``batch_mode='complete_episodes'``),
-so each return is the episode's own, with no value estimate where a fragment would cut it. The
-unchanged trainer runs it, with everything else shoal does (logging, checkpoints and exact resume,
-evaluation, video, several envs or worker processes):
+The user guide's example of an algorithm of your own: a config (shoal's on-policy keys, its own
+defaults as data, one key of its own) and an ``OnPolicyAlgorithm`` subclass that says what its
+advantages are and what one minibatch step does. The base collects the rollout, bootstraps cut
+episodes, runs the epochs of minibatches and names the statistics; the unchanged trainer adds
+everything else (logging, checkpoints and exact resume, evaluation, video, worker processes):
 
     shoal train CartPole-v1 --algo examples.reinforce:Reinforce
     python examples/reinforce.py [total_timesteps]
 """
 
-from __future__ import annotations
-
 import sys
-from typing import Literal
+from typing import ClassVar
 
 import torch
 from pydantic import Field
 
 import shoal
-from shoal.buffers import RolloutBuffer, transition_view
+from shoal.algos import OnPolicyAlgorithm
+from shoal.algos.on_policy import rollout_gae
+from shoal.config import OnPolicyConfig
 
 
-class ReinforceConfig(shoal.TrainerConfig):
-    """The common keys (env, num_envs, rollout_fragment_length, gamma, learning_rate, model...) and these."""
+class ReinforceConfig(OnPolicyConfig):
+    """The on-policy keys (minibatches, epochs, Adam), REINFORCE's defaults, and ``vf_coef``."""
 
-    rollout_fragment_length: int | None = Field(128, ge=1)  # at least this many steps per env, then on to episode ends
-    batch_mode: Literal["truncate_episodes", "complete_episodes"] = "complete_episodes"  # Monte Carlo returns
-    gamma: float = Field(0.99, ge=0.0, le=1.0)
-    learning_rate: float = Field(3e-3, gt=0.0)
+    # one gradient step per rollout of whole episodes, so each return is its episode's own
+    DEFAULTS: ClassVar[dict] = dict(rollout_fragment_length=128, batch_mode="complete_episodes", gamma=0.99)
+    DEFAULTS |= dict(learning_rate=3e-3, num_sgd_iter=1, sgd_minibatch_size=1_000_000, ent_coef=0.01)
     vf_coef: float = Field(0.5, ge=0.0)
-    ent_coef: float = Field(0.01, ge=0.0)
-    max_grad_norm: float = Field(0.5, gt=0.0)
+    """Weight of the baseline's squared error."""
 
 
-class Reinforce(shoal.Algorithm):
+class Reinforce(OnPolicyAlgorithm[ReinforceConfig]):
     name = "REINFORCE"
     config_class = ReinforceConfig
+    STAT_NAMES = ("policy_loss", "vf_loss", "entropy")
 
-    def __init__(self, config: ReinforceConfig, env: shoal.EnvInfo):
-        super().__init__(config, env)  # builds self.policies: the actor-critic that model / model_config name
-        if len(self.policies) > 1:
-            raise shoal.ConfigError("this REINFORCE example trains one policy; leave policies unset.")
-        self.policy = self.policies["default_policy"]
-        # [N, C+1] storage of the env fields and the policy's extras (sample_log_prob, value); with complete
-        # episodes C leaves room for each env's last episode, and every row's slots after it are padding
-        self.buffer = RolloutBuffer(env, config.rollout_capacity, self.extra_fields())
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate)
+    def advantages(self, learner, rollout) -> None:
+        """Discounted returns minus the baseline: GAE with lambda 1 (a cut episode is valued where it stops)."""
+        advantage = rollout_gae(rollout, learner.config.gamma, 1.0)
+        rollout["advantage"][:, :-1] = advantage
+        rollout["return"][:, :-1] = advantage + rollout["value"][:, :-1]
 
-    def training_step(self, collector) -> dict[str, float]:
-        c = self.config
-        rollout = self.buffer.start_rollout()
-        self.collect(collector, rollout)  # as batch_mode says
-        self.buffer.add(rollout)
-        self.update_obs_stats(rollout)  # normalize_obs: the policy's statistics take in this rollout
-
-        with torch.no_grad():
-            final_value = torch.zeros_like(rollout["reward"])  # of each truncated episode's true last obs
-            cut = collector.truncations
-            final_value[cut.row, cut.step] = self.policy.value(cut.obs)
-            returns = discounted_returns(rollout, final_value, c.gamma)
-
-        steps = self.buffer.get(flatten=True)  # [N*C] transitions
-        valid = steps["valid"]  # False on padding and next-step resets
-        steps, returns = steps[valid], returns.reshape(-1)[valid]  # the steps taken
-        logp, entropy, value = self.policy.evaluate(
-            steps["obs"], steps["action"], action_mask=steps.get("action_mask", None)
+    def step(self, learner, minibatch, stats) -> None:
+        c, batch, mask = learner.config, minibatch.data, minibatch.mask
+        logp, entropy, value = learner.policy.evaluate(
+            batch["obs"], batch["action"], True, batch.get("action_mask", None)
         )
-        advantage = (returns - value).detach()
-        policy_loss = -(logp * advantage).mean()
-        vf_loss = 0.5 * (value - returns).square().mean()
-        entropy = entropy.mean()
-        loss = policy_loss + c.vf_coef * vf_loss - c.ent_coef * entropy
-
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate(c)  # annealed when lr_schedule is linear
-        self.optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
-        self.optimizer.step()
-        return {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.optimizer.load_state_dict(state["optimizer"])
+        terms = {
+            "policy_loss": masked_mean(-logp * batch["advantage"], mask),
+            "vf_loss": masked_mean(0.5 * (value - batch["return"]).square(), mask),
+            "entropy": masked_mean(entropy, mask),
+        }
+        learner.optimizer.backward(terms["policy_loss"] + c.vf_coef * terms["vf_loss"] - c.ent_coef * terms["entropy"])
+        learner.optimizer.step()  # clipped to max_grad_norm; a non-finite step is refused
+        if stats is not None:
+            stats.add({name: term.detach() for name, term in terms.items()})
 
 
-def discounted_returns(rollout, final_value: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``G_t = r_t + gamma * G_{t+1}`` per row ``[N, T]``: 0 after a terminal step, the value of
-    the true last observation after a truncation, and the value of the last observation where the
-    rollout cuts an episode (never, with complete episodes)."""
-    steps = transition_view(rollout)
-    reward, terminated, truncated = steps["reward"], steps["terminated"], steps["truncated"]
-    returns = torch.empty_like(reward)
-    following = rollout["value"][:, -1]
-    for t in reversed(range(reward.shape[1])):
-        following = torch.where(truncated[:, t], final_value[:, t], following)
-        following = reward[:, t] + gamma * following * ~terminated[:, t]
-        returns[:, t] = following
-    return returns
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return x.mean() if mask is None else x[mask].mean()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import settings
 
+from shoal.algos.ppo import PPOAlgorithm
 from shoal.envs.spaces import action_spec
 from shoal.models.distributions import make_distribution
 from shoal.models.networks import MLPModel
@@ -156,3 +157,16 @@ def assert_resume_is_bit_identical(preset, settings, tmp_path, keys, iterations=
     assert torch.equal(weights_of(resumed.get_policy()), weights_of(straight.get_policy()))
     for key in keys:
         assert last_resumed[key] == last_straight[key], key
+
+
+def build_ppo(config, env, dtype=torch.float32):
+    """What ``algo=ppo`` builds for ``config`` on ``env`` (PPO, or its segment learner), its
+    networks in ``dtype`` from torch seed 0; ``algo.learn(algo.learners["default_policy"],
+    rollout, None)`` runs one update."""
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return PPOAlgorithm.implementation(config)(config, env)
+    finally:
+        torch.set_default_dtype(previous)

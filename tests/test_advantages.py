@@ -1,4 +1,5 @@
-"""GAE against a plain per-row Python loop, with terminated and truncated steps everywhere."""
+"""GAE (``shoal.algos.returns.gae``) against a plain per-row Python loop, with terminated and
+truncated steps everywhere."""
 
 import itertools
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algos.advantages import gae
+from shoal.algos.returns import gae
 from tests.conftest import folded_decisions
 
 
@@ -45,8 +46,8 @@ def test_gae_matches_reference_loop(gamma, lam):
         torch.tensor(terminated),
         torch.tensor(truncated),
         torch.tensor(final_value, dtype=torch.float32),
-        gamma,
-        lam,
+        gamma=gamma,
+        gae_lambda=lam,
     )
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-5, rtol=1e-5)
 
@@ -68,8 +69,8 @@ def test_gae_every_single_done_position():
             torch.tensor(terminated),
             torch.tensor(truncated),
             torch.tensor(final_value, dtype=torch.float32),
-            0.97,
-            0.9,
+            gamma=0.97,
+            gae_lambda=0.9,
         )
         np.testing.assert_allclose(got.numpy(), expected, atol=1e-5)
 
@@ -78,16 +79,16 @@ def test_truncation_bootstraps_from_final_value_not_next_episode():
     reward = torch.tensor([[1.0]])
     value = torch.tensor([[0.0, 100.0]])  # value of the *next episode's* first obs
     final_value = torch.tensor([[5.0]])
-    adv = gae(reward, value, torch.tensor([[False]]), torch.tensor([[True]]), final_value, 0.5, 1.0)
+    adv = gae(reward, value, torch.tensor([[False]]), torch.tensor([[True]]), final_value, gamma=0.5, gae_lambda=1.0)
     assert adv.item() == pytest.approx(1.0 + 0.5 * 5.0)
 
 
 def test_gae_rejects_mismatched_shapes():
     r = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"value_t has shape \(2, 3\), expected \(2, 4\)"):
-        gae(r, torch.zeros(2, 3), r.bool(), r.bool(), r, 0.9, 0.9)
+        gae(r, torch.zeros(2, 3), r.bool(), r.bool(), r, gamma=0.9, gae_lambda=0.9)
     with pytest.raises(ValueError, match="truncated_t has shape"):
-        gae(r, torch.zeros(2, 4), r.bool(), torch.zeros(3, 3).bool(), r, 0.9, 0.9)
+        gae(r, torch.zeros(2, 4), r.bool(), torch.zeros(3, 3).bool(), r, gamma=0.9, gae_lambda=0.9)
 
 
 def slow_folded_gae(reward, value, terminated, truncated, final_value, valid, gamma, lam):
@@ -128,8 +129,8 @@ def _torch_gae(reward, value, terminated, truncated, final_value, gamma, lam, va
         torch.tensor(terminated),
         torch.tensor(truncated),
         torch.tensor(final_value, **f32),
-        gamma,
-        lam,
+        gamma=gamma,
+        gae_lambda=lam,
         valid_t=None if valid is None else torch.tensor(valid),
     )
 
@@ -177,7 +178,16 @@ def test_turn_based_loss_folds_into_the_losers_last_move():
     terminated = torch.zeros(2, t, dtype=torch.bool)
     terminated[:, 3] = True
     value = torch.tensor([[0.1, 0.2, 0.3, 0.4, 7.0], [0.5, 0.6, 0.7, 0.8, 7.0]])
-    adv = gae(reward, value, terminated, torch.zeros_like(terminated), torch.zeros(2, t), gamma, lam, valid_t=valid)
+    adv = gae(
+        reward,
+        value,
+        terminated,
+        torch.zeros_like(terminated),
+        torch.zeros(2, t),
+        gamma=gamma,
+        gae_lambda=lam,
+        valid_t=valid,
+    )
     a2 = -1.0 - 0.3  # row 0's last move: reward -1 folded in, no bootstrap
     a0 = 0.0 + gamma * 0.3 - 0.1 + gamma * lam * a2  # its previous move bootstraps from step 2, one gamma
     a3 = 1.0 - 0.8  # row 1's winning move
@@ -191,7 +201,7 @@ def test_folded_rewards_are_undiscounted_and_tail_folds_into_last_decision():
     reward = torch.tensor([[1.0, 2.0, 4.0]])
     value = torch.tensor([[0.5, 100.0, 100.0, 3.0]])
     no = torch.zeros(1, 3, dtype=torch.bool)
-    adv = gae(reward, value, no, no, torch.zeros(1, 3), 0.5, 1.0, valid_t=valid)
+    adv = gae(reward, value, no, no, torch.zeros(1, 3), gamma=0.5, gae_lambda=1.0, valid_t=valid)
     assert adv.tolist() == [[1.0 + 2.0 + 4.0 + 0.5 * 3.0 - 0.5, 0.0, 0.0]]
 
 
@@ -203,7 +213,9 @@ def test_next_episode_does_not_fold_back_across_a_done():
     truncated = torch.tensor([[True, False, False, False]])
     value = torch.tensor([[0.5, 100.0, 100.0, 1.0, 3.0]])
     final_value = torch.tensor([[4.0, 0.0, 0.0, 0.0]])
-    adv = gae(reward, value, torch.zeros_like(truncated), truncated, final_value, 0.5, 1.0, valid_t=valid)
+    adv = gae(
+        reward, value, torch.zeros_like(truncated), truncated, final_value, gamma=0.5, gae_lambda=1.0, valid_t=valid
+    )
     assert adv.tolist() == [[1.0 + 0.5 * 4.0 - 0.5, 0.0, 0.0, 2.0 + 0.5 * 3.0 - 1.0]]
 
 
@@ -213,7 +225,9 @@ def test_truncation_on_a_folded_step_bootstraps_from_its_final_value():
     truncated = torch.tensor([[False, False, True, False]])
     value = torch.tensor([[0.5, 1.0, 100.0, 2.0, 3.0]])
     final_value = torch.tensor([[0.0, 0.0, 4.0, 0.0]])
-    adv = gae(reward, value, torch.zeros_like(truncated), truncated, final_value, 0.5, 1.0, valid_t=valid)
+    adv = gae(
+        reward, value, torch.zeros_like(truncated), truncated, final_value, gamma=0.5, gae_lambda=1.0, valid_t=valid
+    )
     a1 = 2.0 + 3.0 + 0.5 * 4.0 - 1.0  # cut at the folded truncation: step 3 is the next episode
     expected = [[1.0 + 0.5 * 1.0 - 0.5 + 0.5 * a1, a1, 0.0, 5.0 + 0.5 * 3.0 - 2.0]]
     assert adv.tolist() == expected
@@ -222,4 +236,13 @@ def test_truncation_on_a_folded_step_bootstraps_from_its_final_value():
 def test_gae_rejects_mismatched_valid_shape():
     r = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="valid_t has shape"):
-        gae(r, torch.zeros(2, 4), r.bool(), r.bool(), r, 0.9, 0.9, valid_t=torch.ones(2, 4, dtype=torch.bool))
+        gae(
+            r,
+            torch.zeros(2, 4),
+            r.bool(),
+            r.bool(),
+            r,
+            gamma=0.9,
+            gae_lambda=0.9,
+            valid_t=torch.ones(2, 4, dtype=torch.bool),
+        )

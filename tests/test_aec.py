@@ -12,7 +12,7 @@ from pettingzoo import AECEnv
 from pettingzoo.test import api_test
 
 import shoal
-from shoal.algos.advantages import gae
+from shoal.algos.returns import gae
 from shoal.envs.aec import AECEnvAdapter
 from shoal.envs.pettingzoo import ParallelEnvAdapter
 from shoal.envs.registry import is_aec_env, is_parallel_env

@@ -52,7 +52,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     for _ in range(3):
         last_resumed = resumed.train()
     assert torch.equal(_weights(resumed), _weights(straight))
-    steps = [algo.algorithm.learners["default_policy"].fused for algo in (resumed, straight)]
+    steps = [algo.algorithm.learners["default_policy"].optimizer for algo in (resumed, straight)]
     assert torch.equal(steps[0].exp_avg_sq, steps[1].exp_avg_sq)
     assert torch.equal(resumed.get_policy().obs_normalizer.stats.mean, straight.get_policy().obs_normalizer.stats.mean)
     for key in ("episode_reward_mean", "policy_loss", "timesteps_total", "learning_rate"):

@@ -44,7 +44,8 @@ def _learn(trainer: shoal.Trainer, rollout, start: dict) -> tuple[torch.Tensor, 
     starting from ``start``, and the epochs it took."""
     trainer.algorithm.load_state_dict(copy.deepcopy(start))
     trainer.algorithm.update_obs_stats(rollout)
-    stats = next(iter(trainer.algorithm.learners.values())).update(rollout, 1e-3)
+    algorithm = trainer.algorithm
+    stats = algorithm.learn(algorithm.learners["default_policy"], rollout, None)
     return _parameters(trainer), stats["num_sgd_epochs"]
 
 

@@ -3,10 +3,11 @@
 ``docs/hooks/config_tables.py`` (an mkdocs hook) turns ``<!-- config-table: module:Class -->``
 markers into tables. These tests render each marker with the hook and read the table back; what
 it shows (keys, defaults parsed as Python literals, bounds, length limits, choices, meanings) is
-compared with the pydantic fields themselves: their defaults and constraint metadata, and the
-attribute docstrings read from the source with ``ast``. None of the hook's helpers computes the
-expected values. The same goes for ``<!-- policy-keys: ... -->``: the keys shown are compared with
-the keys a policy override is accepted for. Every config model must have a table.
+compared with the pydantic fields themselves: their defaults and constraint metadata, the
+attribute docstrings read from the source with ``ast``, and the ``DEFAULTS`` and ``NOTES`` of the
+classes. None of the hook's helpers computes the expected values. The same goes for
+``<!-- policy-keys: ... -->``: the keys shown are compared with the keys a policy override is
+accepted for. Every config model must have a table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 import textwrap
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import annotated_types
 import pytest
@@ -64,14 +65,44 @@ def all_markers() -> list[tuple[str, str, bool]]:
     return [m for page in PAGES for m in hook.markers(page.read_text())]
 
 
+def class_data(cls: type, table: str) -> dict[str, Any]:
+    """``DEFAULTS`` or ``NOTES`` as the body of ``cls`` writes them (shoal's write field names)."""
+    return dict(vars(cls).get(table) or {})
+
+
 def own_fields(model: type[BaseModel]) -> list[str]:
-    """The fields the class body of ``model`` annotates itself (new ones and redeclared ones)."""
-    return [name for name in model.model_fields if name in inspect.get_annotations(model)]
+    """The fields the class body of ``model`` annotates itself, then those its ``DEFAULTS`` or
+    ``NOTES`` name."""
+    declared = inspect.get_annotations(model)
+    changed = class_data(model, "DEFAULTS") | class_data(model, "NOTES")
+    return [n for n in model.model_fields if n in declared] + [
+        n for n in model.model_fields if n in changed and n not in declared
+    ]
+
+
+def note_of(model: type[BaseModel], name: str) -> str:
+    """The nearest note on ``name`` in ``model``'s MRO."""
+    return next((class_data(c, "NOTES")[name] for c in model.__mro__ if name in class_data(c, "NOTES")), "")
 
 
 def field_signature(model: type[BaseModel], name: str) -> tuple:
     field = model.model_fields[name]
-    return field.annotation, field.get_default(call_default_factory=True), field.metadata, field.alias
+    default = field.get_default(call_default_factory=True)
+    return field.annotation, default, type(default), field.metadata, field.alias, note_of(model, name)
+
+
+def replaced_default(model: type[BaseModel], name: str) -> str:
+    """What the default cell adds after the default when ``model`` changes its base's default:
+    `` (Setter: `old`)``, the class that set the old default (declared or in DEFAULTS)."""
+    base = next((b for b in model.__mro__[1:] if name in getattr(b, "model_fields", {})), None)
+    if base is None or base.model_fields[name].is_required():
+        return ""
+    old = base.model_fields[name].get_default(call_default_factory=True)
+    new = model.model_fields[name].get_default(call_default_factory=True)
+    if type(old) is type(new) and old == new:
+        return ""
+    setter = next(c for c in base.__mro__ if name in inspect.get_annotations(c) or name in class_data(c, "DEFAULTS"))
+    return f" ({setter.__name__}: `{old!r}`)"
 
 
 def uncovered_fields(model: type[BaseModel], markers: list[tuple[str, str, bool]]) -> list[str]:
@@ -211,9 +242,12 @@ def check_table(model: type[BaseModel], own: bool, table: str) -> None:
             assert row["default"] == "required", (key, row["default"])
         else:
             default = field.get_default(call_default_factory=True)
-            assert row["default"].startswith("`") and row["default"].endswith("`"), (key, row["default"])
-            shown = ast.literal_eval(row["default"][1:-1])
+            code = re.match(r"`[^`]*`", row["default"])
+            assert code, (key, row["default"])
+            own = code[0]
+            shown = ast.literal_eval(own[1:-1])
             assert type(shown) is type(default) and shown == default, f"{key}: default {default!r}, table {shown!r}"
+            assert row["default"][len(own) :] == replaced_default(model, name), f"{key}: {row['default']}"
 
         choices, bounds, lengths = parse_allowed(row["allowed"])
         assert choices == [str(v) for v in literal_values(field.annotation)], f"{key}: choices {choices}"
@@ -237,7 +271,8 @@ def check_table(model: type[BaseModel], own: bool, table: str) -> None:
 
         meaning = row["meaning"].replace("\\|", "|")
         assert meaning, f"{key} of {model.__name__} has no meaning: give the field an attribute docstring"
-        assert meaning == source_docstring(model, name), f"{key}: the meaning is not the field's docstring"
+        expected = " ".join(f"{source_docstring(model, name)} {note_of(model, name)}".split())
+        assert meaning == expected, f"{key}: the meaning is not the field's docstring and its note"
 
 
 MARKERS = sorted({m for m in all_markers() if m[0] == "config-table"})
@@ -259,6 +294,47 @@ def test_a_new_field_shows_up_with_its_default_and_range():
     row = parse_table(hook.model_table(model, own=True))["new_rate"]
     assert (row["type"], row["default"]) == ("`float`", "`0.5`")
     assert parse_allowed(row["allowed"]) == ([], [(">", "0"), ("≤", "1")], [])
+
+
+def test_an_algorithms_defaults_show_what_they_replace():
+    """DQN's table lists the keys it declares, then those it gives another default, each beside the
+    default it replaces and the class that set that one."""
+    from shoal.config import DQNConfig, MADDPGConfig
+
+    table = hook.config_table("shoal.config:DQNConfig", own=True)
+    rows = parse_table(table)
+    assert rows["learning_rate"]["default"] == "`0.0023` (TrainerConfig: `0.001`)"
+    assert rows["gradient_steps"]["default"] == "`128` (OffPolicyConfig: `1`)"
+    assert rows["double_q"]["default"] == "`True`"
+    keys = list(rows)
+    assert keys.index("replay_priority_eta") < keys.index("num_envs"), "declared keys come first"
+    assert "tau" not in rows, "a key DQN leaves as OffPolicyConfig has it is not in DQN's own table"
+    # MADDPG's 8 envs replace the replay actor-critics' 1, which replaced the trainer's 8
+    maddpg = parse_table(hook.config_table("shoal.config:MADDPGConfig", own=True))
+    assert maddpg["num_envs"]["default"] == "`8` (ReplayActorCriticConfig: `1`)"
+    assert MADDPGConfig.model_fields["num_envs"].default == 8 and DQNConfig.model_fields["num_envs"].default == 1
+    # the full table of a subclass marks them too; the trainer's shows none
+    assert parse_table(hook.model_table(DQNConfig))["gamma"]["default"] == "`0.99` (TrainerConfig: `0.98`)"
+    assert all(
+        " (" not in row["default"] for row in parse_table(hook.config_table("shoal.config:TrainerConfig")).values()
+    )
+
+
+def test_a_note_follows_the_docstring_in_the_class_and_its_subclasses():
+    class Noted(PPOConfig):
+        DEFAULTS: ClassVar[dict[str, Any]] = {"gamma": 0.9}
+        NOTES: ClassVar[dict[str, str]] = {"gae_lambda": "Noted: mind the lambda."}
+
+    class Child(Noted):
+        pass
+
+    rows = parse_table(hook.model_table(Noted, own=True))
+    assert list(rows) == ["gamma", "gae_lambda"]
+    assert rows["gamma"]["default"] == "`0.9` (TrainerConfig: `0.98`)"
+    assert rows["gae_lambda"]["meaning"].endswith("1 Monte Carlo returns minus the value. Noted: mind the lambda.")
+    assert parse_table(hook.model_table(Child))["gae_lambda"]["meaning"].endswith("Noted: mind the lambda.")
+    assert parse_table(hook.model_table(Child, own=True)) == {}
+    check_table(Noted, True, hook.model_table(Noted, own=True))
 
 
 def test_a_wrong_bound_is_caught():

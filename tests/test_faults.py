@@ -350,7 +350,7 @@ def test_failed_envs_are_made_anew_counted_and_left_out_of_the_metrics(workers, 
 
 
 def test_a_restarted_step_bootstraps_the_step_before_it_and_is_not_learned():
-    from shoal.algos.advantages import gae
+    from shoal.algos.returns import gae
 
     # decisions at 0 and 1, a restart at 2 (no transition, truncated, final value V(obs_2) = 5), a new episode at 3
     reward = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
@@ -359,7 +359,7 @@ def test_a_restarted_step_bootstraps_the_step_before_it_and_is_not_learned():
     truncated = torch.tensor([[False, False, True, False]])
     final_value = torch.tensor([[0.0, 0.0, 5.0, 0.0]])
     valid = torch.tensor([[True, True, False, True]])
-    adv = gae(reward, value, done, truncated, final_value, 0.9, 1.0, valid_t=valid)
+    adv = gae(reward, value, done, truncated, final_value, gamma=0.9, gae_lambda=1.0, valid_t=valid)
     delta_1 = 1.0 + 0.9 * 5.0 - 3.0  # the step before the failure bootstraps from the observation it reached
     assert adv[0, 1].item() == pytest.approx(delta_1)
     assert adv[0, 2].item() == 0.0  # the failed step is not a decision

@@ -12,7 +12,6 @@ from tensordict import TensorDict
 import shoal
 from shoal.algos.losses import ppo_loss
 from shoal.algos.optim import AutogradOptimizer
-from shoal.algos.ppo import PPOLearner
 from shoal.algos.ppo_fused import (
     FusedPPOStep,
     _categorical_forward,
@@ -29,8 +28,8 @@ from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
 from shoal.models.distributions import Categorical, MultiCategorical
 from shoal.models.layers import SMALL_BATCH, StackedMLP, stacked_forward
 from shoal.models.normalize import ObsNormalizer
-from tests.conftest import mlp_policy
-from tests.test_losses import loss_case
+from tests.conftest import build_ppo, mlp_policy
+from tests.test_losses import loss_case, named
 from tests.test_masks import allowed_action, random_mask
 
 SPACES = [gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 4]), gym.spaces.Box(-1.0, 1.0, (2,))]
@@ -101,16 +100,16 @@ def test_gaussian_backward_equals_autograd():
 @pytest.mark.parametrize("vclip", [None, 0.3])
 @pytest.mark.parametrize("masked", [False, True])
 def test_loss_gradient_equals_autograd(vclip, masked):
-    (logp, value, entropy), args = loss_case(vclip, masked)
-    inputs = [x.clone().requires_grad_() for x in (logp, value, entropy)]
-    want = ppo_loss(*inputs, *args)
-    want[0].backward()
-    got, grads = ppo_loss_and_grad(logp, value, entropy, *args)
+    outputs, batch, mask, coefficients = loss_case(vclip, masked)
+    inputs = [x.clone().requires_grad_() for x in outputs]
+    want = ppo_loss(batch, mask=mask, **named(inputs), **coefficients)
+    want.loss.backward()
+    got, grads = ppo_loss_and_grad(batch, mask=mask, **named(outputs), **coefficients)
     for a, b in zip(got, want):
         assert torch.allclose(a, b, atol=1e-12)
     for grad, x in zip(grads, inputs):
         assert torch.allclose(grad, x.grad, atol=1e-12)
-    none, grads_only = ppo_loss_and_grad(logp, value, entropy, *args, with_values=False)
+    none, grads_only = ppo_loss_and_grad(batch, mask=mask, with_values=False, **named(outputs), **coefficients)
     assert none is None and all(torch.equal(a, b) for a, b in zip(grads_only, grads))
 
 
@@ -130,9 +129,9 @@ def _minibatch(space, n=32, critic_dim=0, masked=False, seed=3):
         mb["action_mask"][~mask] = False
         mb["action_mask"][int(mask.nonzero()[0])] = False  # and a valid row with nothing allowed
         mb["action"] = allowed_action(mb["action_mask"], nvec, g)
-    old_logp, adv, old_value, returns = (torch.randn(n, generator=g) for _ in range(4))
-    args = (old_logp, adv, old_value, returns, mask, 0.2, 0.3, 0.7, 0.05)
-    return TensorDict(mb, batch_size=[n]), args
+    for key in ("sample_log_prob", "advantage", "value", "return"):
+        mb[key] = torch.randn(n, generator=g)
+    return TensorDict(mb, batch_size=[n]), mask
 
 
 CASES = [
@@ -158,15 +157,16 @@ def test_one_minibatch_step_equals_autograd(space, case):
         for p in policy.parameters():
             p.normal_()
     twin = copy.deepcopy(policy)
-    mb, args = _minibatch(space, critic_dim=critic_dim, masked=case == "masked")
+    mb, mask = _minibatch(space, critic_dim=critic_dim, masked=case == "masked")
+    coefficients = dict(clip_coef=0.2, vf_clip_coef=0.3, vf_coef=0.7, ent_coef=0.05)
     fused, plain = FusedPPOStep(policy, 1e-3, 1e-5, 0.5), AutogradOptimizer(twin, 1e-3, 1e-5, 0.5)
     fused.flat.grad.fill_(float("nan"))  # the fused path must overwrite every entry
-    got, got_ent = fused(mb, args, track=True, need_entropy=True)
+    got, got_ent = fused(mb, mask=mask, track=True, need_entropy=True, **coefficients)
     logp, want_ent, value = twin.evaluate(
         mb["obs"], mb["action"], True, mb.get("action_mask", None), mb.get("critic_obs", None)
     )
-    want = ppo_loss(logp, value, want_ent, *args)
-    plain.backward(want[0])
+    want = ppo_loss(mb, log_prob=logp, value=value, entropy=want_ent, mask=mask, **coefficients)
+    plain.backward(want.loss)
     plain.step()
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
     assert torch.allclose(got_ent, want_ent)
@@ -189,39 +189,21 @@ def _random_rollout(env: EnvInfo, horizon: int, seed: int):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_one_whole_ppo_update_gives_the_same_parameters_both_ways(dtype):
-    """PPOLearner.update (GAE, 4 epochs of 4 shuffled minibatches, clipping, Adam) with the fused
+    """PPO's update (GAE, 4 epochs of 4 shuffled minibatches, clipping, Adam) with the fused
     step and with autograd, from the same weights: the parameters agree to 1e-6."""
-    torch.manual_seed(0)
     space = gym.spaces.Discrete(3)
     env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (5,))), action_spec(space), 8, 1)
-    policy = mlp_policy(5, space, hiddens=(64, 64)).to(dtype)
-    twin = copy.deepcopy(policy)
-    learners = [
-        PPOLearner(
-            p,
-            PPOConfig(
-                num_envs=8,
-                rollout_fragment_length=16,
-                sgd_minibatch_size=32,
-                num_sgd_iter=4,
-                ent_coef=0.01,
-                vf_clip_coef=0.2,
-                fused_update=fused,
-            ),
-            torch.Generator().manual_seed(1),
-        )
-        for p, fused in ((policy, True), (twin, False))
-    ]
-    assert [lr.fused_off_reason for lr in learners] == [None, "fused_update is off"]
-    stats = [lr.update(_random_rollout(env, 16, seed=4), 3e-3) for lr in learners]
+    settings = dict(num_envs=8, rollout_fragment_length=16, sgd_minibatch_size=32, num_sgd_iter=4, ent_coef=0.01)
+    settings |= dict(vf_clip_coef=0.2, learning_rate=3e-3, model_config={"hiddens": [64, 64]})
+    algos = [build_ppo(PPOConfig(**settings, fused_update=fused), env, dtype) for fused in (True, False)]
+    learners = [algo.learners["default_policy"] for algo in algos]
+    assert isinstance(learners[0].optimizer, FusedPPOStep) and isinstance(learners[1].optimizer, AutogradOptimizer)
+    start = [p.detach().clone() for p in learners[0].policy.parameters()]
+    stats = [algo.learn(learner, _random_rollout(env, 16, seed=4), None) for algo, learner in zip(algos, learners)]
     assert stats[0]["num_sgd_steps"] == stats[1]["num_sgd_steps"] == 16
-    moved = max(
-        (p - q).abs().max().item()
-        for p, q in zip(policy.parameters(), mlp_policy(5, space).parameters())
-        if p.shape == q.shape
-    )
+    moved = max((p - q).abs().max().item() for p, q in zip(learners[0].policy.parameters(), start))
     assert moved > 1e-3  # the update really changed the weights
-    for p, q in zip(policy.parameters(), twin.parameters()):
+    for p, q in zip(learners[0].policy.parameters(), learners[1].policy.parameters()):
         assert torch.allclose(p, q, rtol=0, atol=1e-6), (p - q).abs().max()
     assert stats[0]["policy_loss"] == pytest.approx(stats[1]["policy_loss"], rel=1e-4, abs=1e-6)
 
@@ -271,16 +253,17 @@ def test_the_fused_step_serves_only_the_plain_built_in_mlp():
     )
     with shoal.PPO(model=OwnModel, **kw) as algo:
         learner = algo.algorithm.learners["default_policy"]
-        assert "not the built-in MLP" in learner.fused_off_reason and isinstance(learner.step, AutogradOptimizer)
+        assert "not the built-in MLP" in fused_unavailable(learner.policy, True)
+        assert isinstance(learner.optimizer, AutogradOptimizer)
     for other in (
         {"model_config": {"shared_trunk": True}},
         {"accumulate_minibatches": 2, "sgd_minibatch_size": 8},
         {"prio_alpha": 0.5},
     ):
         with shoal.PPO(**kw | other) as algo:
-            assert isinstance(algo.algorithm.learners["default_policy"].step, AutogradOptimizer), other
+            assert isinstance(algo.algorithm.learners["default_policy"].optimizer, AutogradOptimizer), other
     with shoal.PPO(**kw) as algo:
-        assert isinstance(algo.algorithm.learners["default_policy"].step, FusedPPOStep)
+        assert isinstance(algo.algorithm.learners["default_policy"].optimizer, FusedPPOStep)
         algo.get_policy().model.register_forward_hook(lambda *args: None)  # too late: never silently skipped
         with pytest.raises(shoal.ConfigError, match=r"MLPModel has hooks.*fused_update=false"):
             algo.train()

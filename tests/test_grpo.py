@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import shoal
-from shoal.algos.advantages import group_relative
 from shoal.algos.losses import kl_k3
+from shoal.algos.returns import group_relative
 from shoal.config import GRPOConfig, declared_episode_steps
 from shoal.envs.examples import TargetGrid
 from shoal.errors import ConfigError
@@ -149,7 +149,7 @@ def test_group_relative_advantages_match_a_slow_loop(seed):
     done = torch.rand(n, t, generator=gen) < 0.2
     valid = torch.rand(n, t, generator=gen) < 0.9
     done[0] = False  # an episode the rollout cut: counted with the return it reached
-    advantage, first, returns = group_relative(reward, done, valid, g, eps=1e-4)
+    advantage, first, returns = group_relative(reward, done, valid, group_size=g, eps=1e-4)
     ref_adv, ref_first, ref_returns = _reference_advantages(reward, done, valid, g, 1e-4)
     assert torch.equal(first, ref_first)
     torch.testing.assert_close(returns, ref_returns)
@@ -161,7 +161,7 @@ def test_a_group_whose_episodes_all_return_the_same_gets_no_advantage():
     reward = torch.ones(4, 5)
     done = torch.zeros(4, 5, dtype=torch.bool)
     done[:, 2] = True
-    advantage, first, returns = group_relative(reward, done, torch.ones(4, 5, dtype=torch.bool), 2)
+    advantage, first, returns = group_relative(reward, done, torch.ones(4, 5, dtype=torch.bool), group_size=2)
     assert torch.equal(returns, torch.full((4,), 3.0)) and torch.all(advantage == 0)
     assert first[:, :3].all() and not first[:, 3:].any()
 

@@ -5,28 +5,37 @@ import math
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from shoal.algos.losses import explained_variance, masked_mean, normalize_advantage, policy_stats, ppo_loss
 from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
 
 
-def reference_ppo_loss(logp, value, entropy, old_logp, adv, old_value, returns, mask, clip, vclip, vf_coef, ent_coef):
+def reference_ppo_loss(logp, value, entropy, batch, mask, clip_coef, vf_clip_coef, vf_coef, ent_coef):
     """PPO's loss element by element, with Python floats, differentiated by autograd on scalars."""
+    old_logp, adv, old_value, returns = (batch[k] for k in ("sample_log_prob", "advantage", "value", "return"))
     rows = [i for i in range(len(logp)) if mask is None or mask[i]]
     total = 0.0
     for i in rows:
         r = (logp[i] - old_logp[i]).exp()
-        pg = torch.maximum(-adv[i] * r, -adv[i] * r.clamp(1 - clip, 1 + clip))
+        pg = torch.maximum(-adv[i] * r, -adv[i] * r.clamp(1 - clip_coef, 1 + clip_coef))
         err = (value[i] - returns[i]) ** 2
-        if vclip is not None:
-            clipped = old_value[i] + (value[i] - old_value[i]).clamp(-vclip, vclip)
+        if vf_clip_coef is not None:
+            clipped = old_value[i] + (value[i] - old_value[i]).clamp(-vf_clip_coef, vf_clip_coef)
             err = torch.maximum(err, (clipped - returns[i]) ** 2)
         total = total + pg + vf_coef * 0.5 * err - ent_coef * entropy[i]
     return total / len(rows)
 
 
+def minibatch(old_logp, adv, old_value, returns) -> TensorDict:
+    """What ``ppo_loss`` reads of a minibatch."""
+    fields = {"sample_log_prob": old_logp, "advantage": adv, "value": old_value, "return": returns}
+    return TensorDict(fields, batch_size=old_logp.shape)
+
+
 def loss_case(vclip: float | None, masked: bool, n: int = 64):
-    """``(logp, value, entropy)`` and the rest of ``ppo_loss``'s arguments, in float64."""
+    """The current policy's ``(logp, value, entropy)``, the minibatch, the mask and the
+    coefficients, in float64."""
     g = torch.Generator().manual_seed(1)
     old_logp = torch.randn(n, generator=g, dtype=torch.float64) * 0.5
     # ratios spread well outside [0.8, 1.2] so every clipping branch is taken, with both advantage signs
@@ -35,35 +44,45 @@ def loss_case(vclip: float | None, masked: bool, n: int = 64):
     entropy = torch.rand(n, generator=g, dtype=torch.float64)
     adv = torch.randn(n, generator=g, dtype=torch.float64)
     mask = torch.rand(n, generator=g) > 0.3 if masked else None
-    return (logp, value, entropy), (old_logp, adv, old_value, returns, mask, 0.2, vclip, 0.7, 0.05)
+    coefficients = dict(clip_coef=0.2, vf_clip_coef=vclip, vf_coef=0.7, ent_coef=0.05)
+    return (logp, value, entropy), minibatch(old_logp, adv, old_value, returns), mask, coefficients
+
+
+def named(outputs) -> dict:
+    logp, value, entropy = outputs
+    return dict(log_prob=logp, value=value, entropy=entropy)
 
 
 @pytest.mark.parametrize("vclip", [None, 0.3])
 @pytest.mark.parametrize("masked", [False, True])
 def test_ppo_loss_and_gradients_match_reference(vclip, masked):
-    (logp, value, entropy), args = loss_case(vclip, masked)
-    old_logp, mask = args[0], args[4]
-    inputs = [x.clone().requires_grad_() for x in (logp, value, entropy)]
-    loss, ratio, pg_loss, v_loss = ppo_loss(*inputs, *args)
-    loss.backward()
-    ref_inputs = [x.clone().requires_grad_() for x in (logp, value, entropy)]
-    ref = reference_ppo_loss(*ref_inputs, *args)
+    outputs, batch, mask, coefficients = loss_case(vclip, masked)
+    inputs = [x.clone().requires_grad_() for x in outputs]
+    terms = ppo_loss(batch, mask=mask, **named(inputs), **coefficients)
+    terms.loss.backward()
+    ref_inputs = [x.clone().requires_grad_() for x in outputs]
+    ref = reference_ppo_loss(*ref_inputs, batch, mask, **coefficients)
     ref.backward()
-    assert loss.item() == pytest.approx(ref.item(), abs=1e-10)
+    assert terms.loss.item() == pytest.approx(ref.item(), abs=1e-10)
     for got, want in zip(inputs, ref_inputs):
         assert torch.allclose(got.grad, want.grad, atol=1e-10)
-    assert torch.allclose(ratio, (logp - old_logp).exp())
-    assert loss.item() == pytest.approx(pg_loss.item() + 0.7 * v_loss.item() - 0.05 * masked_mean(entropy, mask).item())
+    assert torch.allclose(terms.ratio, (outputs[0] - batch["sample_log_prob"]).exp())
+    entropy = masked_mean(outputs[2], mask).item()
+    assert terms.loss.item() == pytest.approx(terms.policy_loss.item() + 0.7 * terms.vf_loss.item() - 0.05 * entropy)
 
 
 def test_entropy_is_needed_only_with_an_entropy_bonus():
-    (logp, value, entropy), args = loss_case(None, False)
+    (logp, value, entropy), batch, _, coefficients = loss_case(None, False)
     with pytest.raises(ValueError, match=r"ent_coef=0.05 needs the entropy"):
-        ppo_loss(logp, value, None, *args)
-    without_bonus = (*args[:-1], 0.0)
+        ppo_loss(batch, log_prob=logp, value=value, entropy=None, mask=None, **coefficients)
+    without_bonus = coefficients | {"ent_coef": 0.0}
     assert torch.equal(
-        ppo_loss(logp, value, None, *without_bonus)[0], ppo_loss(logp, value, entropy, *without_bonus)[0]
+        ppo_loss(batch, log_prob=logp, value=value, entropy=None, mask=None, **without_bonus).loss,
+        ppo_loss(batch, log_prob=logp, value=value, entropy=entropy, mask=None, **without_bonus).loss,
     )
+
+
+PLAIN = dict(clip_coef=0.2, vf_clip_coef=None, vf_coef=1.0, ent_coef=0.0)
 
 
 def test_mask_drops_rows_from_every_mean():
@@ -73,16 +92,19 @@ def test_mask_drops_rows_from_every_mean():
     adv = normalize_advantage(torch.tensor([1.0, 3.0, 1e6]), mask)
     assert adv[:2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-6)
     z = torch.zeros(3)
-    _, _, _, v_loss = ppo_loss(z, torch.tensor([1.0, 1.0, 50.0]), z, z, z, z, z, mask, 0.2, None, 1.0, 0.0)
-    assert v_loss.item() == pytest.approx(0.5)
+    terms = ppo_loss(
+        minibatch(z, z, z, z), log_prob=z, value=torch.tensor([1.0, 1.0, 50.0]), entropy=z, mask=mask, **PLAIN
+    )
+    assert terms.vf_loss.item() == pytest.approx(0.5)
 
 
 def test_value_clipping_takes_the_pessimistic_error():
     z = torch.zeros(1)
-    value, ret = torch.tensor([2.0]), torch.tensor([2.0])
+    value, batch = torch.tensor([2.0]), minibatch(z, z, z, torch.tensor([2.0]))
     # unclipped error 0; the prediction clipped to 0.2 has error 1.8^2: the larger is kept
-    assert ppo_loss(z, value, z, z, z, z, ret, None, 0.2, 0.2, 1.0, 0.0)[3].item() == pytest.approx(0.5 * 1.8**2)
-    assert ppo_loss(z, value, z, z, z, z, ret, None, 0.2, None, 1.0, 0.0)[3].item() == 0.0
+    clipped = ppo_loss(batch, log_prob=z, value=value, entropy=z, mask=None, **PLAIN | {"vf_clip_coef": 0.2})
+    assert clipped.vf_loss.item() == pytest.approx(0.5 * 1.8**2)
+    assert ppo_loss(batch, log_prob=z, value=value, entropy=z, mask=None, **PLAIN).vf_loss.item() == 0.0
 
 
 def test_policy_stats():

@@ -6,13 +6,11 @@ import gymnasium as gym
 import pytest
 import torch
 
-from shoal.algos.ppo import PPOLearner
 from shoal.algos.ppo_fused import _dist_forward
-from shoal.buffers.rollout import RolloutBuffer
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
 from shoal.models.distributions import Categorical, MultiCategorical
-from tests.conftest import mlp_policy
+from tests.conftest import build_ppo, mlp_policy
 
 NVECS = [(5,), (3, 4, 2)]  # Discrete(5) and MultiDiscrete([3, 4, 2])
 
@@ -162,9 +160,7 @@ def test_ppo_update_uses_the_rollout_action_mask(fused):
     reports is 0; without the key it is not."""
 
     def entropy_after_update(with_mask: bool) -> float:
-        torch.manual_seed(5)
         space = gym.spaces.Discrete(4)
-        policy = mlp_policy(2, space, hiddens=[8])
         config = PPOConfig(
             env="CartPole-v1",
             num_envs=4,
@@ -172,17 +168,18 @@ def test_ppo_update_uses_the_rollout_action_mask(fused):
             sgd_minibatch_size=8,
             num_sgd_iter=2,
             fused_update=fused,
+            model_config={"hiddens": [8]},
         )
-        learner = PPOLearner(policy, config, torch.Generator().manual_seed(0))
         env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (2,))), action_spec(space), 4, 1)
-        fields = dict.fromkeys(("sample_log_prob", "value", "final_value", "advantage", "return"), ((), torch.float32))
-        rollout = RolloutBuffer(env, 8, fields).start_rollout()
+        algo = build_ppo(config, env)
+        rollout = algo.buffer.start_rollout()
+        torch.manual_seed(5)
         rollout["obs"].normal_()
         rollout["reward"].normal_()
         rollout["action"].fill_(2)
         if with_mask:
             rollout["action_mask"] = torch.nn.functional.one_hot(rollout["action"], 4).bool()
-        return learner.update(rollout, 1e-3)["entropy"]
+        return algo.learn(algo.learners["default_policy"], rollout, None)["entropy"]
 
     assert entropy_after_update(with_mask=True) == 0.0
     assert entropy_after_update(with_mask=False) > 1.0

@@ -9,7 +9,7 @@ import torch
 
 import shoal
 from shoal.envs.atari import EpisodicLife
-from shoal.train import setup
+from shoal.vector.build import build_backend
 from tests.conftest import CounterEnv
 
 SMALL = dict(
@@ -35,7 +35,7 @@ def test_atari_frames_stay_uint8_and_learning_rewards_are_clipped_by_default():
         assert algo.collector.clip_rewards is True
         assert EpisodicLife in _wrappers(algo.backend.envs[0])
         # the raw game: no life-loss terminals
-        evaluation_backend = setup.build_backend(algo.config, 1, evaluation=True)
+        evaluation_backend = build_backend(algo.config, 1, evaluation=True)
         assert EpisodicLife not in _wrappers(evaluation_backend.envs[0])
         evaluation_backend.close()
         result = algo.train()

@@ -124,7 +124,7 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "model_config": MLP_CONFIGS,
     "clip_rewards": st.none() | st.booleans() | st.floats(0, 100, exclude_min=True, allow_subnormal=False),
     "central_critic": st.just(None),  # needs a multi-agent env: a ConfigError on CartPole (tested below)
-    "advantage_estimator": st.sampled_from(["gae", "vtrace", "shoal.algos.advantages:rollout_gae"]),
+    "advantage_estimator": st.sampled_from(["gae", "vtrace", "shoal.algos.on_policy:rollout_gae"]),
     "info_keys": st.lists(st.sampled_from(["x", "is_success"]), max_size=2, unique=True),  # CartPole gives neither
 }
 JOINT = {  # drawn together in `valid_configs`
@@ -450,7 +450,7 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
         )
         return {"device": device}, rf"device='{re.escape(device)}'"
     if case == 18:
-        spec = draw(st.sampled_from(["gea", "GAE", "nope", "no_such_module:f", "shoal.algos.advantages:nope"]))
+        spec = draw(st.sampled_from(["gea", "GAE", "nope", "no_such_module:f", "shoal.algos.on_policy:nope"]))
         return {"advantage_estimator": spec}, rf"advantage_estimator.*'{re.escape(spec)}'"
     if case == 19:
         algo, message = draw(

@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis) of the math a training run rests on.
 
-1. Advantages: every estimator in ``shoal.algos.advantages`` against the slow per-row loops of
+1. Advantages: every estimator in ``shoal.algos.on_policy.ESTIMATORS`` against the slow per-row loops of
    tests/test_advantages.py, on any shape, any termination / truncation pattern, gamma and lambda
    in [0, 1], in float32 and float64.
 2. Minibatches: each epoch of ``FlatSampler`` is a permutation of the kept transitions split into
@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from tensordict import TensorDict
 
-from shoal.algos.advantages import ESTIMATORS, gae, rollout_gae
+from shoal.algos.on_policy import ESTIMATORS, rollout_gae
+from shoal.algos.returns import gae
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.buffers.samplers import num_minibatches
 from shoal.config import PPOConfig
@@ -96,8 +97,8 @@ def run_gae(case: dict[str, Any], valid: np.ndarray | None = None) -> torch.Tens
         torch.tensor(case["terminated"]),
         torch.tensor(case["truncated"]),
         f("final_value"),
-        case["gamma"],
-        case["lam"],
+        gamma=case["gamma"],
+        gae_lambda=case["lam"],
         valid_t=None if valid is None else torch.tensor(valid),
     )
 

@@ -15,9 +15,9 @@ import torch
 from test_faults import FlakyCartPole
 
 import shoal
+from shoal.collect.rollout_worker import RolloutWorker
 from shoal.config import DQNConfig, PPOConfig
 from shoal.errors import ConfigError
-from shoal.train.ray_workers import RolloutWorker
 
 ray = pytest.importorskip("ray")
 # the actors cannot import the test files

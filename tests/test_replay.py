@@ -9,6 +9,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from shoal.algos.off_policy import transitions
+from shoal.algos.returns import importance_weights
 from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer
 from shoal.collect.collector import Truncations
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
@@ -142,7 +144,7 @@ def test_nstep_returns_match_reference(next_step: bool, side: int | None, n_step
     for _ in range(12):
         buffer.add(*envs.rollout(horizon))
         index = buffer.sample(64, generator)
-        batch = buffer.gather(index, n_step, GAMMA)
+        batch = transitions(buffer, index, n_step=n_step, gamma=GAMMA)
         newest = buffer.storage["obs"][:, buffer.head]
         lost = set() if next_step else lost_finals(buffer)
         for i in range(len(index)):
@@ -207,7 +209,9 @@ def test_uniform_sampling_frequencies() -> None:
 
 
 def test_prioritized_sampling_follows_priorities() -> None:
-    """Frequencies match priority ** alpha (chi-square); the weights are (P(i) / P_min) ** -beta."""
+    """Frequencies match priority ** alpha (chi-square); ``probabilities`` are those frequencies, and
+    the weights of the off-policy learner (``importance_weights`` with ``min_probability``) are
+    (P(i) / P_min) ** -beta."""
     rows, alpha = 2, 0.7
     envs = FakeEnvs(rows, next_step=False, seed=6)
     buffer = PrioritizedReplayBuffer(env_info(rows), rows * 30, alpha=alpha)
@@ -226,7 +230,10 @@ def test_prioritized_sampling_follows_priorities() -> None:
     assert chi2 < threshold
     uniform = torch.full_like(expected, len(draws) / len(stored))
     assert float(((counts - uniform) ** 2 / uniform).sum()) > threshold, "the test must tell priorities apart"
-    weights = buffer.importance_weights(stored, 0.5)
+    torch.testing.assert_close(buffer.probabilities(stored), share)
+    weights = importance_weights(
+        buffer.probabilities(stored), size=len(stored), beta=0.5, min_prob=buffer.min_probability()
+    )
     reference = (share / share.min()) ** -0.5
     torch.testing.assert_close(weights.double(), reference, rtol=1e-5, atol=1e-6)
     assert float(weights.max()) == pytest.approx(1.0)
@@ -253,8 +260,8 @@ def test_state_dict_round_trip() -> None:
         buffer.add(*envs.rollout(7))
     copy = PrioritizedReplayBuffer(env_info(2), 60)
     copy.load_state_dict(buffer.state_dict())
-    a = buffer.gather(buffer.sample(32, torch.Generator().manual_seed(4)), 3, GAMMA)
-    b = copy.gather(copy.sample(32, torch.Generator().manual_seed(4)), 3, GAMMA)
+    a = transitions(buffer, buffer.sample(32, torch.Generator().manual_seed(4)), n_step=3, gamma=GAMMA)
+    b = transitions(copy, copy.sample(32, torch.Generator().manual_seed(4)), n_step=3, gamma=GAMMA)
     assert (a == b).all()
 
 

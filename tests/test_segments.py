@@ -1,7 +1,6 @@
 """The segment learner: its keys and their relations (with the derived sizes of a worked
 example), prioritized segment sampling, and gradient accumulation equal to one big minibatch."""
 
-import copy
 import itertools
 import warnings
 
@@ -11,11 +10,10 @@ import torch
 from tensordict import TensorDict
 
 import shoal
-from shoal.algos.ppo import PPOLearner
 from shoal.buffers import RolloutBuffer, SegmentSampler
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
-from shoal.models.catalog import build_policy
+from tests.conftest import build_ppo
 
 # ----- keys, relations, derived sizes ----------------------------------------------------------
 
@@ -131,23 +129,23 @@ def test_prio_alpha_zero_is_the_plain_shuffle():
     data, priority = _numbered(8, 8), torch.rand(16) * 10
     plain = SegmentSampler(data, 4, 4, torch.Generator().manual_seed(3))
     prio = SegmentSampler(data, 4, 4, torch.Generator().manual_seed(3))
-    for (a, wa), (b, wb) in zip(plain.epoch(), prio.epoch(priority, alpha=0.0, beta=0.4), strict=True):
+    for (a, wa), (b, wb) in zip(plain.epoch(), prio.epoch(priority, alpha=0.0), strict=True):
         assert torch.equal(a, b) and wa is None and wb is None
 
 
 def test_prioritized_draws_follow_the_priorities():
-    """Chi-square test of 200 epochs of draws against p_i = w_i^alpha / sum w^alpha; and the
-    importance weights are (M p_i)^-beta."""
-    m, alpha, beta = 16, 0.7, 0.5
+    """Chi-square test of 200 epochs of draws against p_i = w_i^alpha / sum w^alpha, each yielded
+    with its p_i."""
+    m, alpha = 16, 0.7
     priority = torch.linspace(0.1, 4.0, m)
     sampler = SegmentSampler(_numbered(m, 4), 4, 4, torch.Generator().manual_seed(0))
     counts = torch.zeros(m)
     p = priority.double().pow(alpha)
     p = p / p.sum()
     for _ in range(200):
-        for index, weights in sampler.epoch(priority, alpha, beta):
+        for index, probability in sampler.epoch(priority, alpha):
             counts += torch.bincount(index, minlength=m)
-            assert torch.allclose(weights.double(), (m * p[index]).pow(-beta), rtol=1e-5)
+            assert torch.allclose(probability, p[index], rtol=1e-9)
     expected = p * counts.sum()
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 37.7, chi2  # the 0.999 quantile of chi-square with 15 degrees of freedom
@@ -157,12 +155,12 @@ def test_prioritized_draws_follow_the_priorities():
 def test_zero_priority_segments_are_never_drawn_and_bad_priorities_are_refused():
     sampler = SegmentSampler(_numbered(4, 2), 2, 1, torch.Generator().manual_seed(0))
     priority = torch.tensor([0.0, 1.0, 0.0, 2.0])
-    drawn = torch.cat([index for _ in range(50) for index, _ in sampler.epoch(priority, 1.0, 1.0)])
+    drawn = torch.cat([index for _ in range(50) for index, _ in sampler.epoch(priority, 1.0)])
     assert set(drawn.tolist()) == {1, 3}
-    uniform = torch.cat([index for _ in range(50) for index, _ in sampler.epoch(torch.zeros(4), 1.0, 1.0)])
+    uniform = torch.cat([index for _ in range(50) for index, _ in sampler.epoch(torch.zeros(4), 1.0)])
     assert set(uniform.tolist()) == {0, 1, 2, 3}
     with pytest.raises(ValueError, match="priority must be 4 finite non-negative numbers"):
-        next(sampler.epoch(torch.tensor([1.0, -1.0, 0.0, 0.0]), 1.0, 1.0))
+        next(sampler.epoch(torch.tensor([1.0, -1.0, 0.0, 0.0]), 1.0))
 
 
 def test_prio_beta_rises_from_beta0_to_one_by_the_last_iteration():
@@ -211,20 +209,23 @@ def test_accumulated_minibatches_step_like_one_big_minibatch(model):
     env = EnvInfo("test", obs_spec(gym.spaces.Box(-1, 1, (5,))), action_spec(space), 8, 1)
     model_config = {"hiddens": [32]} | ({"core": model, "core_size": 8} if model != "mlp" else {})
     base = dict(num_envs=8, rollout_fragment_length=16, num_sgd_iter=4, ent_coef=0.01, max_grad_norm=0.1)
+    base |= dict(learning_rate=1e-3)
     base |= dict(model_config=model_config, fused_update=False, bptt_horizon=4)
     small = PPOConfig.build(**base, sgd_minibatch_size=16, accumulate_minibatches=4)
     big = PPOConfig.build(**base, sgd_minibatch_size=64)
-    torch.manual_seed(0)
-    policy = build_policy(big, env).double()
-    twin = copy.deepcopy(policy)
-    results = []
-    for p, config in ((policy, small), (twin, big)):
-        learner = PPOLearner(p, config, torch.Generator().manual_seed(1))
-        rollout, starts = _rollout(env, 16, 4, [p.initial_state(1)], seed=2)
+    results, policies = [], []
+    for config in (small, big):
+        algo = build_ppo(config, env, torch.float64)
+        learner = algo.learners["default_policy"]
+        rollout, starts = _rollout(env, 16, 4, [learner.policy.initial_state(1)], seed=2)
         rollout = rollout.apply(lambda x: x.double() if x.is_floating_point() else x)
-        results.append(learner.update(rollout, 1e-3, None, None if starts is None else starts.double()))
+        if starts is not None:
+            algo.buffer.start_states = [starts.double()]
+        start = [p.detach().clone() for p in learner.policy.parameters()]
+        results.append(algo.learn(learner, rollout, None))
+        policies.append(learner.policy)
     assert results[0]["num_sgd_steps"] == results[1]["num_sgd_steps"] == 4 * 2
-    moved = max((p - q).abs().max().item() for p, q in zip(policy.parameters(), build_policy(big, env).parameters()))
+    moved = max((p - q).abs().max().item() for p, q in zip(policies[0].parameters(), start))
     assert moved > 1e-3
-    for p, q in zip(policy.parameters(), twin.parameters()):
+    for p, q in zip(policies[0].parameters(), policies[1].parameters()):
         assert torch.allclose(p, q, rtol=0, atol=1e-6), (p - q).abs().max()

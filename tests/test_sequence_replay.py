@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 import shoal
+from shoal.algos.off_policy import transitions
 from shoal.buffers import PrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from shoal.config import DQNConfig
 from shoal.errors import ConfigError
@@ -79,7 +80,7 @@ def test_windows_match_a_slow_reference(next_step, side, n_step, length, burn_in
         add_rollout(buffer, envs, 2 * stride)
         index = buffer.sample(16 * stride, generator)
         assert len(index) == 16 and bool((index % buffer.columns % stride == 0).all())
-        batch = buffer.gather(index, n_step, GAMMA)
+        batch = transitions(buffer, index, n_step=n_step, gamma=GAMMA)
         assert batch.batch_size == (16,) and batch["obs"].shape == (16, length, 2)
         newest = buffer.storage["obs"][:, buffer.head]
         lost = set() if next_step else lost_finals(buffer)
@@ -189,7 +190,7 @@ def _filled(**kw):
 def test_burn_in_steps_get_no_gradient():
     algo = _filled()
     replay = algo.algorithm.replay
-    batch = replay.gather(replay.sample(64, torch.Generator().manual_seed(0)), 3, 0.99)
+    batch = transitions(replay, replay.sample(64, torch.Generator().manual_seed(0)), n_step=3, gamma=0.99)
     obs = batch["obs"].clone().requires_grad_(True)
     batch["obs"] = obs
     algo.algorithm.learners["default_policy"].learn(batch, None)
@@ -209,7 +210,7 @@ def test_the_sequence_learner_against_a_step_by_step_computation(double_q, dueli
     with torch.no_grad():  # the target network apart from the online one
         for p in learner.target.module.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    batch = replay.gather(replay.sample(96, torch.Generator().manual_seed(2)), 2, 0.99)
+    batch = transitions(replay, replay.sample(96, torch.Generator().manual_seed(2)), n_step=2, gamma=0.99)
     assert batch["first"][:, 1:].any(), "no episode starts inside a sequence: resets go untested"
     weights = torch.rand(len(batch), generator=torch.Generator().manual_seed(3)) + 0.5 if weighted else None
     before = copy.deepcopy(policy)
@@ -283,7 +284,9 @@ def test_each_recurrent_policy_replays_its_own_sequences():
     assert {"player_0/loss", "player_1/loss"} <= set(result["learner"])
     replay = algo.algorithm.replay
     for owner in (0, 1):
-        batch = replay.gather(replay.sample(64, torch.Generator().manual_seed(owner), owner))
+        batch = transitions(
+            replay, replay.sample(64, torch.Generator().manual_seed(owner), owner), n_step=1, gamma=0.99
+        )
         assert bool((batch["policy_id"][:, 0] == owner).all())
         assert batch["next_action_mask"].shape == (len(batch), replay.sequence_length, 7)
     horizon = algo.algorithm.rollout.horizon  # the last phase's state columns, and what each policy stored there

@@ -10,7 +10,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from shoal.algos.advantages import ESTIMATORS, gae, rollout_vtrace, vtrace
+from shoal.algos.on_policy import ESTIMATORS, rollout_vtrace
+from shoal.algos.returns import gae, vtrace
 from tests.conftest import folded_decisions
 
 # (gamma, lambda, rho_clip, c_clip): the defaults; clips on either side of 1; clips above every
@@ -102,10 +103,10 @@ def run_vtrace(case, gamma, lam, rho_clip=1.0, c_clip=1.0, dtype=torch.float64, 
         torch.tensor(case["truncated"]),
         f("final_value"),
         f("ratio") if ratio is None else ratio,
-        gamma,
-        lam,
-        rho_clip,
-        c_clip,
+        gamma=gamma,
+        gae_lambda=lam,
+        rho_clip=rho_clip,
+        c_clip=c_clip,
         valid_t=None if case["valid"] is None else torch.tensor(case["valid"]),
     )
 
@@ -120,8 +121,8 @@ def run_gae(case, gamma, lam, dtype=torch.float64):
         torch.tensor(case["terminated"]),
         torch.tensor(case["truncated"]),
         f("final_value"),
-        gamma,
-        lam,
+        gamma=gamma,
+        gae_lambda=lam,
         valid_t=None if case["valid"] is None else torch.tensor(case["valid"]),
     )
 
@@ -236,7 +237,10 @@ def test_bptt_segments_bootstrap_from_the_stored_next_value(masked):
 
     def on_segments(lam):
         fields = (per_step[key] for key in ("terminated", "truncated", "final_value", "ratio"))
-        adv = vtrace(per_step["reward"], windows, *fields, gamma, lam, rho_clip, c_clip, valid_t=per_step["valid"])
+        clips = {"rho_clip": rho_clip, "c_clip": c_clip}
+        adv = vtrace(
+            per_step["reward"], windows, *fields, gamma=gamma, gae_lambda=lam, **clips, valid_t=per_step["valid"]
+        )
         return adv.reshape(n, k * h)
 
     expected = np.zeros((n, k * h))
@@ -279,22 +283,23 @@ def test_rollout_vtrace_reads_the_first_t_steps(all_valid):
         },
         batch_size=[n, t + 1],
     )
-    assert torch.equal(rollout_vtrace(rollout, 0.9, 0.8, 2.0, 0.5), run_vtrace(case, 0.9, 0.8, 2.0, 0.5))
-    # before any update there is no ratio field: on-policy, so GAE's advantages, through the registry too
-    del rollout["ratio"]
+    # before any update the policy is the one that collected the rollout: every ratio is 1, so GAE's
+    # advantages (the segment learner recomputes them with the current ratios for each minibatch)
     assert ESTIMATORS["vtrace"] is rollout_vtrace
-    torch.testing.assert_close(ESTIMATORS["vtrace"](rollout, 0.9, 0.8), run_gae(case, 0.9, 0.8))
+    ones = torch.ones(n, t, dtype=torch.float64)
+    assert torch.equal(rollout_vtrace(rollout, 0.9, 0.8), run_vtrace(case, 0.9, 0.8, 1.0, 1.0, ratio=ones))
+    torch.testing.assert_close(rollout_vtrace(rollout, 0.9, 0.8), run_gae(case, 0.9, 0.8))
 
 
 def test_vtrace_rejects_bad_shapes_and_clips():
     r = torch.zeros(2, 3)
     args = (r.bool(), r.bool(), r)
     with pytest.raises(ValueError, match=r"value_t has shape \(2, 3\), expected \(2, 4\)"):
-        vtrace(r, torch.zeros(2, 3), *args, r, 0.9, 0.9)
+        vtrace(r, torch.zeros(2, 3), *args, r, gamma=0.9, gae_lambda=0.9)
     with pytest.raises(ValueError, match=r"ratio_t has shape \(2, 4\), expected \(2, 3\)"):
-        vtrace(r, torch.zeros(2, 4), *args, torch.ones(2, 4), 0.9, 0.9)
+        vtrace(r, torch.zeros(2, 4), *args, torch.ones(2, 4), gamma=0.9, gae_lambda=0.9)
     with pytest.raises(ValueError, match="valid_t has shape"):
-        vtrace(r, torch.zeros(2, 4), *args, r, 0.9, 0.9, valid_t=torch.ones(3, 3, dtype=torch.bool))
+        vtrace(r, torch.zeros(2, 4), *args, r, gamma=0.9, gae_lambda=0.9, valid_t=torch.ones(3, 3, dtype=torch.bool))
     for name, bad in itertools.product(("rho_clip", "c_clip"), (0.0, -1.0, float("nan"))):
         with pytest.raises(ValueError, match=f"{name}={bad}"):
-            vtrace(r, torch.zeros(2, 4), *args, r, 0.9, 0.9, **{name: bad})
+            vtrace(r, torch.zeros(2, 4), *args, r, gamma=0.9, gae_lambda=0.9, **{name: bad})

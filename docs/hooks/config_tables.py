@@ -3,15 +3,19 @@
 A page asks for a table with a marker on a line of its own:
 
     <!-- config-table: shoal.config:TrainerConfig -->        every key of the model
-    <!-- config-table: shoal.config:PPOConfig own -->        only the keys the class itself declares
+    <!-- config-table: shoal.config:PPOConfig own -->        the keys the class declares, then those
+                                                             it gives another default or a note
     <!-- policy-keys: shoal.config:PPOConfig -->             the keys one policy in `policies` may override
 
 Each row is one key as users write it (the field's alias, e.g. ``model_config``), its type, its
 default, the values allowed by the field's constraints (``ge``/``gt``/``le``/``lt``, lengths,
 ``Literal`` choices) and its meaning. Types, defaults and constraints are read from the model at
-run time, so they are what pydantic enforces. The meaning is the field's attribute docstring (the
+run time, so they are what pydantic enforces. A key is declared once (``shoal.config.base``); a
+class that gives it another default (its ``DEFAULTS``) shows the default it replaces beside its
+own, e.g. ``0.0023`` (TrainerConfig: ``0.001``). The meaning is the field's attribute docstring (the
 string literal under the field in the class body), read with griffe, the same reader
-mkdocstrings uses for the API reference: one sentence in the source serves both pages.
+mkdocstrings uses for the API reference: one sentence in the source serves both pages; followed by
+the nearest note on the key in the class or its bases (their ``NOTES``).
 ``tests/test_docs_tables.py`` checks the tables against the models.
 """
 
@@ -50,9 +54,22 @@ def key_of(name: str, field: FieldInfo) -> str:
     return field.alias or name
 
 
+def own_data(model: type, table: str) -> dict[str, Any]:
+    """The class body's ``DEFAULTS`` or ``NOTES`` of ``model`` (not inherited), keyed by field name."""
+    names = {field.alias or name: name for name, field in getattr(model, "model_fields", {}).items()}
+    aliases = getattr(model, "ALIASES", {})
+    data = vars(model).get(table) or {}
+    return {names.get(aliases.get(key, key), aliases.get(key, key)): value for key, value in data.items()}
+
+
 def own_fields(model: type[BaseModel]) -> list[str]:
-    """Fields the class body of ``model`` declares itself (new ones and redefined ones)."""
-    return [name for name in model.model_fields if name in inspect.get_annotations(model)]
+    """Fields the class body of ``model`` declares itself, then those it gives another default
+    (``DEFAULTS``) or a note (``NOTES``)."""
+    declared = inspect.get_annotations(model)
+    changed = own_data(model, "DEFAULTS") | own_data(model, "NOTES")
+    return [name for name in model.model_fields if name in declared] + [
+        name for name in model.model_fields if name in changed and name not in declared
+    ]
 
 
 def table_fields(model: type[BaseModel], own: bool) -> list[str]:
@@ -76,8 +93,29 @@ def meaning(model: type[BaseModel], name: str) -> str:
         except (KeyError, ImportError):
             continue
         if attribute.docstring is not None and attribute.docstring.value.strip():
-            return " ".join(attribute.docstring.value.split())
+            return " ".join(f"{attribute.docstring.value} {note(model, name)}".split())
     return ""
+
+
+def note(model: type[BaseModel], name: str) -> str:
+    """What field ``name`` means for ``model`` besides its docstring: the nearest ``NOTES`` entry in
+    its MRO ('' when none)."""
+    return next((own_data(cls, "NOTES")[name] for cls in model.__mro__ if name in own_data(cls, "NOTES")), "")
+
+
+def base_default(model: type[BaseModel], name: str) -> tuple[str, Any] | None:
+    """When ``model`` gives field ``name`` another default than its base: the class that set the
+    base's default (its declaration or ``DEFAULTS``) and that default; else None."""
+    base = next((b for b in model.__mro__[1:] if name in getattr(b, "model_fields", {})), None)
+    if base is None or base.model_fields[name].is_required():
+        return None
+    old, new = (m.model_fields[name].get_default(call_default_factory=True) for m in (base, model))
+    if type(old) is type(new) and old == new:
+        return None
+    setter = next(
+        cls for cls in base.__mro__ if name in inspect.get_annotations(cls) or name in own_data(cls, "DEFAULTS")
+    )
+    return setter.__name__, old
 
 
 def type_name(annotation: Any) -> str:
@@ -88,6 +126,8 @@ def type_name(annotation: Any) -> str:
     if annotation is Any:
         return "any"
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a constrained member of a union: its bounds are pydantic's, not a type
+        return type_name(args[0])
     if origin is Literal:
         return " | ".join(dict.fromkeys(type(a).__name__ for a in args))
     if origin in (typing.Union, types.UnionType):
@@ -129,11 +169,14 @@ def allowed(field: FieldInfo) -> str:
     return ", ".join(parts)
 
 
-def default(field: FieldInfo) -> str:
+def default(model: type[BaseModel], name: str) -> str:
+    """The default of field ``name``, and the one of its base when ``model`` changes it."""
+    field = model.model_fields[name]
     if field.is_required():
         return "required"
-    value = field.get_default(call_default_factory=True)
-    return f"`{value!r}`"
+    shown = f"`{field.get_default(call_default_factory=True)!r}`"
+    replaced = base_default(model, name)
+    return shown if replaced is None else f"{shown} ({replaced[0]}: `{replaced[1]!r}`)"
 
 
 def cell(text: str) -> str:
@@ -148,7 +191,7 @@ def row(model: type[BaseModel], name: str) -> str:
     cells = (
         f"`{key_of(name, field)}`",
         f"`{type_name(field.annotation)}`",
-        default(field),
+        default(model, name),
         allowed(field),
         meaning(model, name),
     )

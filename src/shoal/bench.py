@@ -29,7 +29,7 @@ def env_sps(
     env: str, num_envs: int, num_workers: int = 0, async_factor: int = 1, seconds: float = 5.0, seed: int = 0
 ) -> dict[str, Any]:
     """Agent steps per second of a backend stepping ``env`` with random actions."""
-    backend = make_backend(env, num_envs, None, None, num_workers, async_factor)
+    backend = make_backend(env, num_envs, num_workers=num_workers, async_factor=async_factor)
     try:
         space = backend.act_spec.space
         bank = torch.as_tensor(

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol
 
 import torch
 from tensordict import TensorDict
+from typing_extensions import TypeVar
 
 from shoal.buffers.rollout import FieldSpec
 from shoal.config import TrainerConfig
@@ -43,9 +44,12 @@ from shoal.models.catalog import build_policy
 from shoal.models.policy import Policy
 
 if TYPE_CHECKING:
-    from shoal.collect.collector import Truncations
+    from shoal.collect import Truncations
 
 SCALAR: FieldSpec = ((), torch.float32)  # one float per agent step, as every built-in extra
+
+ConfigT = TypeVar("ConfigT", bound=TrainerConfig, default=TrainerConfig)
+PolicyT = TypeVar("PolicyT", bound=Policy, default=Policy)
 
 
 class Collector(Protocol):
@@ -98,13 +102,15 @@ class Trajectory:
         return self.rollout.reshape(n // self.rows_per_env, self.rows_per_env, t)
 
 
-class Algorithm:
+class Algorithm(Generic[ConfigT, PolicyT]):
     """Base class of every learning algorithm: it owns its policies, optimizers, storage and
     schedules, and the trainer calls ``training_step(collector)`` once per iteration.
 
     Subclasses set ``name`` and ``config_class``, build their storage and optimizers in
     ``__init__`` (after ``super().__init__``, which builds ``self.policies``), implement
     ``training_step`` and extend ``state_dict`` / ``load_state_dict`` with their own state.
+    ``Algorithm[MyConfig, MyPolicy]`` types ``self.config`` and ``self.policies`` as the config
+    class and the policies ``make_policy`` builds.
     """
 
     name: ClassVar[str] = "Algorithm"
@@ -118,8 +124,9 @@ class Algorithm:
     """Shape and dtype, ``(shape, dtype)`` per agent step, of each stored extra that is not one
     float per step; the others get ``SCALAR``."""
 
-    def __init__(self, config: TrainerConfig, env: EnvInfo):
-        self.config, self.env = config, env
+    def __init__(self, config: ConfigT, env: EnvInfo):
+        self.config: ConfigT = config
+        self.env = env
         self.progress = 0.0
         """How far the current ``learn()`` call has gone, from 0 to 1: the trainer sets it before each
         ``training_step`` to ``timesteps_total / (timesteps at the call's start + its steps)``, so a
@@ -128,9 +135,9 @@ class Algorithm:
         self.progress_end = 0.0
         """How far the current ``learn()`` call will have gone once this iteration's steps are in
         (1 on its last iteration), for schedules that must reach their end value."""
-        self.policy_configs = {pid: config.policy_config(pid) for pid in config.policy_ids}
+        self.policy_configs: dict[str, ConfigT] = {pid: config.policy_config(pid) for pid in config.policy_ids}
         """Policy id -> the config with that policy's overrides (``policies``) applied."""
-        self.policies: dict[str, Policy] = {
+        self.policies: dict[str, PolicyT] = {
             pid: self.make_policy(pid, pc).to(config.device) for pid, pc in self.policy_configs.items()
         }
         """Policy id -> policy, built by ``make_policy`` with the policy's config, in the order of
@@ -146,16 +153,25 @@ class Algorithm:
         """Called after ``postprocess_trajectory`` with each policy's ``Trajectory`` (the trainer adds
         its callbacks' ``on_postprocess_trajectory`` here)."""
 
+    @classmethod
+    def implementation(cls, config: TrainerConfig) -> type[Algorithm[Any, Any]]:
+        """The class that learns with ``config``: this one, unless the algorithm hands some of its
+        configurations to a class of their own (PPO's segment learner)."""
+        return cls
+
     @property
     def steps_per_iteration(self) -> int:
         """Env steps a ``training_step`` collects (``train_batch_size`` unless the algorithm says
         otherwise), which the trainer's ``progress_end`` counts on."""
-        return cast(int, self.config.train_batch_size)  # filled when the config is validated
+        steps = self.config.train_batch_size
+        assert steps is not None  # filled when the config is validated
+        return steps
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> Policy:
+    def make_policy(self, policy_id: str, config: ConfigT) -> PolicyT:
         """The policy ``policy_id`` (``config`` has its overrides): by default the actor-critic
         that ``model`` and ``model_config`` describe."""
-        return build_policy(config, self.env)
+        policy: PolicyT = build_policy(config, self.env)  # type: ignore[assignment]  # the default PolicyT
+        return policy
 
     def stored_extras(self) -> tuple[str, ...]:
         """The per-step fields the collector stores from the policies' ``act``: ``extras``, or
@@ -216,7 +232,7 @@ class Algorithm:
         before the learner reads them (an intrinsic reward, a relabelled goal); called once per
         policy after every collect. Does nothing unless overridden."""
 
-    def learning_rate(self, config: TrainerConfig) -> float:
+    def learning_rate(self, config: ConfigT) -> float:
         """``config.learning_rate``; when ``lr_schedule`` is linear, times ``1 - progress``, so it falls
         linearly to 0 over each ``learn()`` call."""
         if config.lr_schedule == "linear":

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
+from tensordict import TensorDict
+from typing_extensions import TypeVar
 
 from shoal.algos.off_policy import OffPolicyAlgorithm
 from shoal.algos.optim import AutogradOptimizer, TargetNetwork
-from shoal.config import TrainerConfig
 from shoal.config.sac import ReplayActorCriticConfig
 from shoal.models.actors import QTowers, ReplayActorPolicy, build_critic
 
@@ -33,7 +34,8 @@ class Critics:
 
     def target_min(self, x: torch.Tensor, unit_action: torch.Tensor) -> torch.Tensor:
         """The smallest of the target networks' values ``[B]`` (the value, for one network)."""
-        return cast(torch.Tensor, self.target(torch.cat([x, unit_action], 1))).amin(0)
+        values: torch.Tensor = self.target(torch.cat([x, unit_action], 1))
+        return values.amin(0)
 
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
@@ -50,7 +52,8 @@ class Critics:
 
     def values(self, x: torch.Tensor, unit_action: torch.Tensor) -> torch.Tensor:
         """Every critic's values ``[k, B]``."""
-        return cast(torch.Tensor, self.net(torch.cat([x, unit_action], 1)))
+        values: torch.Tensor = self.net(torch.cat([x, unit_action], 1))
+        return values
 
     def learn(
         self, x: torch.Tensor, unit_action: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None
@@ -91,6 +94,10 @@ class ActorCriticLearner:
         self.optimizers = [self.critic.optimizer, self.actor_optimizer]
         """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
 
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One minibatch step (``Learner.learn``), the algorithm's own."""
+        raise NotImplementedError(f"{type(self).__name__} must implement learn(batch, weights)")
+
     def step_actor(self, loss: torch.Tensor) -> None:
         self.actor_optimizer.backward(loss)
         self.actor_optimizer.step()
@@ -122,7 +129,12 @@ class TargetActorLearner(ActorCriticLearner):
         self.actor_target.load_state_dict(state["actor_target"])
 
 
-class ReplayActorCritic(OffPolicyAlgorithm):
+ConfigT = TypeVar("ConfigT", bound=ReplayActorCriticConfig, default=ReplayActorCriticConfig)
+ActorT = TypeVar("ActorT", bound=ReplayActorPolicy, default=ReplayActorPolicy)
+LearnerT = TypeVar("LearnerT", bound=ActorCriticLearner, default=ActorCriticLearner)
+
+
+class ReplayActorCritic(OffPolicyAlgorithm[ConfigT, ActorT, LearnerT]):
     """Base of SAC, TD3 and MADDPG: an actor per policy (``make_policy``), and a learner per trained policy
     with critics sized like the actor (``model_config``'s ``hiddens``, else ``HIDDENS``)."""
 
@@ -130,16 +142,14 @@ class ReplayActorCritic(OffPolicyAlgorithm):
     HIDDENS: ClassVar[tuple[int, ...]] = (256, 256)
     """Hidden sizes of the actor and critics when ``model_config`` gives none."""
 
-    config: ReplayActorCriticConfig  # built from config_class by the trainer
-
     def critic(self, policy_id: str) -> QTowers:
         return build_critic(self.policy_configs[policy_id], self.env, self.HIDDENS).to(self.config.device)
 
     def before_phase(self, progress: float) -> None:
         """The trained policies act uniformly at random until ``learning_starts`` env steps are in."""
         for pid in self.trained_policy_ids:  # a frozen policy (not trained) acts as it has learned
-            cast(ReplayActorPolicy, self.policies[pid]).random_actions = self.timesteps < self.config.learning_starts
+            self.policies[pid].random_actions = self.timesteps < self.config.learning_starts
         super().before_phase(progress)
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> ReplayActorPolicy:
+    def make_policy(self, policy_id: str, config: ConfigT) -> ActorT:
         raise NotImplementedError

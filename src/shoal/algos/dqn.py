@@ -6,7 +6,7 @@ Each trained policy's learner minimizes the Huber loss between ``Q(s, a)`` and t
     y = R_n + discount * Q_target(s_n, argmax_a' Q(s_n, a'))    (double_q=False: max_a' Q_target(s_n, a'))
 
 over minibatches from the replay buffer, where ``R_n`` is the n-step discounted reward sum and
-``discount`` is ``gamma ** n`` (0 after a terminal step; see ``ReplayBuffer.gather``). The next
+``discount`` is ``gamma ** n`` (0 after a terminal step; see ``off_policy.transitions``). The next
 action is chosen among the legal actions when the env masks them. The target network is a copy
 of the Q-network, moved toward it by ``tau`` every ``target_update_interval`` env steps; the
 policy acts epsilon-greedily with epsilon annealed linearly over ``exploration_fraction`` of each
@@ -33,7 +33,7 @@ from shoal.algos.base import Collector
 from shoal.algos.off_policy import OffPolicyAlgorithm, bootstrapped
 from shoal.algos.optim import AutogradOptimizer, TargetNetwork
 from shoal.buffers import PrioritizedSequenceReplayBuffer, ReplayBuffer, SequenceReplayBuffer
-from shoal.config import DQNConfig, OffPolicyConfig, TrainerConfig
+from shoal.config import DQNConfig
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
 from shoal.models.catalog import build_q_policy
@@ -41,12 +41,10 @@ from shoal.models.qpolicy import QPolicy, RecurrentQPolicy, greedy
 from shoal.models.recurrent import RecurrentModel
 
 
-class DQNAlgorithm(OffPolicyAlgorithm):
+class DQNAlgorithm(OffPolicyAlgorithm[DQNConfig, QPolicy, "DQNLearner"]):
     name = "DQN"
     config_class = DQNConfig
     STAT_NAMES = ("loss", "q_mean", "td_error")
-
-    config: DQNConfig  # built from config_class by the trainer
 
     def __init__(self, config: DQNConfig, env: EnvInfo):
         super().__init__(config, env)
@@ -78,22 +76,22 @@ class DQNAlgorithm(OffPolicyAlgorithm):
         except ValueError as e:
             raise ConfigError(f"recurrent DQN cannot replay these sequences: {e}.") from None
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> QPolicy:
+    def make_policy(self, policy_id: str, config: DQNConfig) -> QPolicy:
         """An epsilon-greedy Q-network policy: ``model`` with one output per action."""
-        return build_q_policy(config, self.env, cast(DQNConfig, config).dueling)
+        return build_q_policy(config, self.env, config.dueling)
 
-    def make_learner(self, policy_id: str, config: OffPolicyConfig) -> DQNLearner:
+    def make_learner(self, policy_id: str, config: DQNConfig) -> DQNLearner:
         policy = self.policies[policy_id]
         if isinstance(policy, RecurrentQPolicy):
-            return SequenceDQNLearner(policy, cast(DQNConfig, config))
-        return DQNLearner(cast(QPolicy, policy), cast(DQNConfig, config))
+            return SequenceDQNLearner(policy, config)
+        return DQNLearner(policy, config)
 
     def before_phase(self, progress: float) -> None:
         c = self.config
         share = min(progress / c.exploration_fraction, 1.0) if c.exploration_fraction else 1.0
         self.epsilon = c.exploration_initial_eps + share * (c.exploration_final_eps - c.exploration_initial_eps)
         for policy in self.policies.values():
-            cast(QPolicy, policy).epsilon = self.epsilon
+            policy.epsilon = self.epsilon
         super().before_phase(progress)
 
     def after_phase(self, steps_before: int) -> None:
@@ -104,7 +102,7 @@ class DQNAlgorithm(OffPolicyAlgorithm):
         if due:
             tau = 1.0 - (1.0 - self.config.tau) ** due
             for learner in self.learners.values():
-                cast(DQNLearner, learner).target.update(tau)
+                learner.target.update(tau)
 
     def rollout_states(self) -> list[TensorDict] | None:
         """The sequence replay's tables of start states, which the collector fills."""
@@ -163,16 +161,19 @@ class DQNLearner:
 
 
 class SequenceDQNLearner(DQNLearner):
-    """A recurrent Q-network's minibatch step on sequences (``SequenceReplayBuffer.gather``): online
-    and target networks unrolled from each stored start state, the burn-in without gradient, the
-    Huber loss averaged over the learned steps (``mask``), one priority per sequence."""
+    """A recurrent Q-network's minibatch step on sequences (``SequenceReplayBuffer.gather`` through
+    ``transitions``): online and target networks unrolled from each stored start state, the
+    burn-in without gradient, the Huber loss averaged over the learned steps (``mask``), one
+    priority per sequence."""
 
     policy: RecurrentQPolicy
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         policy, burn_in = self.policy, self.config.replay_burn_in
         obs, first, start = batch["obs"], batch["first"], batch["start_state"]
-        learned = cast(TensorDict, batch.exclude("start_state").apply(lambda x: x[:, burn_in:]))  # past the burn-in
+        steps = batch.exclude("start_state")
+        steps.batch_size = first.shape  # [B, L]
+        learned: TensorDict = steps[:, burn_in:]  # past the burn-in
         states = policy.unroll(obs, start, first, burn_in)
         with torch.no_grad():
             at = learned["last_step"] - burn_in  # the next observation is seen with the state after that step

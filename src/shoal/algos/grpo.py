@@ -10,7 +10,8 @@ A group is ``group_size`` episodes started from the same reset seed. Each iterat
 3. **Advantages**: every step of a row's first episode gets ``(R - mean_group(R)) /
    (std_group(R) + adv_eps)``, where ``R`` is that episode's undiscounted return
    (``advantages.group_relative``).
-4. **Epochs** of shuffled minibatches of those steps: PPO's clipped surrogate on these advantages
+4. **Epochs** of shuffled minibatches of those steps (the loop is ``OnPolicyAlgorithm``'s): PPO's
+   clipped surrogate on these advantages
    (no value function, no per-minibatch advantage normalization), minus ``ent_coef`` x entropy,
    plus ``kl_coef`` x ``KL(pi || pi_ref)`` (k3 estimator) to a frozen reference policy: a copy of
    the policy taken when training starts and refreshed every ``ref_update_interval`` iterations
@@ -26,34 +27,32 @@ which is not built yet.
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from shoal.algos.advantages import group_relative
-from shoal.algos.base import SCALAR, Algorithm, Collector
-from shoal.algos.losses import clipped_surrogate, kl_k3, past_target_kl, policy_stats
-from shoal.algos.optim import AutogradOptimizer
-from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
-from shoal.config import GRPOConfig, TrainerConfig
+from shoal.algos.base import SCALAR, Collector
+from shoal.algos.losses import clipped_surrogate, kl_k3, policy_stats
+from shoal.algos.on_policy import Minibatch, OnPolicyAlgorithm, PolicyLearner, Statistics
+from shoal.algos.returns import group_relative
+from shoal.buffers.rollout import FieldSpec
+from shoal.config import GRPOConfig
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
-from shoal.models.catalog import build_policy
 from shoal.models.policy import ActorCriticPolicy
 from shoal.models.recurrent import RecurrentActorCriticPolicy
 
-STAT_NAMES = ("policy_loss", "entropy", "approx_kl", "clipfrac", "kl")
-LEARN_KEYS = ("obs", "action", "sample_log_prob", "advantage")
+GRPOLearner = PolicyLearner[GRPOConfig, ActorCriticPolicy]
 
 
-class GRPOAlgorithm(Algorithm):
+class GRPOAlgorithm(OnPolicyAlgorithm[GRPOConfig, ActorCriticPolicy]):
     name = "GRPO"
     config_class = GRPOConfig
     extras = ("sample_log_prob",)  # stored per step: the behaviour policy's log-prob (no value: no critic)
-
-    config: GRPOConfig  # built from config_class by the trainer
+    STAT_NAMES = ("policy_loss", "entropy", "approx_kl", "clipfrac", "kl")
+    LEARN_KEYS = ("obs", "action", "sample_log_prob", "advantage", "ref_log_prob")
 
     def __init__(self, config: GRPOConfig, env: EnvInfo):
         if env.rows_per_env > 1:
@@ -66,36 +65,20 @@ class GRPOAlgorithm(Algorithm):
                 f"GRPO trains one policy; got policies {config.policy_ids}. Leave policies unset (or name one policy)."
             )
         super().__init__(config, env)
-        self.policy_id = config.policy_ids[0]
-        self.policy = cast(ActorCriticPolicy, self.policies[self.policy_id])  # built by make_policy
+        self.policy = self.policies[config.policy_ids[0]]
         if isinstance(self.policy, RecurrentActorCriticPolicy):
             raise ConfigError(
                 "GRPO learns from single steps, so it takes feedforward models only; drop model_config "
                 "'core' (recurrent policies train with algo=ppo)."
             )
-        self.learner_config = cast(GRPOConfig, self.policy_configs[self.policy_id])
-        """The config with the policy's overrides (``policies``) applied: what the learner reads."""
-        horizon = config.rollout_fragment_length
-        assert horizon is not None  # filled in when the config is validated
-        self.buffer = RolloutBuffer(env, horizon, self.extra_fields() | {"advantage": SCALAR}, config.device)
-        c = self.learner_config
-        self.optimizer = AutogradOptimizer(self.policy, c.learning_rate, c.adam_eps, c.max_grad_norm, self.policy_id)
-        self.generator = torch.Generator().manual_seed(config.seed)
         self.num_groups = env.num_envs // config.group_size
         self.iterations = 0
         """Training steps taken: which group seeds the next one draws, and when the reference is refreshed."""
-        self.reference = self._frozen_copy() if config.kl_coef > 0 else None
+        self.reference = copy.deepcopy(self.policy).requires_grad_(False) if config.kl_coef > 0 else None
         """The frozen reference policy of the KL penalty (None when ``kl_coef`` is 0)."""
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> ActorCriticPolicy:
-        """GRPO's policy is the actor-critic ``model`` and ``model_config`` describe; its value head
-        goes unused."""
-        return build_policy(config, self.env)
-
-    def _frozen_copy(self) -> ActorCriticPolicy:
-        reference = copy.deepcopy(self.policy)
-        reference.requires_grad_(False)
-        return reference
+    def rollout_fields(self) -> dict[str, FieldSpec]:
+        return super().rollout_fields() | {"ref_log_prob": SCALAR}
 
     def group_seeds(self, iteration: int) -> list[int]:
         """The reset seed of every env at iteration ``iteration``: one per group, drawn from
@@ -119,22 +102,24 @@ class GRPOAlgorithm(Algorithm):
         if self.reference is not None and interval and self.iterations and self.iterations % interval == 0:
             self.reference.load_state_dict(self.policy.state_dict())
         collector.reset(self.group_seeds(self.iterations))
-        rollout = self.buffer.start_rollout()
-        self.collect(collector, rollout, until_done=True)
-        self.buffer.add(rollout)
-        self.update_obs_stats(rollout)
-        steps = transition_view(rollout)
+        rollout = self.collect_rollout(collector, until_done=True)
+        # The advantages are the whole rollout's, computed here, where the group statistics need them too.
+        steps = rollout[:, :-1]
         with torch.no_grad():
             advantage, first, returns = group_relative(
-                steps["reward"], steps["done"], steps["valid"], c.group_size, c.adv_eps
+                steps["reward"], steps["done"], steps["valid"], group_size=c.group_size, eps=c.adv_eps
             )
             rollout["advantage"][:, :-1] = advantage
-        stats = self.group_stats(returns, first, steps["done"])
-        if self.policy_id in self.trained_policy_ids:
-            lr = self.learning_rate(self.learner_config)
-            stats |= {"learning_rate": lr, **self.learn(rollout, first, lr)}
+            if self.reference is not None:
+                mask = steps["action_mask"][first] if "action_mask" in steps.keys() else None  # noqa: SIM118 (a TensorDict)
+                reference = self.reference.evaluate(steps["obs"][first], steps["action"][first], False, mask)[0]
+                rollout["ref_log_prob"][:, :-1][first] = reference
+        stats = self.group_stats(returns, first, steps["done"]) | self.learn_policies(rollout, select=first)
         self.iterations += 1
         return stats
+
+    def advantages(self, learner: GRPOLearner, rollout: TensorDict) -> None:
+        """Already in the rollout: ``training_step`` computes them for the group statistics."""
 
     def group_stats(self, returns: torch.Tensor, first: torch.Tensor, done: torch.Tensor) -> dict[str, float]:
         """What the iteration's groups looked like: their mean return, the mean of their return
@@ -151,71 +136,50 @@ class GRPOAlgorithm(Algorithm):
             "learn_steps": int(first.sum()),
         }
 
-    def learn(self, rollout: TensorDict, first: torch.Tensor, learning_rate: float) -> dict[str, float]:
-        """Epochs of minibatches of the first-episode steps (``first``, bool ``[N, T]``)."""
-        c = self.learner_config
-        self.optimizer.lr = learning_rate
-        keys = (*LEARN_KEYS, *(("action_mask",) if "action_mask" in rollout.keys() else ()))  # noqa: SIM118 (a TensorDict)
-        sampler = FlatSampler(transition_view(rollout.select(*keys)), c.sgd_minibatch_size, self.generator, first)
+    def step(self, learner: GRPOLearner, minibatch: Minibatch, stats: Statistics | None) -> None:
+        """The clipped surrogate on the group-relative advantages, minus the entropy bonus, plus
+        the KL penalty to the reference policy; backward and an optimizer step."""
+        c, batch = learner.config, minibatch.data
+        log_prob, entropy, _ = learner.policy.evaluate(
+            batch["obs"], batch["action"], stats is not None or c.ent_coef > 0, batch.get("action_mask", None)
+        )
+        policy_loss, ratio = clipped_surrogate(
+            log_prob, batch["sample_log_prob"], batch["advantage"], None, c.clip_coef
+        )
+        loss = policy_loss
+        if c.ent_coef and entropy is not None:
+            loss = loss - c.ent_coef * entropy.mean()
+        kl = torch.zeros((), device=log_prob.device)
         if self.reference is not None:
-            data = sampler.data  # gathered once: each minibatch indexes it
+            kl = kl_k3(log_prob, batch["ref_log_prob"], None)
+            loss = loss + c.kl_coef * kl
+        learner.optimizer.backward(loss)
+        learner.optimizer.step()
+        if stats is not None and entropy is not None:
             with torch.no_grad():
-                mask = data.get("action_mask", None)
-                data["ref_log_prob"] = self.reference.evaluate(data["obs"], data["action"], False, mask)[0]
-        totals = torch.zeros(len(STAT_NAMES))
-        epochs = count = 0
-        for epochs in range(1, c.num_sgd_iter + 1):
-            track = c.target_kl is not None or epochs == c.num_sgd_iter
-            totals.zero_()
-            count = 0
-            for minibatch in sampler:
-                out = self._step(minibatch, track)
-                if out is not None:
-                    totals += out
-                count += 1
-            if past_target_kl(totals[STAT_NAMES.index("approx_kl")], count, c.target_kl):
-                break
-        result = dict(zip(STAT_NAMES, (totals / count).tolist()))
+                approx_kl, clipfrac = policy_stats(ratio, c.clip_coef, None)
+                stats.add(
+                    {
+                        "policy_loss": policy_loss,
+                        "entropy": entropy.mean(),
+                        "approx_kl": approx_kl,
+                        "clipfrac": clipfrac,
+                        "kl": kl,
+                    }
+                )
+
+    def learn(self, learner: GRPOLearner, rollout: TensorDict, select: torch.Tensor | None) -> dict[str, float]:
+        result = super().learn(learner, rollout, select)
         if self.reference is None:
             del result["kl"]
-        result["num_sgd_epochs"] = epochs
         return result
 
-    def _step(self, mb: TensorDict, track: bool) -> torch.Tensor | None:
-        """Loss, backward and optimizer step of one minibatch; its diagnostics when ``track``."""
-        c = self.learner_config
-        mask = mb.get("action_mask", None)
-        logp, entropy, _ = self.policy.evaluate(mb["obs"], mb["action"], track or c.ent_coef > 0, mask)
-        pg_loss, ratio = clipped_surrogate(logp, mb["sample_log_prob"], mb["advantage"], None, c.clip_coef)
-        loss = pg_loss
-        if c.ent_coef:
-            loss = loss - c.ent_coef * cast(torch.Tensor, entropy).mean()
-        kl = torch.zeros(())
-        if self.reference is not None:
-            kl = kl_k3(logp, mb["ref_log_prob"], None)
-            loss = loss + c.kl_coef * kl
-        self.optimizer.backward(loss)
-        self.optimizer.step()
-        if not track:
-            return None
-        with torch.no_grad():
-            approx_kl, clipfrac = policy_stats(ratio.detach(), c.clip_coef, None)
-            ent = cast(torch.Tensor, entropy).mean()
-            return torch.stack([pg_loss.detach(), ent, approx_kl, clipfrac, kl.detach()])
-
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "iterations": self.iterations,
-            "reference": None if self.reference is None else self.reference.state_dict(),
-        }
+        reference = None if self.reference is None else self.reference.state_dict()
+        return {**super().state_dict(), "iterations": self.iterations, "reference": reference}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
         self.iterations = state["iterations"]
         if self.reference is not None:
             self.reference.load_state_dict(state["reference"])

@@ -5,9 +5,11 @@
       - ent_coef * mean_w[ H ]                                          entropy bonus
     r = exp(logp - logp_old),  V_clip = V_old + clip(V - V_old, -c_v, c_v)
 
-``mean_w`` is the mean over valid rows (``mask``; None = all rows). tests/test_losses.py checks
-the value and gradients against a per-element Python loop; the hand-fused learn step
-(``shoal.algos.ppo_fused``) writes the same gradient out and is tested against this.
+``mean_w`` is the mean over valid rows (``mask``; None = all rows). ``ppo_loss`` is called by name:
+a minibatch TensorDict, the current policy's outputs and the coefficients in, named terms out.
+tests/test_losses.py checks the value and gradients against a per-element Python loop; the
+hand-fused learn step (``shoal.algos.ppo_fused``) takes the same call, writes the same gradient
+out and is tested against this.
 
 GRPO takes the clipped surrogate alone (``clipped_surrogate``) and adds ``kl_coef`` times the k3
 estimate of the KL divergence to a reference policy (``kl_k3``).
@@ -15,17 +17,15 @@ estimate of the KL divergence to a reference policy (``kl_k3``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
+
 import torch
+from tensordict import TensorDict
 
 from shoal import distributed
 
-# (loss, ratio, policy loss, value loss): the loss to minimize, then detached diagnostics
-LossOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-# ppo_loss's arguments after (logp, value, entropy): (old_logp, adv, old_value, returns, mask,
-# clip_coef, vf_clip_coef, vf_coef, ent_coef)
-LossArgs = tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float, float | None, float, float
-]
+if TYPE_CHECKING:
+    from shoal.config import PPOConfig
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -90,35 +90,77 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | None)
     return masked_mean(log_ratio.exp() - log_ratio - 1.0, mask)
 
 
+class PPOCoefficients(TypedDict):
+    """The weights ``ppo_loss`` (and the hand-fused step) take by name, from a policy's config."""
+
+    clip_coef: float
+    vf_clip_coef: float | None
+    vf_coef: float
+    ent_coef: float
+
+
+def ppo_coefficients(config: PPOConfig) -> PPOCoefficients:
+    return PPOCoefficients(
+        clip_coef=config.clip_coef, vf_clip_coef=config.vf_clip_coef, vf_coef=config.vf_coef, ent_coef=config.ent_coef
+    )
+
+
+class PPOTerms(NamedTuple):
+    """What ``ppo_loss`` computes: the loss to minimize and its detached parts."""
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    vf_loss: torch.Tensor
+    ratio: torch.Tensor
+    """``exp(log_prob - sample_log_prob)`` per row."""
+
+
 def ppo_loss(
-    logp: torch.Tensor,
+    batch: TensorDict,
+    *,
+    log_prob: torch.Tensor,
     value: torch.Tensor,
     entropy: torch.Tensor | None,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    old_value: torch.Tensor,
-    returns: torch.Tensor,
     mask: torch.Tensor | None,
     clip_coef: float,
     vf_clip_coef: float | None,
     vf_coef: float,
     ent_coef: float,
-) -> LossOutputs:
-    """PPO's total loss; also returns the ratio, the policy loss and the value loss (detached).
-
-    ``entropy`` may be None when ``ent_coef`` is 0."""
-    pg_loss, ratio = clipped_surrogate(logp, old_logp, adv, mask, clip_coef)
+) -> PPOTerms:
+    """PPO's loss on a minibatch ``batch`` (``sample_log_prob``, ``advantage``, ``value`` and
+    ``return`` as collected and estimated; the advantage already normalized or weighted as the
+    learner wants) given the current policy's ``log_prob``, ``value`` and ``entropy`` of the same
+    steps (``entropy`` may be None when ``ent_coef`` is 0); ``mask``: the valid rows (None: all).
+    """
+    advantage, returns = batch["advantage"], batch["return"]
+    policy_loss, ratio = clipped_surrogate(log_prob, batch["sample_log_prob"], advantage, mask, clip_coef)
     err = (value - returns).square()
     if vf_clip_coef is not None:
+        old_value = batch["value"]
         clipped = old_value + (value - old_value).clamp(-vf_clip_coef, vf_clip_coef)
         err = torch.maximum(err, (clipped - returns).square())
-    v_loss = 0.5 * masked_mean(err, mask)
-    loss = pg_loss + vf_coef * v_loss
+    vf_loss = 0.5 * masked_mean(err, mask)
+    loss = policy_loss + vf_coef * vf_loss
     if ent_coef:
         if entropy is None:
             raise ValueError(f"ppo_loss with ent_coef={ent_coef} needs the entropy; pass it, or ent_coef=0.")
         loss = loss - ent_coef * masked_mean(entropy, mask)
-    return loss, ratio.detach(), pg_loss.detach(), v_loss.detach()
+    return PPOTerms(loss, policy_loss.detach(), vf_loss.detach(), ratio.detach())
+
+
+@torch.no_grad()
+def ppo_statistics(
+    terms: PPOTerms, entropy: torch.Tensor, mask: torch.Tensor | None, clip_coef: float
+) -> dict[str, torch.Tensor]:
+    """The diagnostics of one PPO minibatch step, by name."""
+    approx_kl, clipfrac = policy_stats(terms.ratio, clip_coef, mask)
+    return {
+        "policy_loss": terms.policy_loss,
+        "vf_loss": terms.vf_loss,
+        "entropy": masked_mean(entropy, mask),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
 @torch.no_grad()
@@ -135,10 +177,10 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     return float("nan") if var == 0 else float(1.0 - (target - pred).var() / var)
 
 
-def past_target_kl(kl_total: torch.Tensor, steps: int, target_kl: float | None) -> bool:
-    """Whether an epoch's mean approximate KL (``kl_total`` over ``steps`` minibatches, averaged over
-    the data-parallel ranks so that they all stop at the same epoch) passed ``target_kl``: the
-    policy moved too far from the one that collected the data, and the update stops early."""
+def past_target_kl(approx_kl: torch.Tensor, target_kl: float | None) -> bool:
+    """Whether an epoch's mean approximate KL (averaged over the data-parallel ranks so that they
+    all stop at the same epoch) passed ``target_kl``: the policy moved too far from the one that
+    collected the data, and the update stops early."""
     if target_kl is None:
         return False
-    return distributed.average_(kl_total.detach().reshape(1).clone()).item() / steps > target_kl
+    return distributed.average_(approx_kl.detach().reshape(1).clone()).item() > target_kl

@@ -20,7 +20,6 @@ critic zeros for their observation and action. With one agent this is DDPG.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 import numpy as np
 import torch
@@ -28,8 +27,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from shoal.algos.critics import ReplayActorCritic, TargetActorLearner
-from shoal.algos.off_policy import bootstrapped
-from shoal.config import OffPolicyConfig, TrainerConfig
+from shoal.algos.off_policy import bootstrapped, transitions
 from shoal.config.maddpg import MADDPGConfig
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
@@ -37,7 +35,6 @@ from shoal.models.actors import (
     DeterministicPolicy,
     GumbelSoftmaxPolicy,
     QTowers,
-    ReplayActorPolicy,
     feedforward,
     network_sizes,
 )
@@ -48,13 +45,11 @@ TeamActions = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 """``MADDPGAlgorithm.team_actions``: (raw observations, their policy ids, by target actors?) -> actions."""
 
 
-class MADDPGAlgorithm(ReplayActorCritic):
+class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearner"]):
     name = "MADDPG"
     config_class = MADDPGConfig
     STAT_NAMES = ("critic_loss", "actor_loss", "q_mean")
     HIDDENS = (64, 64)
-
-    config: MADDPGConfig  # built from config_class by the trainer
 
     def __init__(self, config: MADDPGConfig, env: EnvInfo):
         kind = env.act_spec.kind
@@ -64,16 +59,15 @@ class MADDPGAlgorithm(ReplayActorCritic):
         """Width of one agent's action as the critics read it."""
         super().__init__(config, env)
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> ReplayActorPolicy:
+    def make_policy(self, policy_id: str, config: MADDPGConfig) -> MADDPGActor:
         """A Gumbel-Softmax actor for Discrete actions, a deterministic one with exploration noise for Box."""
-        c = cast(MADDPGConfig, config)
-        hiddens, activation = network_sizes(c, self.env, self.HIDDENS, "MADDPG")
+        hiddens, activation = network_sizes(config, self.env, self.HIDDENS, "MADDPG")
         obs_dim = int(np.prod(self.env.obs_spec.shape))
         actor = feedforward(obs_dim, hiddens, self.action_width, activation)
-        normalizer = obs_normalizers(c, self.env)[0]
+        normalizer = obs_normalizers(config, self.env)[0]
         if self.env.act_spec.kind == "discrete":
-            return GumbelSoftmaxPolicy(actor, self.action_width, normalizer, c.gumbel_temperature)
-        return DeterministicPolicy(actor, self.env.act_spec, normalizer, c.exploration_noise)
+            return GumbelSoftmaxPolicy(actor, self.action_width, normalizer, config.gumbel_temperature)
+        return DeterministicPolicy(actor, self.env.act_spec, normalizer, config.exploration_noise)
 
     def critic(self, policy_id: str) -> QTowers:
         """One Q-network over the team's observation features, the learning agent's slot and the team's actions."""
@@ -82,32 +76,33 @@ class MADDPGAlgorithm(ReplayActorCritic):
         width = agents * (int(np.prod(self.env.obs_spec.shape)) + 1 + self.action_width)
         return QTowers(width, hiddens, 1, activation).to(self.config.device)
 
-    def make_learner(self, policy_id: str, config: OffPolicyConfig) -> MADDPGLearner:
-        policy = cast(MADDPGActor, self.policies[policy_id])
-        return MADDPGLearner(policy, self.critic(policy_id), cast(MADDPGConfig, config), self.team_actions)
+    def make_learner(self, policy_id: str, config: MADDPGConfig) -> MADDPGLearner:
+        return MADDPGLearner(self.policies[policy_id], self.critic(policy_id), config, self.team_actions)
 
     def minibatch(self, index: torch.Tensor) -> TensorDict:
-        """The sampled steps' teams: ``team`` ``[B, agents]`` (``ReplayBuffer.gather``'s fields of
-        every row of the env at the same column) and ``slot`` ``[B]``, the learning agent's row in it."""
+        """The sampled steps' teams: ``team`` ``[B, agents]`` (the ``transitions`` of every row of
+        the env at the same column) and ``slot`` ``[B]``, the learning agent's row in it."""
         columns, agents = self.replay.columns, self.env.rows_per_env
         row, col = index // columns, index % columns
         first = row - row % agents
         team_rows = first.unsqueeze(1) + torch.arange(agents, device=index.device)
         team_index = (team_rows * columns + col.unsqueeze(1)).view(-1)
-        team = self.replay.gather(team_index, self.config.n_step, self.config.gamma).view(len(index), agents)
+        c = self.config
+        team = transitions(self.replay, team_index, n_step=c.n_step, gamma=c.gamma).view(len(index), agents)
         return TensorDict({"team": team, "slot": row % agents}, batch_size=[len(index)])
 
     def team_actions(self, obs: torch.Tensor, policy_id: torch.Tensor, target: bool) -> torch.Tensor:
         """Each row's action by its own policy's actor (its target copy with ``target``, for trained
         policies) as critics read it: ``obs`` ``[R, ...]`` raw, ``policy_id`` ``[R]``."""
-        actions: torch.Tensor | None = None
-        for index, (pid, policy) in enumerate(self.policies.items()):
-            actor_policy = cast(MADDPGActor, policy)
-            learner = cast("MADDPGLearner | None", self.learners.get(pid))
+        chosen = []
+        for pid, policy in self.policies.items():
+            learner = self.learners.get(pid)
             actor = learner.actor_target.module if target and learner is not None else None
-            action = actor_policy.critic_action(actor_policy.features(obs), actor)
-            actions = action if actions is None else torch.where((policy_id == index).unsqueeze(1), action, actions)
-        return cast(torch.Tensor, actions)
+            chosen.append(policy.critic_action(policy.features(obs), actor))
+        actions = chosen[0]
+        for index, action in enumerate(chosen[1:], 1):
+            actions = torch.where((policy_id == index).unsqueeze(1), action, actions)
+        return actions
 
 
 class MADDPGLearner(TargetActorLearner):

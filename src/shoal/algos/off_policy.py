@@ -2,27 +2,32 @@
 
     training_step: phases until timesteps_per_iteration env steps are in, each:
         collect [N, T+1] (T = train_freq) -> replay.add -> after learning_starts:
-        gradient_steps x (each trained policy: sample its rows -> learner.learn -> priorities)
+        gradient_steps x (each trained policy: sample its rows -> transitions: the buffer's n-step
+        windows -> n_step_returns [-> importance_weights] -> learner.learn [-> priorities])
 
 An algorithm subclasses ``OffPolicyAlgorithm`` with its learner (one per trained policy: the
 networks, targets and optimizers of one policy, and ``learn(batch, weights)``) and, when it
 needs them, hooks before each phase (DQN's epsilon) and after it (DQN's target updates).
 Minibatches are drawn from the steps of the learner's own policy, so in multi-agent runs the one
-buffer serves as one buffer per policy.
+buffer serves as one buffer per policy. The buffer stores and gathers; the return math is the
+pure functions of ``shoal.algos.returns``, called here.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Generic, Protocol
 
 import torch
 from tensordict import TensorDict
+from typing_extensions import TypeVar
 
 from shoal.algos.base import Algorithm, Collector
 from shoal.algos.optim import AutogradOptimizer
+from shoal.algos.returns import importance_weights, n_step_returns
 from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
 from shoal.config import OffPolicyConfig
 from shoal.envs.spaces import EnvInfo
+from shoal.models.policy import Policy
 
 
 class Learner(Protocol):
@@ -32,7 +37,7 @@ class Learner(Protocol):
     """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One minibatch step on ``batch`` (``ReplayBuffer.gather``'s fields) with importance
+        """One minibatch step on ``batch`` (``transitions``' fields) with importance
         ``weights`` (None: uniform); returns the step's statistics (``STAT_NAMES`` order) and each
         step's absolute TD error, the new priorities."""
         ...
@@ -42,32 +47,59 @@ class Learner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+ConfigT = TypeVar("ConfigT", bound=OffPolicyConfig, default=OffPolicyConfig)
+PolicyT = TypeVar("PolicyT", bound=Policy, default=Policy)
+LearnerT = TypeVar("LearnerT", bound=Learner, default=Learner)
+
+
+def transitions(replay: ReplayBuffer, index: torch.Tensor, *, n_step: int, gamma: float) -> TensorDict:
+    """The sampled steps at flat ``index`` as a learner reads them: the stored fields of each, with
+    ``reward`` the discounted sum of up to ``n_step`` rewards from it on and ``discount`` the
+    bootstrap's (``n_step_returns`` over the buffer's windows: stopping at an episode's end or the
+    newest stored step, ``gamma ** k`` for ``k`` rewards, 0 after a terminal step), and ``next_obs``
+    (and ``next_action_mask``) after the last step summed, from the buffer's ``bootstrap``."""
+    batch, window = replay.gather(index, n_step)
+    shape = window.start.shape  # [B], or [B, L] for sequences
+    valid = None if window.valid is None else window.valid.reshape(-1, n_step)
+    reward, discount, last = n_step_returns(
+        window.reward.reshape(-1, n_step),
+        window.terminated.reshape(-1, n_step),
+        window.truncated.reshape(-1, n_step),
+        gamma=gamma,
+        valid_t=valid,
+    )
+    batch["reward"], batch["discount"] = reward.view(shape), discount.view(shape)
+    for key, value in replay.bootstrap(window.start, last.view(shape)).items():
+        batch[key] = value
+    return batch
+
+
 def bootstrapped(batch: TensorDict, next_value: torch.Tensor) -> torch.Tensor:
-    """The learning target ``R_n + discount * V(s_n)`` of ``ReplayBuffer.gather``'s ``batch``:
-    ``discount`` is 0 after a terminal step, where ``next_value`` is not read (it may be inf)."""
-    discount = batch["discount"]
-    return cast(torch.Tensor, batch["reward"] + torch.where(discount > 0, discount * next_value, 0.0))
+    """The learning target ``R_n + discount * V(s_n)`` of ``transitions``' ``batch``: ``discount``
+    is 0 after a terminal step, where ``next_value`` is not read (it may be inf)."""
+    reward: torch.Tensor = batch["reward"]
+    discount: torch.Tensor = batch["discount"]
+    return reward + torch.where(discount > 0, discount * next_value, 0.0)
 
 
-class OffPolicyAlgorithm(Algorithm):
-    """Base of the replay learners: the phase loop, the replay buffer, per-policy learners."""
+class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, LearnerT]):
+    """Base of the replay learners: the phase loop, the replay buffer, per-policy learners
+    (``LearnerT``, built by ``make_learner``)."""
 
     config_class = OffPolicyConfig
     extras: ClassVar[tuple[str, ...] | None] = ()  # the buffer keeps the env fields only
     STAT_NAMES: ClassVar[tuple[str, ...]] = ()
     """The statistics each learner's ``learn`` returns, averaged over an iteration's steps."""
 
-    config: OffPolicyConfig  # built from config_class by the trainer
-
-    def __init__(self, config: OffPolicyConfig, env: EnvInfo):
+    def __init__(self, config: ConfigT, env: EnvInfo):
         super().__init__(config, env)
-        horizon = cast(int, config.rollout_fragment_length)  # filled when validated
+        horizon = config.rollout_fragment_length
+        assert horizon is not None  # filled when the config is validated
         self.rollout = RolloutBuffer(env, horizon, self.extra_fields(), config.device)
         self.replay = self.make_replay()
-        self.generator = torch.Generator().manual_seed(config.seed)
-        self.learners: dict[str, Learner] = {
-            pid: self.make_learner(pid, cast(OffPolicyConfig, self.policy_configs[pid]))
-            for pid in self.trained_policy_ids
+        self.generator = torch.Generator().manual_seed(config.seed)  # on the CPU: draws move to the buffer's device
+        self.learners: dict[str, LearnerT] = {
+            pid: self.make_learner(pid, self.policy_configs[pid]) for pid in self.trained_policy_ids
         }
         ids = list(self.policies)
         self._owner = {pid: None if len(ids) == 1 else ids.index(pid) for pid in self.learners}
@@ -89,12 +121,12 @@ class OffPolicyAlgorithm(Algorithm):
         """Each policy's state storage the collector fills at segment starts (None: no states)."""
         return None
 
-    def make_learner(self, policy_id: str, config: OffPolicyConfig) -> Learner:
+    def make_learner(self, policy_id: str, config: ConfigT) -> LearnerT:
         raise NotImplementedError(f"{type(self).__name__} must implement make_learner(policy_id, config)")
 
     @property
     def steps_per_iteration(self) -> int:
-        return self.config.phases * cast(int, self.config.train_batch_size)
+        return self.config.phases * super().steps_per_iteration
 
     def phase_progress(self, steps: int) -> float:
         """How far the ``learn()`` call has gone ``steps`` env steps into this iteration (between
@@ -144,9 +176,9 @@ class OffPolicyAlgorithm(Algorithm):
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
 
     def minibatch(self, index: torch.Tensor) -> TensorDict:
-        """What a learner learns from for the sampled steps at flat ``index``: by default
-        ``ReplayBuffer.gather``'s fields with the configured n-step returns."""
-        return self.replay.gather(index, self.config.n_step, self.config.gamma)
+        """What a learner learns from for the sampled steps at flat ``index``: by default their
+        ``transitions`` with the configured n-step returns."""
+        return transitions(self.replay, index, n_step=self.config.n_step, gamma=self.config.gamma)
 
     def learn_step(self, beta: float) -> list[tuple[str, torch.Tensor]]:
         """One minibatch step of each trained policy, on steps of its own rows."""
@@ -157,7 +189,9 @@ class OffPolicyAlgorithm(Algorithm):
             index = self.replay.sample(c.sgd_minibatch_size, self.generator, owner)
             weights = None
             if isinstance(self.replay, PrioritizedReplayBuffer):
-                weights = self.replay.importance_weights(index, beta, owner)
+                prob = self.replay.probabilities(index, owner)
+                least = self.replay.min_probability(owner)  # weights <= 1, as in the paper
+                weights = importance_weights(prob, size=len(self.replay), beta=beta, min_prob=least)
             stats, td_error = learner.learn(self.minibatch(index), weights)
             if isinstance(self.replay, PrioritizedReplayBuffer):
                 self.replay.update_priorities(index, td_error + c.prioritized_replay_eps, owner)

@@ -18,18 +18,21 @@ against autograd.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
 from torch import nn
+from typing_extensions import Unpack
 
 from shoal import distributed
-from shoal.algos.losses import LossArgs, LossOutputs
+from shoal.algos.losses import PPOCoefficients, PPOTerms
 from shoal.algos.optim import non_finite_step
-from shoal.models.distributions import Categorical, DiagGaussian, MultiCategorical
+from shoal.models.distributions import Categorical, DiagGaussian
 from shoal.models.layers import per_tower, stacked_forward
 from shoal.models.networks import MLPModel
 from shoal.models.policy import BOX_MASK_ERROR, ActorCriticPolicy
@@ -76,45 +79,64 @@ def flatten_parameters(module: nn.Module) -> nn.Parameter:
 
 class FusedPPOStep:
     """One PPO minibatch step: forward, loss, written-out backward, clip, Adam (Kingma & Ba 2014,
-    arXiv:1412.6980) on the flat parameter. Same interface as the autograd step in ``ppo.py``."""
+    arXiv:1412.6980) on the flat parameter. Called as ``ppo_loss`` is, less the policy's outputs,
+    which it computes itself."""
 
     def __init__(self, policy: ActorCriticPolicy, lr: float, eps: float, max_grad_norm: float | None):
         self.policy, self.lr, self.eps, self.max_grad_norm = policy, lr, eps, max_grad_norm
-        self.n_hidden = len(cast(MLPModel, policy.model).weights)  # fused_unavailable checked the model
+        assert isinstance(policy.model, MLPModel)  # fused_unavailable checked the model
+        self.net = policy.model
+        self.n_hidden = len(self.net.weights)
         self.flat = flatten_parameters(policy)
+        assert self.flat.grad is not None  # flatten_parameters gives it one
+        self.grad = self.flat.grad
+        """The flat gradient, of which every parameter's ``.grad`` is a view."""
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
-        self.step_count = torch.zeros((), dtype=self.flat.dtype)
+        self.step_count = torch.zeros((), dtype=self.flat.dtype, device=self.flat.device)
 
     @torch.no_grad()
     def __call__(
-        self, mb: TensorDict, loss_args: LossArgs, track: bool, need_entropy: bool
-    ) -> tuple[LossOutputs | None, torch.Tensor | None]:
-        """``(loss, ratio, pg_loss, v_loss)`` (None unless ``track``) and the entropy."""
-        policy, net = self.policy, cast(MLPModel, self.policy.model)  # fused_unavailable checked the model
+        self,
+        batch: TensorDict,
+        *,
+        mask: torch.Tensor | None,
+        track: bool,
+        need_entropy: bool,
+        **coefficients: Unpack[PPOCoefficients],
+    ) -> tuple[PPOTerms | None, torch.Tensor | None]:
+        """Step on ``batch`` (the fields ``ppo_loss`` reads, and ``obs``, ``action``, optionally
+        ``action_mask`` and ``critic_obs``); returns ``ppo_loss``'s terms (None unless ``track``)
+        and the entropy (None unless ``need_entropy``)."""
+        policy, net = self.policy, self.net
         params = net.flat_params
-        obs, critic_obs = policy.normalize(mb["obs"], mb.get("critic_obs", None))
+        obs, critic_obs = policy.normalize(batch["obs"], batch.get("critic_obs", None))
         x = net.inputs(obs, critic_obs)
         (dist_inputs, value), hidden = stacked_forward(x, net.activation, self.n_hidden, params)
-        logp, ent, ctx = _dist_forward(policy, dist_inputs, mb["action"], need_entropy, mb.get("action_mask", None))
-        outputs, (grad_logp, grad_value, grad_ent) = ppo_loss_and_grad(
-            logp, value.squeeze(-1), ent, *loss_args, with_values=track
+        logp, ent, ctx = _dist_forward(
+            policy, dist_inputs, batch["action"], need_entropy, batch.get("action_mask", None)
         )
+        value = value.squeeze(-1)
+
+        def loss_and_grad(with_values: bool) -> tuple[PPOTerms | None, Gradients]:
+            return ppo_loss_and_grad(
+                batch, log_prob=logp, value=value, entropy=ent, mask=mask, with_values=with_values, **coefficients
+            )
+
+        terms, (grad_logp, grad_value, grad_ent) = loss_and_grad(track)
         grad_dist = _dist_backward(policy, ctx, grad_logp, grad_ent)
-        grads = cast(
-            "list[torch.Tensor]", [p.grad for p in params]
-        )  # views into the flat gradient (flatten_parameters)
+        grads = [p.grad for p in params if p.grad is not None]  # views into the flat gradient: all of them
         stacked_backward(x, net.activation, params, hidden, (grad_dist, grad_value.unsqueeze(-1)), grads)
 
         def loss() -> float:  # computed only to report a step that is not taken
-            values = outputs or ppo_loss_and_grad(logp, value.squeeze(-1), ent, *loss_args, with_values=True)[0]
-            return float(cast(LossOutputs, values)[0])
+            values = terms if terms is not None else loss_and_grad(True)[0]
+            return float("nan") if values is None else float(values.loss)
 
         self._adam(loss)
-        return outputs, ent
+        return terms, ent
 
     def _adam(self, loss: Callable[[], float]) -> None:
-        grad = cast(torch.Tensor, self.flat.grad)  # set by flatten_parameters
+        grad = self.grad
         distributed.average_(grad)  # several data-parallel ranks: their mean gradient
         norm = grad.norm().item()  # a host float: on the CPU this costs nothing and saves three ops
         if not math.isfinite(norm):  # a non-finite loss reaches every gradient: the step is not taken
@@ -152,8 +174,20 @@ class FusedPPOStep:
 
 # ----- the action distributions: log-probability, entropy, and their gradients ----------------
 # What each distribution's forward keeps for its backward
-GaussianContext = tuple[torch.Tensor, torch.Tensor]  # (z, 1 / std)
-CategoricalContext = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # (log p, action index, entropy)
+class GaussianContext(NamedTuple):
+    z: torch.Tensor
+    """``(action - mean) / std``."""
+    inv_std: torch.Tensor
+
+
+class CategoricalContext(NamedTuple):
+    logp: torch.Tensor
+    """The log-probabilities of every action."""
+    taken: torch.Tensor
+    """The index of the action taken, ``[B, 1]``."""
+    entropy: torch.Tensor | None
+
+
 DistContext = GaussianContext | CategoricalContext | list[CategoricalContext]  # the last: MultiCategorical's parts
 
 
@@ -168,15 +202,16 @@ def _dist_forward(
         inv_std = (-policy.log_std).exp()
         z = (action - dist_inputs) * inv_std
         ent = dist.entropy(policy.log_std, len(dist_inputs)) if entropy else None
-        return dist.log_density(z, policy.log_std), ent, (z, inv_std)
+        return dist.log_density(z, policy.log_std), ent, GaussianContext(z, inv_std)
     if isinstance(dist, Categorical):
         return _categorical_forward(dist, dist_inputs, action, entropy, mask)
     parts = [
         _categorical_forward(p, x, a, entropy, m)
         for (p, x, m), a in zip(dist.split(dist_inputs, mask), action.unbind(-1))
     ]
-    ent = cast(torch.Tensor, sum(cast("list[torch.Tensor]", [e for _, e, _ in parts]))) if entropy else None
-    return cast(torch.Tensor, sum(lp for lp, _, _ in parts)), ent, [c for _, _, c in parts]
+    entropies = [e for _, e, _ in parts if e is not None]
+    ent = functools.reduce(operator.add, entropies) if entropies else None
+    return functools.reduce(operator.add, [lp for lp, _, _ in parts]), ent, [c for _, _, c in parts]
 
 
 def _categorical_forward(
@@ -185,7 +220,7 @@ def _categorical_forward(
     logp = dist.log_probs(logits, mask)
     ent = -(logp.exp() * logp).sum(-1) if entropy else None
     index = action.unsqueeze(-1)
-    return logp.gather(-1, index).squeeze(-1), ent, (logp, index, ent)
+    return logp.gather(-1, index).squeeze(-1), ent, CategoricalContext(logp, index, ent)
 
 
 def _dist_backward(
@@ -193,19 +228,18 @@ def _dist_backward(
 ) -> torch.Tensor:
     """Gradient wrt the distribution inputs (the log-std's is written into its ``.grad``). ``ctx``
     is what ``_dist_forward`` returned for the same distribution."""
-    if isinstance(policy.dist, DiagGaussian):
+    if isinstance(ctx, GaussianContext):
         # With z = (a - mean) / std: d logp / d mean = z / std, d logp / d log_std = z^2 - 1, dH / d log_std = 1.
-        z, inv_std = cast(GaussianContext, ctx)
         g = grad_logp.unsqueeze(-1)
-        grad_log_std = (g * (z.square() - 1.0)).sum(0)
+        grad_log_std = (g * (ctx.z.square() - 1.0)).sum(0)
         if grad_ent is not None:
             grad_log_std += grad_ent.sum()
-        cast(torch.Tensor, policy.log_std.grad).copy_(grad_log_std)  # a view into the flat gradient
-        return g * z * inv_std
-    if isinstance(policy.dist, MultiCategorical):  # log-prob and entropy are sums over the parts
-        parts = cast("list[CategoricalContext]", ctx)
-        return torch.cat([_categorical_backward(c, grad_logp, grad_ent) for c in parts], -1)
-    return _categorical_backward(cast(CategoricalContext, ctx), grad_logp, grad_ent)
+        assert policy.log_std.grad is not None  # a view into the flat gradient
+        policy.log_std.grad.copy_(grad_log_std)
+        return g * ctx.z * ctx.inv_std
+    if isinstance(ctx, list):  # MultiCategorical: log-prob and entropy are sums over the parts
+        return torch.cat([_categorical_backward(part, grad_logp, grad_ent) for part in ctx], -1)
+    return _categorical_backward(ctx, grad_logp, grad_ent)
 
 
 def _categorical_backward(
@@ -215,8 +249,8 @@ def _categorical_backward(
     A masked logit has p = 0 exactly, so its gradient is 0 (its action is never the one taken)."""
     logp, index, ent = ctx
     coef = grad_logp.unsqueeze(-1)
-    if grad_ent is not None:  # then the forward computed the entropy
-        coef = coef + grad_ent.unsqueeze(-1) * (logp + cast(torch.Tensor, ent).unsqueeze(-1))
+    if grad_ent is not None and ent is not None:  # a gradient for the entropy: the forward computed it
+        coef = coef + grad_ent.unsqueeze(-1) * (logp + ent.unsqueeze(-1))
     grad = logp.exp().mul_(coef).neg_()
     return grad.scatter_add_(-1, index, grad_logp.unsqueeze(-1))
 
@@ -229,24 +263,27 @@ def _row_weights(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor 
     return m / m.sum().clamp_min(1.0)
 
 
+Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # of the loss wrt (log_prob, value, entropy)
+
+
 def ppo_loss_and_grad(
-    logp: torch.Tensor,
+    batch: TensorDict,
+    *,
+    log_prob: torch.Tensor,
     value: torch.Tensor,
     entropy: torch.Tensor | None,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    old_value: torch.Tensor,
-    returns: torch.Tensor,
     mask: torch.Tensor | None,
     clip_coef: float,
     vf_clip_coef: float | None,
     vf_coef: float,
     ent_coef: float,
     with_values: bool = True,
-) -> tuple[LossOutputs | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """``(loss, ratio, pg_loss, v_loss)`` (None unless ``with_values``: the loss values are only
-    diagnostics, half the ops) and the loss's gradient wrt ``(logp, value, entropy)`` (the
-    entropy's is None when ``ent_coef`` is 0 or ``entropy`` is None)."""
+) -> tuple[PPOTerms | None, Gradients]:
+    """``ppo_loss``'s terms (None unless ``with_values``: the loss values are only diagnostics,
+    half the ops) and the loss's gradient wrt ``(log_prob, value, entropy)`` (the entropy's is
+    None when ``ent_coef`` is 0 or ``entropy`` is None)."""
+    logp, old_logp, adv = log_prob, batch["sample_log_prob"], batch["advantage"]
+    old_value, returns = batch["value"], batch["return"]
     w = _row_weights(mask, logp)
     ratio = (logp - old_logp).exp()
     surr = -adv * ratio
@@ -270,9 +307,9 @@ def ppo_loss_and_grad(
     pg_loss = (torch.maximum(surr, surr_clipped) * w).sum()
     v_loss = 0.5 * (v_err.square() * w).sum()
     loss = pg_loss + vf_coef * v_loss
-    if ent_coef:
-        loss = loss - ent_coef * (cast(torch.Tensor, entropy) * w).sum()  # given with ent_coef
-    return (loss, ratio, pg_loss, v_loss), (grad_logp, grad_value, grad_ent)
+    if ent_coef and entropy is not None:
+        loss = loss - ent_coef * (entropy * w).sum()
+    return PPOTerms(loss, pg_loss, v_loss, ratio), (grad_logp, grad_value, grad_ent)
 
 
 # ----- the stacked towers' backward --------------------------------------------------------------

@@ -14,7 +14,7 @@ from shoal.algos.td3 import TD3Algorithm
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec, spec_of
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
+ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {
     "ppo": PPOAlgorithm,
     "grpo": GRPOAlgorithm,
     "dqn": DQNAlgorithm,
@@ -24,14 +24,14 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 }
 
 
-def register_algorithm(name: str, cls: type[Algorithm]) -> None:
+def register_algorithm(name: str, cls: type[Algorithm[Any, Any]]) -> None:
     """Make ``algo=name`` (config, command line) build ``cls``."""
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"register_algorithm('{name}', ...) needs a shoal.Algorithm subclass, got {cls!r}.")
     ALGORITHMS[name.lower()] = cls
 
 
-def algorithm_class(spec: Any) -> type[Algorithm]:
+def algorithm_class(spec: Any) -> type[Algorithm[Any, Any]]:
     """The Algorithm subclass ``spec`` names."""
     if isinstance(spec, type) and issubclass(spec, Algorithm):
         return spec
@@ -51,7 +51,7 @@ def algorithm_class(spec: Any) -> type[Algorithm]:
     return algorithm_class(import_spec(spec, "algo"))
 
 
-def algorithm_spec(cls: type[Algorithm]) -> str:
+def algorithm_spec(cls: type[Algorithm[Any, Any]]) -> str:
     """What ``algo`` is written as in config.yaml and checkpoints: a built-in algorithm's short
     name, else 'module:Class', which a new process can import again (a name given with
     ``register_algorithm`` exists only in the process that registered it)."""

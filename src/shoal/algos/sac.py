@@ -15,7 +15,7 @@ with ``r`` the n-step reward sum and ``discount`` ``gamma ** n`` (0 after a term
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -24,23 +24,23 @@ from torch import nn
 from shoal.algos.critics import ActorCriticLearner, ReplayActorCritic
 from shoal.algos.off_policy import bootstrapped
 from shoal.algos.optim import AutogradOptimizer
-from shoal.config import OffPolicyConfig, TrainerConfig
 from shoal.config.sac import SACConfig
-from shoal.models.actors import BoundedActorPolicy, QTowers, SquashedGaussianPolicy, build_bounded_policy
+from shoal.models.actors import QTowers, SquashedGaussianPolicy, build_bounded_policy
 
 
-class SACAlgorithm(ReplayActorCritic):
+class SACAlgorithm(ReplayActorCritic[SACConfig, SquashedGaussianPolicy, "SACLearner"]):
     name = "SAC"
     config_class = SACConfig
     STAT_NAMES = ("critic_loss", "actor_loss", "entropy_coeff", "q_mean", "entropy")
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> BoundedActorPolicy:
+    def make_policy(self, policy_id: str, config: SACConfig) -> SquashedGaussianPolicy:
         """A tanh-squashed Gaussian actor (``model_config``'s ``hiddens``, else ``HIDDENS``)."""
-        return build_bounded_policy(config, self.env, self.HIDDENS)
+        policy = build_bounded_policy(config, self.env, self.HIDDENS)
+        assert isinstance(policy, SquashedGaussianPolicy)  # the builder's actor without exploration noise
+        return policy
 
-    def make_learner(self, policy_id: str, config: OffPolicyConfig) -> SACLearner:
-        policy = cast(SquashedGaussianPolicy, self.policies[policy_id])
-        return SACLearner(policy, self.critic(policy_id), cast(SACConfig, config))
+    def make_learner(self, policy_id: str, config: SACConfig) -> SACLearner:
+        return SACLearner(self.policies[policy_id], self.critic(policy_id), config)
 
 
 class SACLearner(ActorCriticLearner):

@@ -15,31 +15,31 @@ are unit actions (see ``shoal.models.actors``), so the noise scales are shares o
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 
 from shoal.algos.critics import ReplayActorCritic, TargetActorLearner
 from shoal.algos.off_policy import bootstrapped
-from shoal.config import OffPolicyConfig, TrainerConfig
 from shoal.config.sac import TD3Config
-from shoal.models.actors import BoundedActorPolicy, DeterministicPolicy, QTowers, build_bounded_policy
+from shoal.models.actors import DeterministicPolicy, QTowers, build_bounded_policy
 
 
-class TD3Algorithm(ReplayActorCritic):
+class TD3Algorithm(ReplayActorCritic[TD3Config, DeterministicPolicy, "TD3Learner"]):
     name = "TD3"
     config_class = TD3Config
     STAT_NAMES = ("critic_loss", "actor_loss", "q_mean")
     HIDDENS = (400, 300)
 
-    def make_policy(self, policy_id: str, config: TrainerConfig) -> BoundedActorPolicy:
+    def make_policy(self, policy_id: str, config: TD3Config) -> DeterministicPolicy:
         """A deterministic tanh actor exploring with the policy's ``exploration_noise``."""
-        return build_bounded_policy(config, self.env, self.HIDDENS, cast(TD3Config, config).exploration_noise)
+        policy = build_bounded_policy(config, self.env, self.HIDDENS, config.exploration_noise)
+        assert isinstance(policy, DeterministicPolicy)  # the builder's actor with exploration noise
+        return policy
 
-    def make_learner(self, policy_id: str, config: OffPolicyConfig) -> TD3Learner:
-        policy = cast(DeterministicPolicy, self.policies[policy_id])
-        return TD3Learner(policy, self.critic(policy_id), cast(TD3Config, config))
+    def make_learner(self, policy_id: str, config: TD3Config) -> TD3Learner:
+        return TD3Learner(self.policies[policy_id], self.critic(policy_id), config)
 
 
 class TD3Learner(TargetActorLearner):

@@ -4,9 +4,11 @@ Step ``i`` is drawn with probability ``P(i) = p_i ** alpha / sum_k p_k ** alpha`
 its last absolute TD error (plus a small epsilon), and new steps enter with the largest priority
 seen so far, so each is replayed at least once soon. The learner weighs each drawn step's loss
 by ``w_i = (n * P(i)) ** -beta / max_k w_k`` (``n`` stored steps; ``beta`` annealed to 1),
-which undoes the bias of the skewed sampling. A sum tree draws and a min tree gives ``max_k w_k``
-(``shoal.buffers.sumtree``), one pair per policy: a step is a leaf of its policy's trees only, so
-each policy draws from its own rows as from a buffer of its own.
+which undoes the bias of the skewed sampling: the buffer gives ``P(i)`` (``probabilities``) and
+the smallest one (``min_probability``, whose weight is ``max_k w_k``), and the learner computes
+the weights (``shoal.algos.returns.importance_weights``). A sum tree draws and a min tree gives
+the smallest priority (``shoal.buffers.sumtree``), one pair per policy: a step is a leaf of its
+policy's trees only, so each policy draws from its own rows as from a buffer of its own.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from shoal.envs.spaces import EnvInfo
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
-    """``ReplayBuffer`` whose ``sample`` draws by priority, with ``importance_weights`` for the
-    drawn steps and ``update_priorities`` from their new TD errors."""
+    """``ReplayBuffer`` whose ``sample`` draws by priority, with the ``probabilities`` the drawn
+    steps had and ``update_priorities`` from their new TD errors."""
 
     def __init__(
         self,
@@ -40,14 +42,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         sequence buffer's sequence length)."""
         super().__init__(env, capacity, fields, device, **storage)
         self.alpha = alpha
-        self.sums = [SegmentTree(self.capacity, "sum") for _ in range(num_policies)]
-        self.mins = [SegmentTree(self.capacity, "min") for _ in range(num_policies)]
+        self.sums = [SegmentTree(self.capacity, "sum", device) for _ in range(num_policies)]
+        self.mins = [SegmentTree(self.capacity, "min", device) for _ in range(num_policies)]
         self.max_priority = 1.0
         """The largest priority given so far: what new steps enter with."""
 
     def add(self, rollout: TensorDict, truncations: Any = None) -> torch.Tensor:
         changed = super().add(rollout, truncations)
-        fresh = torch.tensor(self.max_priority**self.alpha, dtype=torch.float64)
+        fresh = torch.tensor(self.max_priority**self.alpha, dtype=torch.float64, device=changed.device)
         drawable = self.drawable.view(-1)
         owner = self.storage["policy_id"].view(-1)
         for p, (sums, mins) in enumerate(zip(self.sums, self.mins)):
@@ -67,11 +69,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise RuntimeError(f"the replay buffer holds no steps{whose} to sample ({len(self)} stored)")
         return tree.sample(batch_size, generator)
 
-    def importance_weights(self, index: torch.Tensor, beta: float, policy: int | None = None) -> torch.Tensor:
-        """``(n * P(i)) ** -beta`` of the steps at ``index``, divided by the largest weight of any
-        stored step (that of the smallest priority): ``(P(i) / P_min) ** -beta``, float32."""
+    def probabilities(self, index: torch.Tensor, policy: int | None = None) -> torch.Tensor:
+        """``P(i)``, float64, of the steps at ``index`` among policy ``policy``'s steps: what the
+        learner's importance weights (``shoal.algos.returns.importance_weights``) undo."""
+        tree = self.sums[policy or 0]
+        return tree[index] / tree.total()
+
+    def min_probability(self, policy: int | None = None) -> float:
+        """The smallest ``P(i)`` of any step policy ``policy`` may draw (the largest weight's)."""
         p = policy or 0
-        return ((self.sums[p][index] / self.mins[p].total()) ** -beta).float()
+        return self.mins[p].total() / self.sums[p].total()
 
     def update_priorities(self, index: torch.Tensor, priority: torch.Tensor, policy: int | None = None) -> None:
         """New priorities (absolute TD errors, positive) of the steps at ``index``."""

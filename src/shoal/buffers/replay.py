@@ -22,14 +22,16 @@ little more than their raw bytes (``benchmarks/replay_buffer.py`` measures it).
 
 ``sample`` draws stored steps uniformly (of one policy's rows when asked: the buffer serves as
 one buffer per policy in multi-agent runs, without copying rows apart); ``gather`` reads them
-with their n-step returns: rewards summed over up to ``n`` steps, stopping at the episode's end
-(no bootstrap after a terminal step, a bootstrap from the true final observation after a
-truncated one) or at the newest stored step.
+with the windows of ``n`` steps from each on (rewards, episode ends, and where the stored row
+stops going on in one piece); the learner computes the n-step returns from those
+(``shoal.algos.returns.n_step_returns``: no bootstrap after a terminal step, a bootstrap from the
+true final observation after a truncated one) and asks ``bootstrap`` for the observation after
+the last step summed. The buffer computes no returns.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -38,6 +40,21 @@ from shoal.buffers.rollout import FieldSpec, env_fields
 from shoal.envs.spaces import EnvInfo
 
 FINAL_OBS_SHARE = 64  # the side table of truncated episodes' final observations: capacity / 64 entries
+
+
+class Windows(NamedTuple):
+    """``ReplayBuffer.windows``: the ``n`` stored steps from each sampled step ``[*S]`` on."""
+
+    start: torch.Tensor
+    """``[*S]`` the flat index of each window's first step (the sampled step)."""
+    reward: torch.Tensor
+    """``[*S, n]`` float32."""
+    terminated: torch.Tensor
+    """``[*S, n]`` bool."""
+    truncated: torch.Tensor
+    """``[*S, n]`` bool."""
+    valid: torch.Tensor | None
+    """``[*S, n]`` bool: the row goes on in one piece through the step (None: every step does)."""
 
 
 class ReplayBuffer:
@@ -122,7 +139,9 @@ class ReplayBuffer:
             changed.append(rows * c + previous)
         self._finals_kept = truncations is not None and not truncations.next_step
         if self._finals_kept and len(truncations):
-            changed.append(self._store_final_obs(truncations.row, cols[truncations.step], truncations.obs))
+            device = cols.device  # the collector keeps its truncations where the envs step
+            rows, steps = truncations.row.to(device), truncations.step.to(device)
+            changed.append(self._store_final_obs(rows, cols[steps], truncations.obs.to(device)))
         self.head = int(cols[horizon])
         self.size = min(self.size + horizon, c - 1)
         return torch.cat(changed)
@@ -171,58 +190,59 @@ class ReplayBuffer:
         """Random flat indices among the stored columns of every row."""
         if not self.size:
             raise RuntimeError("sample() called on an empty replay buffer; add() a rollout first")
-        draw = torch.randint(self.num_rows * self.size, (count,), generator=generator)
+        # drawn on the generator's device (the CPU), used on the storage's
+        draw = torch.randint(self.num_rows * self.size, (count,), generator=generator).to(self.sampleable.device)
         row, age = draw // self.size, draw % self.size
         return row * self.columns + (self.head - 1 - age) % self.columns
 
-    def gather(self, index: torch.Tensor, n_step: int = 1, gamma: float = 0.99) -> TensorDict:
-        """The steps at flat ``index`` with what learning from them needs: ``obs``, ``action`` (and
-        every other stored field at the step), ``reward``: the discounted sum of up to ``n_step``
-        rewards, stopping at an episode end or the newest stored step; ``next_obs``: the
-        observation after the last of them (a truncated episode's true final observation);
-        ``discount``: ``gamma ** k`` for the ``k`` rewards summed, 0 after a terminal step (nothing
-        to bootstrap); ``next_action_mask`` when the env masks actions (all legal after a
-        truncation, whose final observation comes with no mask)."""
-        return self._gather(index, n_step, gamma)[0]
+    def gather(self, index: torch.Tensor, n_step: int = 1) -> tuple[TensorDict, Windows]:
+        """The stored fields (``obs``, ``action``, ``reward``, ...) of the steps at flat ``index``
+        ``[B]``, and the ``n_step`` steps from each on (``windows``), from which the learner computes
+        n-step returns (``shoal.algos.returns.n_step_returns``) and then asks ``bootstrap`` for the
+        observation to bootstrap from."""
+        return self._flat[index], self.windows(index, n_step)
 
-    def _gather(
-        self, index: torch.Tensor, n_step: int, gamma: float, limit: torch.Tensor | None = None
-    ) -> tuple[TensorDict, torch.Tensor]:
-        """``gather``, summing at most ``limit`` rewards for each step when given (a sequence's
-        steps stop at its end); also returns the flat index of the last step summed for each."""
-        c = self.columns
+    def windows(self, index: torch.Tensor, n_step: int, limit: torch.Tensor | None = None) -> Windows:
+        """The ``n_step`` stored steps from each flat ``index`` ``[*S]`` on along its row, as ``[*S,
+        n_step]`` rewards and flags; ``valid`` is False where the row does not go on in one piece:
+        at the newest observation (the head, not a step yet) and after it, at a truncated step whose
+        final observation the side table lost (nothing to bootstrap from), and from ``limit`` steps
+        on when given (``[*S]``: a sequence's steps stop at its end)."""
         flat = self._flat
-        batch: TensorDict = flat[index]
-        row, col = index // c, index % c
-        reward = torch.zeros(len(index), device=index.device)
-        discount = torch.ones(len(index), device=index.device)
-        running = torch.ones(len(index), dtype=torch.bool, device=index.device)
-        step = index.clone()  # the flat index of the last step summed, per sample
-        for k in range(n_step):
-            at = row * c + (col + k) % c
-            if k and self._finals_kept:  # a window stops before a truncated step whose final obs is gone
-                running &= ~(flat["truncated"][at] & (self.final_slot.view(-1)[at] < 0))
-            step = torch.where(running, at, step)
-            reward += torch.where(running, discount * flat["reward"][at], 0.0)
-            discount = torch.where(running, discount * gamma, discount)
-            running &= ~(flat["done"][at] | ((col + k + 1) % c == self.head))
-            if limit is not None:
-                running &= limit > k + 1
-            if not bool(running.any()):
-                break
-        terminated = flat["terminated"][step]
-        truncated = flat["truncated"][step] & (self.final_slot.view(-1)[step] >= 0)
-        next_index = row * c + (step % c + 1) % c
-        next_obs = flat["obs"][next_index]
+        if n_step == 1:  # a window of the step itself, which is stored whole
+            at = index.unsqueeze(-1)
+            return Windows(index, flat["reward"][at], flat["terminated"][at], flat["truncated"][at], None)
+        c = self.columns
+        col = index % c
+        cols = (col.unsqueeze(-1) + torch.arange(n_step, device=index.device)) % c
+        at = (index - col).unsqueeze(-1) + cols
+        truncated = flat["truncated"][at]
+        valid = cols != self.head
+        if self._finals_kept:
+            valid &= ~(truncated & (self.final_slot.view(-1)[at] < 0))
+        if limit is not None:
+            valid &= torch.arange(n_step, device=index.device) < limit.unsqueeze(-1)
+        return Windows(index, flat["reward"][at], flat["terminated"][at], truncated, valid)
+
+    def bootstrap(self, index: torch.Tensor, last: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What to bootstrap from after the step ``last`` steps on from each flat ``index`` (both
+        ``[*S]``): ``next_obs``, the observation after it (a truncated episode's true final
+        observation), and ``next_action_mask`` when the env masks actions (all legal after a
+        truncation, whose final observation comes with no mask)."""
+        c = self.columns
+        col = index % c
+        row_start = index - col
+        step = row_start + (col + last) % c
+        final_slot = self.final_slot.view(-1)[step]
+        truncated = self._flat["truncated"][step] & (final_slot >= 0)
+        next_index = row_start + (col + last + 1) % c
+        next_obs = self._flat["obs"][next_index]
         if bool(truncated.any()):
-            which = truncated.nonzero().squeeze(1)
-            next_obs[which] = self.final_obs[self.final_slot.view(-1)[step[which]]]
-        batch["reward"] = reward
-        batch["next_obs"] = next_obs
-        batch["discount"] = torch.where(terminated, 0.0, discount)
-        if "action_mask" in flat.keys():  # noqa: SIM118 (a TensorDict)
-            batch["next_action_mask"] = flat["action_mask"][next_index] | truncated.unsqueeze(1)
-        return batch, step
+            next_obs[truncated] = self.final_obs[final_slot[truncated]]
+        out = {"next_obs": next_obs}
+        if "action_mask" in self._flat.keys():  # noqa: SIM118 (a TensorDict)
+            out["next_action_mask"] = self._flat["action_mask"][next_index] | truncated.unsqueeze(-1)
+        return out
 
     # ----- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

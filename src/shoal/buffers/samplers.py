@@ -4,7 +4,9 @@ A learn step never slices time by hand: it asks a sampler for an epoch of miniba
 rows belong to a policy is a mask over the storage (``select``), not a copy made by the caller.
 ``FlatSampler`` shuffles single transitions; ``SegmentSampler`` views the storage as
 ``[segments, segment_length]`` with each segment's stored start state (recurrent learning), and
-draws whole segments: shuffled, or by priority with importance weights.
+draws whole segments: shuffled, or by priority (with the probability of each drawn segment, from
+which the learner weighs it). A minibatch of several is a TensorDict of its own (a gathered copy),
+whose fields a learner may replace; a single minibatch covering everything is ``data`` itself.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class FlatSampler:
         self.data = flat if select is None else flat[select.reshape(-1)]
         self.generator = generator
         self.count = num_minibatches(self.data.batch_size[0], minibatch_size)
+        self.padded = "valid" in self.data.keys() and not bool(self.data["valid"].all())  # noqa: SIM118 (a TensorDict)
+        """Whether some transitions are padding (``valid`` False), which losses must mask out."""
 
     def __len__(self) -> int:
         return self.count
@@ -68,9 +72,9 @@ class SegmentSampler:
     of their steps not ``valid``, so a loss masks them out. An epoch is ``len(self)`` minibatches
     of about ``minibatch_segments`` segments: without priorities a shuffle of all segments split
     into near-equal parts, as ``FlatSampler`` does with transitions; with them (``epoch(priority,
-    alpha, beta)``) each minibatch draws segments with replacement, with probability p_i
-    proportional to ``priority_i ** alpha``, and importance weights ``(M p_i) ** -beta`` (M
-    segments), which undo the bias of the drawing as beta goes to 1. ``alpha=0`` is the shuffle.
+    alpha)``) each minibatch draws segments with replacement, with probability p_i proportional
+    to ``priority_i ** alpha``, and yields each drawn segment's p_i, from which the learner
+    computes its importance weight. ``alpha=0`` is the shuffle.
     """
 
     def __init__(
@@ -98,16 +102,18 @@ class SegmentSampler:
             states = None if states is None else states[keep]
         self.data, self.start_states, self.generator = segments, states, generator
         self.count = num_minibatches(segments.batch_size[0], minibatch_segments)
+        self.padded = not bool(segments["valid"].all())
+        """Whether some steps are padding (``valid`` False), which losses must mask out."""
 
     def __len__(self) -> int:
         return self.count
 
     def epoch(
-        self, priority: torch.Tensor | None = None, alpha: float = 0.0, beta: float = 1.0
+        self, priority: torch.Tensor | None = None, alpha: float = 0.0
     ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        """One epoch of ``(index, weights)``: segment indices into ``data`` (None: all of them, in
-        order) and their importance weights (None without priorities). ``priority`` is one
-        non-negative number per segment."""
+        """One epoch of ``(index, probability)``: segment indices into ``data`` (None: all of them,
+        in order) and the probability with which each was drawn (None without priorities).
+        ``priority`` is one non-negative number per segment."""
         total = self.data.batch_size[0]
         if priority is None or alpha == 0.0:
             if self.count == 1:
@@ -127,10 +133,10 @@ class SegmentSampler:
         size = -(-total // self.count)  # ceil: an epoch draws at least as many segments as it holds
         for _ in range(self.count):
             index = torch.multinomial(prob, size, replacement=True, generator=self.generator)
-            yield index, (total * prob[index]).pow(-beta).float()
+            yield index, prob[index]
 
     def minibatch(self, index: torch.Tensor | None) -> tuple[TensorDict, TensorDict | None]:
         """The segments ``index`` names, ``[M, L]``, and their start states ``[M]`` (None when none are stored)."""
         if index is None:
-            return self.data, self.start_states
+            return self.data.copy(), self.start_states
         return self.data[index], None if self.start_states is None else self.start_states[index]

@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.buffers.prioritized import PrioritizedReplayBuffer
-from shoal.buffers.replay import ReplayBuffer
+from shoal.buffers.replay import ReplayBuffer, Windows
 from shoal.buffers.rollout import FieldSpec
 from shoal.envs.spaces import EnvInfo
 
@@ -145,7 +145,7 @@ class SequenceReplayBuffer(ReplayBuffer):
                 f"{self.sequence_length}; add() more rollouts first"
             )
         spread = high - low + 1
-        draw = torch.randint(self.num_rows * spread, (count,), generator=generator)
+        draw = torch.randint(self.num_rows * spread, (count,), generator=generator).to(self.sampleable.device)
         row, back = draw // spread, low + draw % spread
         return row * self.columns + (self.head - back * self.stride) % self.columns
 
@@ -161,26 +161,32 @@ class SequenceReplayBuffer(ReplayBuffer):
         the windows starting on policy ``policy``'s steps only, when given)."""
         return super().sample(self.sequences_for(batch_size), generator, policy)
 
-    def gather(self, index: torch.Tensor, n_step: int = 1, gamma: float = 0.99) -> TensorDict:
+    def gather(self, index: torch.Tensor, n_step: int = 1) -> tuple[TensorDict, Windows]:
         """The windows starting at flat ``index`` ``[B]``, as a TensorDict of batch size ``[B]``:
-        every field of ``ReplayBuffer.gather`` for each of their steps (``[B, L, ...]``), with
-        n-step sums that also stop at the window's end; ``last_step [B, L]``: the window position of
-        the last step summed (the next observation is seen with the state after it); ``mask [B,
-        L]``: the steps learned from (past the burn-in, whole transitions, taken by the policy the
-        window starts with); ``start_state [B]``: the stored state at each window's start."""
+        every stored field of each of their steps (``[B, L, ...]``); ``mask [B, L]``: the steps
+        learned from (past the burn-in, whole transitions, taken by the policy the window starts
+        with); ``start_state [B]``: the stored state at each window's start. With them the
+        ``[B, L, n_step]`` windows of ``ReplayBuffer.windows`` from each step on, which also stop
+        at the sequence's end."""
         length, c = self.sequence_length, self.columns
         offset = torch.arange(length, device=index.device)
         col = index % c
         steps = (index - col).unsqueeze(1) + (col.unsqueeze(1) + offset) % c
-        ahead = (length - offset).repeat(len(index))  # rewards left before the window ends
-        flat, last = self._gather(steps.view(-1), n_step, gamma, ahead)
-        batch: TensorDict = flat.view(len(index), length)
+        batch: TensorDict = self._flat[steps]
+        windows = self.windows(steps, n_step, (length - offset).expand(len(index), length))
         owner = self.storage["policy_id"].view(-1)[index].unsqueeze(1)
-        batch["last_step"] = (last.view(len(index), length) - index.unsqueeze(1)) % c
         batch["mask"] = (offset >= self.burn_in) & self.sampleable.view(-1)[steps] & (batch["policy_id"] == owner)
         batch.batch_size = torch.Size([len(index)])
         batch["start_state"] = self.states[index // c, col // self.stride]
-        return batch
+        return batch, windows
+
+    def bootstrap(self, index: torch.Tensor, last: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``ReplayBuffer.bootstrap`` of the windows' steps ``[B, L]``, with ``last_step [B, L]``: the
+        sequence position of the last step summed (the next observation is seen with the state
+        after it)."""
+        return super().bootstrap(index, last) | {
+            "last_step": torch.arange(self.sequence_length, device=last.device) + last
+        }
 
     # ----- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ class SegmentTree:
     exact enough that a drawn mass lands where its prefix sums say.
     """
 
-    def __init__(self, capacity: int, reduce: str = "sum"):
+    def __init__(self, capacity: int, reduce: str = "sum", device: str | torch.device = "cpu"):
         if capacity < 1:
             raise ValueError(f"capacity={capacity} must be at least 1")
         if reduce not in _NEUTRAL:
@@ -33,10 +33,10 @@ class SegmentTree:
         self.capacity, self.reduce = capacity, reduce
         self.leaves = 1 << (capacity - 1).bit_length()
         self.depth = self.leaves.bit_length() - 1  # levels below the root
-        self.tree = torch.full((2 * self.leaves,), _NEUTRAL[reduce], dtype=torch.float64)
+        self.tree = torch.full((2 * self.leaves,), _NEUTRAL[reduce], dtype=torch.float64, device=device)
 
     def _check_index(self, index: torch.Tensor) -> torch.Tensor:
-        index = torch.as_tensor(index).reshape(-1).long()
+        index = torch.as_tensor(index, device=self.tree.device).reshape(-1).long()
         outside = (index < 0) | (index >= self.capacity)
         if bool(outside.any()):
             raise IndexError(f"index {int(index[outside][0])} is outside [0, {self.capacity})")
@@ -50,7 +50,7 @@ class SegmentTree:
         or infinite in a sum tree (ValueError).
         """
         index = self._check_index(index)
-        value = torch.as_tensor(value, dtype=torch.float64).broadcast_to(index.shape)
+        value = torch.as_tensor(value, dtype=torch.float64, device=self.tree.device).broadcast_to(index.shape)
         bad = value.isnan()
         if self.reduce == "sum":  # a priority: a draw's weight, which must be a finite share
             bad |= (value < 0) | value.isinf()
@@ -58,7 +58,7 @@ class SegmentTree:
             rule = "finite and non-negative in a sum tree" if self.reduce == "sum" else "a number"
             raise ValueError(f"value {float(value[bad][0])} must be {rule}")
         leaf, inverse = torch.unique(index, return_inverse=True)
-        position = torch.arange(len(index))
+        position = torch.arange(len(index), device=index.device)
         last = torch.full_like(leaf, -1).scatter_reduce_(0, inverse, position, "amax")
         node = leaf + self.leaves
         self.tree.index_copy_(0, node, value[last])
@@ -90,7 +90,7 @@ class SegmentTree:
             raise ValueError(f"find needs a sum tree, not reduce={self.reduce!r}")
         if self.total() <= 0:
             raise ValueError(f"find needs a positive total; this tree's total is {self.total()}")
-        mass = torch.as_tensor(mass, dtype=torch.float64)
+        mass = torch.as_tensor(mass, dtype=torch.float64, device=self.tree.device)
         if not bool(mass.isfinite().all()):
             raise ValueError(f"mass {float(mass[~mass.isfinite()][0])} must be finite")
         remaining = mass.reshape(-1).clamp(min=0.0)
@@ -111,8 +111,10 @@ class SegmentTree:
             raise ValueError(f"nothing to sample: the total priority is {self.total()}")
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
-        offset = torch.rand(batch_size, generator=generator, dtype=torch.float64)
-        return self.find((torch.arange(batch_size, dtype=torch.float64) + offset) * (self.total() / batch_size))
+        # drawn on the generator's device (the CPU), used on the tree's
+        offset = torch.rand(batch_size, generator=generator, dtype=torch.float64).to(self.tree.device)
+        strata = torch.arange(batch_size, dtype=torch.float64, device=self.tree.device)
+        return self.find((strata + offset) * (self.total() / batch_size))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The nodes and the capacity, as tensors for a checkpoint."""

@@ -5,11 +5,8 @@ groups; one when synchronous). Every agent row keeps its own write position, so 
 trajectory is whole however the groups interleave. A group that has taken its ``T`` steps is
 *parked*: its latest observation goes in slot ``T``, the policy's extras for it (the bootstrap
 value, for PPO) are written there, and the group waits, not stepping, until the next rollout
-starts from exactly that observation. With ``collect(..., until_done=True)`` a group is parked as
-soon as every env in it has ended an episode (GRPO's rollouts: each row's first episode whole);
-its latest observation goes in its next slot and the rest of its fragment is padding. With
-``collect(..., complete_episodes=T)`` every row's data ends at an episode end
-(``shoal.collect.carry``).
+starts from exactly that observation. ``until_done`` and ``complete_episodes`` park groups
+earlier or later (``shoal.collect.parking``); the slots a group leaves unfilled are padding.
 
 Per batch it does one forward per policy over the rows that policy owns (``PolicyMap``) and a
 fixed handful of copies into views of the preallocated storage (made once per rollout storage
@@ -29,8 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,41 +36,14 @@ from tensordict import TensorDict
 from shoal.collect.carry import EpisodeCarry
 from shoal.collect.critic import CriticInput
 from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, mark_episode_starts
+from shoal.collect.finite import check_env_outputs, non_finite_action
+from shoal.collect.parking import Parking, check_parking
 from shoal.collect.policies import PolicyMap
-from shoal.errors import ConfigError, EnvError, ShoalError, TrainingDiverged
+from shoal.collect.truncations import TruncatedRows, Truncations, gather_truncations, truncated_rows
 from shoal.models.normalize import RewardScaler
 from shoal.vector.base import Seed, StepBatch, VecBackend
 
-FIELDS = (
-    "obs",
-    "action",
-    "reward",
-    "done",
-    "terminated",
-    "truncated",
-    "first",
-    "valid",
-    "policy_id",
-)  # written each step
-
-
-@dataclass
-class Truncations:
-    """The truncated transitions of a rollout: ``row``, ``step`` and the true last observation
-    ``obs`` (and centralized-critic input) of each, ``[K, ...]``; ``states``: each policy's state
-    of those rows after acting at that step, the state a recurrent policy sees the last
-    observation with (an empty list when no policy keeps state). With next-step autoreset the last
-    observation is the rollout's next step (``next_step`` True), where the policies acted on it."""
-
-    row: torch.Tensor
-    step: torch.Tensor
-    obs: torch.Tensor
-    critic_obs: torch.Tensor | None
-    states: list[TensorDict]
-    next_step: bool = False
-
-    def __len__(self) -> int:
-        return len(self.row)
+FIELDS = ("obs", "action", "reward", "done", "terminated", "truncated", "first", "valid", "policy_id")  # each step
 
 
 class Collector:
@@ -93,13 +62,7 @@ class Collector:
         stored at every step. ``clip_rewards``
         changes the learning signal only (True: the reward's sign; a number c: clipped to [-c, c]);
         the episode returns the tracker reports stay raw."""
-        for pid, module in zip(policies.ids, policies.modules):
-            missing = [key for key in extras if key not in module.extras]
-            if missing:
-                raise ConfigError(
-                    f"policy '{pid}' ({type(module).__name__}) does not give the per-step fields {missing} "
-                    f"the algorithm stores; its act() fills {list(module.extras)}."
-                )
+        policies.check_extras(extras)
         self.backend, self.policies, self.tracker, self.critic = backend, policies, tracker, critic
         self.extras, self.reward_scaler, self.clip_rewards = extras, reward_scaler, clip_rewards
         self.env_steps = 0  # env steps collected so far
@@ -119,10 +82,10 @@ class Collector:
         """``[N, T+1]`` (sized on the first ``collect``): the env's rewards, before scaling and clipping."""
         self.step_infos: StepInfos = {}
         """The last rollout's infos of episodes' last steps: step -> row -> info."""
-        self._truncated: list[
-            tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, list[TensorDict]]
-        ] = []
+        self._truncated: list[TruncatedRows] = []
         self.carry: EpisodeCarry | None = None  # complete_episodes: the steps past each row's cut
+        # complete_episodes: each row's slots at the front of the rollout under way that the last one held
+        self._delivered = np.zeros(backend.num_rows, dtype=np.int64)
 
     def reset(self, seed: Seed) -> None:
         """Reset every env (``seed``: one int, one per env, or None); all groups start parked on
@@ -194,36 +157,20 @@ class Collector:
         steps). The count returned is the steps this rollout holds."""
         if not self._parked:
             raise RuntimeError("Collector.reset(seed) must be called before collect()")
-        if until_done and complete_episodes is not None:
-            raise ValueError("collect() takes until_done or complete_episodes, not both")
-        if complete_episodes is not None and (self.policies.stateful or complete_episodes >= rollout.batch_size[1]):
-            raise ValueError(
-                f"complete_episodes={complete_episodes} needs feedforward policies and a rollout of T + 2H + 1 slots "
-                f"(config.rollout_capacity + 1; this one has {rollout.batch_size[1]})"
-            )
+        check_parking(rollout.batch_size[1], until_done, complete_episodes, self.policies.stateful)
         start = time.perf_counter()
-        backend, policies = self.backend, self.policies
+        backend = self.backend
         horizon = rollout.batch_size[1] - 1
         segment = horizon // start_states[0].batch_size[1] if start_states else 0
-        step_infos: StepInfos = {}  # step -> row -> info of an episode's last step
         ready, self._parked = self._parked, []
         num_groups = len(ready)
         self._bind(rollout)
         self._truncated.clear()
         self._position[:] = 0
-        ended = torch.zeros(backend.num_rows, dtype=torch.bool) if until_done else None  # env ended an episode
-        cut = None  # complete_episodes: each row's last slot of this rollout (-1: not yet)
-        fresh = complete_episodes or 0  # new steps each row takes before it may be cut
-        longest = (horizon - fresh) // 2  # H: the capacity is T + 2H
+        step_infos: StepInfos = {}  # step -> row -> info of an episode's last step
         if complete_episodes is not None:
-            carry = self._carry(rollout)
-            begin, padding = carry.length.copy(), carry.delivered.copy()
-            carry.restore(rollout, self.raw_reward)
-            self._position[:] = begin
-            step_infos, carry.step_infos = carry.step_infos, {}
-            if carry.truncated is not None:
-                self._truncated.append((*carry.truncated, []))
-            cut = np.full(backend.num_rows, -1, dtype=np.int64)
+            step_infos = self._restore_carry(rollout)
+        parking = Parking(backend, horizon, until_done, complete_episodes, self._position.copy())
         while len(self._parked) < num_groups:
             resumed = bool(ready)  # parked since the last rollout: its obs is current, no step result to record
             batch = ready.pop() if resumed else backend.recv()
@@ -232,87 +179,99 @@ class Collector:
             views = self._views_for(rollout, batch, start_states)
             t = int(self._position[batch.rows.start])
             if not resumed:
-                if backend.failed_rows:  # its worker died taking this step (recreate_failed_workers)
-                    self._failed_step(batch, views, t - 1)
                 self._record_step(batch, views, t - 1, step_infos)
-                if ended is not None:
-                    self._mark_ended(ended[batch.rows], views, t - 1)
-                if cut is not None and t - begin[batch.rows.start] >= fresh:
-                    self._mark_cut(cut[batch.rows], views, t - 1)
-            # T steps taken (or, until_done, every env of the group has ended an episode; or, with
-            # complete_episodes, every row has its cut): act on the current obs for its extras only
-            # (the bootstrap; the action is not taken, so it is not sampled: no random draw is
-            # spent) and park until the next rollout
-            parking = t == horizon or (ended is not None and t > 0 and bool(ended[batch.rows].all()))
-            if cut is not None:
-                parking = bool((cut[batch.rows] >= 0).all())
-                # every row's episode ends within H steps (one more: a next-step reset) of its T-th new step
-                if not parking and t - begin[batch.rows.start] > fresh + longest:
-                    raise self._too_long(longest)
-            obs = views["obs"][t].copy_(batch.obs)
-            mask = None if batch.action_mask is None else views["action_mask"][t].copy_(batch.action_mask)
-            critic_obs = None if self.critic is None else self.critic.write(batch, obs, views["critic_obs"][t])
-            if not policies.single:
-                views["policy_id"][t].copy_(policies.row_policy[batch.rows])
-            views["first"][t].copy_(views["first_now"])
-            if segment and t % segment == 0 and t < horizon:
-                for p, stored in views["start_states"]:
-                    stored[t // segment].update_(policies.state(p, batch.rows))
-            if not parking or self.extras:  # parked with no extras to store (replay learners): no forward pass
-                action, _ = policies.act(
-                    obs,
-                    views["first_now"],
-                    mask,
-                    batch.rows,
-                    deterministic=parking,
-                    out=views["extras"][t],
-                    critic_obs=critic_obs,
-                    advance=not parking,
-                )
-            if parking:
-                self._parked.append(batch)
-                if t < horizon:
-                    self._pad(rollout, batch.rows, t, horizon)
+                parking.stepped(batch, views, t - 1)
+            self._write_obs(batch, views, t, segment, horizon)
+            if parking.parks(batch, t):
+                self._park(rollout, batch, views, t, horizon)
                 continue
-            if backend.logs_actions:  # external clients may have taken actions of their own
-                action = backend.logged(action, batch)
-            if action.is_floating_point() and not bool(torch.isfinite(action).all()):  # one read per step
-                raise self._non_finite_action(action, batch, obs)
-            views["action"][t].copy_(action)
-            backend.send(action, batch)
-            self._position[batch.rows] = t + 1
-        if cut is None:
-            self.truncations = self._gather_truncations(rollout, horizon)
-            steps = backend.num_envs * horizon if ended is None else int(self._position.sum()) // backend.rows_per_env
-        else:
-            step_infos = self._carry_over(rollout, horizon, cut, step_infos)
-            steps = int((cut + 1 - padding).sum()) // backend.rows_per_env
-        self._track(rollout, horizon, step_infos)
-        self._check_env_outputs(rollout, horizon)
+            self._send(self._act(batch, views, t, parked=False), batch, views, t)
+        steps = self._finish(rollout, horizon, parking, step_infos)
         self.env_steps += steps
         self.sample_time_s += time.perf_counter() - start
         return steps
 
-    def _carry(self, rollout: TensorDict) -> EpisodeCarry:
+    def _write_obs(self, batch: StepBatch, views: dict[str, Any], t: int, segment: int, horizon: int) -> None:
+        """Slot ``t`` of ``batch``'s rows: the observation the policies act on, with its action
+        mask, critic input, owners and episode starts; at a segment start, the policies' state."""
+        obs = views["obs"][t].copy_(batch.obs)
+        if batch.action_mask is not None:
+            views["action_mask"][t].copy_(batch.action_mask)
+        if self.critic is not None:
+            self.critic.write(batch, obs, views["critic_obs"][t])
+        policies = self.policies
+        if not policies.single:
+            views["policy_id"][t].copy_(policies.row_policy[batch.rows])
+        views["first"][t].copy_(views["first_now"])
+        if segment and t % segment == 0 and t < horizon:
+            for p, stored in views["start_states"]:
+                stored[t // segment].update_(policies.state(p, batch.rows))
+
+    def _act(self, batch: StepBatch, views: dict[str, Any], t: int, parked: bool) -> torch.Tensor:
+        """The policies' actions for slot ``t``, their extras written there. For a parked group the
+        extras alone count (the bootstrap): its action is not taken, so it is not sampled (no random
+        draw is spent) and the policies' state stays as it was."""
+        action, _ = self.policies.act(
+            views["obs"][t],
+            views["first_now"],
+            None if batch.action_mask is None else views["action_mask"][t],
+            batch.rows,
+            deterministic=parked,
+            out=views["extras"][t],
+            critic_obs=None if self.critic is None else views["critic_obs"][t],
+            advance=not parked,
+        )
+        return action
+
+    def _park(self, rollout: TensorDict, batch: StepBatch, views: dict[str, Any], t: int, horizon: int) -> None:
+        """``batch``'s group is done with this rollout: the extras for its current observation go
+        in slot ``t``, the slots after it are padding, and it waits there, not stepping, until the
+        next rollout starts from that observation."""
+        if self.extras:  # a learner storing no extras (replay) needs no forward pass
+            self._act(batch, views, t, parked=True)
+        self._parked.append(batch)
+        if t < horizon:
+            self._pad(rollout, batch.rows, t, horizon)
+
+    def _send(self, action: torch.Tensor, batch: StepBatch, views: dict[str, Any], t: int) -> None:
+        """Store ``batch``'s actions in slot ``t`` and send them to its envs."""
+        backend = self.backend
+        if backend.logs_actions:  # external clients may have taken actions of their own
+            action = backend.logged(action, batch)
+        if action.is_floating_point() and not bool(torch.isfinite(action).all()):  # one read per step
+            raise non_finite_action(action, batch, views["obs"][t], self.policies, backend)
+        views["action"][t].copy_(action)
+        backend.send(action, batch)
+        self._position[batch.rows] = t + 1
+
+    def _finish(self, rollout: TensorDict, horizon: int, parking: Parking, step_infos: StepInfos) -> int:
+        """Close the rollout: its truncations, its episodes counted, the env's outputs checked;
+        returns the env steps it holds."""
+        k = self.backend.rows_per_env
+        if parking.cut is None:
+            self.truncations = gather_truncations(rollout, horizon, self.backend.autoreset, self._truncated)
+            whole = parking.ended is None  # every row took its T steps
+            steps = self.backend.num_envs * horizon if whole else int(self._position.sum()) // k
+        else:
+            step_infos = self._carry_over(rollout, horizon, parking.cut, step_infos)
+            steps = int((parking.cut + 1 - self._delivered).sum()) // k
+        self._track(rollout, horizon, step_infos)
+        check_env_outputs(rollout, horizon, self.backend)
+        return steps
+
+    def _restore_carry(self, rollout: TensorDict) -> StepInfos:
+        """Complete episodes: the steps carried from the last rollout go to the front of this one
+        (and each row starts writing after them); returns their episode infos."""
         if self.carry is None:
             self.carry = EpisodeCarry(self.backend.num_rows, (*self._written(rollout), *self.extras))
-        return self.carry
-
-    def _mark_cut(self, cut: npt.NDArray[np.int64], views: dict[str, Any], t: int) -> None:
-        """Complete episodes: rows (of a batch, past their T new steps) whose env ended an episode
-        at step ``t`` and have no cut yet are cut there."""
-        done = views["terminated_np"] | views["truncated_np"]
-        k = self.backend.rows_per_env
-        if k > 1:
-            done = np.repeat(env_episode_ends(done, views["valid_np"], k), k)
-        cut[done & (cut < 0)] = t
-
-    def _too_long(self, longest: int) -> EnvError:
-        return EnvError(
-            f"env '{self.backend.name}' ran an episode longer than {longest} steps, the longest that "
-            f"batch_mode='complete_episodes' was sized for (`horizon`, else the env's declared limit); set "
-            f"horizon=H to end episodes after H steps, or use batch_mode='truncate_episodes' for this env."
-        )
+        carry = self.carry
+        np.copyto(self._delivered, carry.delivered)
+        carry.restore(rollout, self.raw_reward)
+        self._position[:] = carry.length
+        step_infos, carry.step_infos = carry.step_infos, {}
+        if carry.truncated is not None:
+            self._truncated.append((*carry.truncated, []))
+        return step_infos
 
     def _carry_over(
         self, rollout: TensorDict, horizon: int, cut: npt.NDArray[np.int64], step_infos: StepInfos
@@ -324,7 +283,8 @@ class Collector:
         for batch in self._parked:
             rows = batch.rows
             start[rows] = self.carry.keep(rollout, self.raw_reward, rows, cut[rows], int(self._position[rows.start]))
-        truncations = self._gather_truncations(rollout, horizon)  # after keep(): next-step ones read the flags
+        # after keep(): next-step truncations are read from the flags
+        truncations = gather_truncations(rollout, horizon, self.backend.autoreset, self._truncated)
         if not truncations.next_step:
             parts = (truncations.row, truncations.step, truncations.obs, truncations.critic_obs)
             truncations = Truncations(*self.carry.split_truncated(parts, cut, start), [])
@@ -347,6 +307,8 @@ class Collector:
     def _record_step(self, batch: StepBatch, views: dict[str, Any], t: int, step_infos: StepInfos) -> None:
         """Write the result of step ``t`` (reward, flags, truncated episodes' last observations) for
         ``batch``'s rows, and which rows start an episode now."""
+        if self.backend.failed_rows:  # its worker died taking this step (recreate_failed_workers)
+            self._failed_step(batch, views, t)
         done = torch.logical_or(batch.terminated, batch.truncated, out=views["done"][t])
         reward = views["reward"][t]
         if self.reward_scaler is None:
@@ -369,24 +331,9 @@ class Collector:
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():
-            local = batch.truncated.nonzero().squeeze(-1)
-            rows = local + batch.rows.start
-            critic = None if self.critic is None else self.critic.final(batch, local)
-            # the policies' state after acting at t: what a recurrent policy saw the last observation with
-            states = [state[rows] for state in self.policies.states] if self.policies.stateful else []
-            self._truncated.append((rows, torch.full_like(rows, t), batch.final_obs[local].clone(), critic, states))
+            self._truncated.append(truncated_rows(batch, t, self.critic, self.policies))
         if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
             self._start_episodes(batch, views)
-
-    def _mark_ended(self, ended: torch.Tensor, views: dict[str, Any], t: int) -> None:
-        """Set ``ended`` (a batch's rows) where the row's env ended an episode at step ``t``: every
-        agent still acting is done (one done row, for single-agent envs)."""
-        k = self.backend.rows_per_env
-        if k == 1:
-            ended.logical_or_(views["done"][t])
-            return
-        envs = env_episode_ends(views["done"][t].numpy(), views["valid_np"], k)
-        ended.logical_or_(torch.from_numpy(envs).repeat_interleave(k))
 
     def _pad(self, rollout: TensorDict, rows: slice, t: int, horizon: int) -> None:
         """Slots ``t..T-1`` of ``rows`` were not stepped: padding, masked from every loss and from the
@@ -395,24 +342,6 @@ class Collector:
             rollout[key][rows, t:horizon] = False
         rollout["reward"][rows, t:horizon] = 0.0
         self.raw_reward[rows, t:horizon] = 0.0
-
-    def _gather_truncations(self, rollout: TensorDict, horizon: int) -> Truncations:
-        critic = rollout.get("critic_obs", None)
-        if self.backend.autoreset == "next_step":  # the true final obs is the next step's obs, already stored
-            row, step = rollout["truncated"][:, :horizon].nonzero().unbind(1)
-            obs, critic_obs = rollout["obs"][row, step + 1], None if critic is None else critic[row, step + 1]
-            return Truncations(row, step, obs, critic_obs, [], next_step=True)
-        if not self._truncated:
-            none = torch.zeros(0, dtype=torch.long)
-            return Truncations(none, none, rollout["obs"][:0, 0], None if critic is None else critic[:0, 0], [])
-        rows, steps, obs, critics, states = zip(*self._truncated)
-        return Truncations(
-            torch.cat(rows),
-            torch.cat(steps),
-            torch.cat(obs),
-            None if critic is None else torch.cat(critics),
-            [cast(TensorDict, torch.cat(per_policy)) for per_policy in zip(*states)],
-        )
 
     def _start_episodes(self, batch: StepBatch, views: dict[str, Any]) -> None:
         """Envs whose episode ended this step (an agent finished and none is left acting) start a
@@ -431,44 +360,6 @@ class Collector:
         local = torch.tensor(mine) - batch.rows.start
         batch.final_obs[local] = views["obs"][t][local]
         self.backend.failed_rows[:] = [r for r in self.backend.failed_rows if r not in mine]
-
-    def _non_finite_action(self, action: torch.Tensor, batch: StepBatch, obs: torch.Tensor) -> ShoalError:
-        """Caught before the env sees it: the policy is at fault, unless the env's observation was
-        not finite already."""
-        row = int((~torch.isfinite(action)).reshape(len(action), -1).any(1).nonzero()[0])
-        policy = self.policies.ids[int(self.policies.row_policy[batch.rows][row])]
-        env_id = int(self.backend.batch.env_id[batch.rows][row])
-        if obs.is_floating_point() and not bool(torch.isfinite(obs[row]).all()):
-            return EnvError(
-                f"env '{self.backend.name}' (env {env_id}) returned a non-finite observation "
-                f"({obs[row].flatten()[:8].tolist()}); observations must be finite."
-            )
-        value = action[row].flatten()[~torch.isfinite(action[row].flatten())][0].item()
-        return TrainingDiverged(
-            f"it chose a non-finite action ({value}) for env '{self.backend.name}' (env {env_id}); "
-            f"the action was not sent to the env.",
-            policy,
-        )
-
-    def _check_env_outputs(self, rollout: TensorDict, horizon: int) -> None:
-        """The env's rewards, and its observations when they are floats, are finite: a NaN from the
-        env is the env's fault, and must not reach the learner to be taken for a diverged update."""
-        obs = rollout["obs"]
-        if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
-            row, step = (~torch.isfinite(obs)).reshape(*obs.shape[:2], -1).any(-1).nonzero()[0].tolist()
-            raise EnvError(
-                f"env '{self.backend.name}' (env {int(self.backend.batch.env_id[row])}) returned a non-finite "
-                f"observation ({obs[row, step].flatten()[:8].tolist()}) at step {step} of this rollout; "
-                f"observations must be finite."
-            )
-        reward = rollout["reward"][:, :horizon]
-        if not torch.isfinite(reward).all():
-            row, step = (~torch.isfinite(reward)).nonzero()[0].tolist()
-            env_id = int(self.backend.batch.env_id[row])
-            raise EnvError(
-                f"env '{self.backend.name}' (env {env_id}) returned a non-finite reward "
-                f"({reward[row, step].item()}) at step {step} of this rollout; rewards must be finite floats."
-            )
 
     def iteration_stats(self) -> dict[str, float]:
         """What the trainer adds to each iteration's result, called once per iteration (nothing for

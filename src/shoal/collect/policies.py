@@ -134,12 +134,23 @@ class PolicyMap:
         for p in self.reward_fed:
             self.state(p, rows)["prev_reward"].copy_(reward.unsqueeze(1))
 
+    def check_extras(self, extras: tuple[str, ...]) -> None:
+        """Every policy's ``act`` gives the per-step fields ``extras`` the algorithm stores."""
+        for pid, module in zip(self.ids, self.modules):
+            missing = [key for key in extras if key not in module.extras]
+            if missing:
+                raise ConfigError(
+                    f"policy '{pid}' ({type(module).__name__}) does not give the per-step fields {missing} "
+                    f"the algorithm stores; its act() fills {list(module.extras)}."
+                )
+
     def act(
         self,
         obs: torch.Tensor,
         first: torch.Tensor,
         action_mask: torch.Tensor | None,
         rows: slice,
+        *,
         deterministic: bool = False,
         out: TensorDict | None = None,
         critic_obs: torch.Tensor | None = None,

@@ -1,35 +1,28 @@
-"""The algorithms' configs: the keys PPO and GRPO share (``SurrogateConfig``), and each one's own."""
+"""The on-policy algorithms' configs: the keys of the family (``OnPolicyConfig``), those PPO and GRPO share
+(``SurrogateConfig``), and each one's own."""
 
 from __future__ import annotations
 
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 from pydantic import Field, model_validator
 
+from shoal.config.base import nearest
 from shoal.config.layout import BatchLayout
-from shoal.config.trainer import TrainerConfig, nearest
+from shoal.config.trainer import TrainerConfig
 from shoal.envs.horizon import declared_episode_steps
 from shoal.errors import ConfigError, did_you_mean
 from shoal.imports import import_spec, is_spec
 
 
-class SurrogateConfig(TrainerConfig):
-    """Keys of the algorithms that learn with PPO's clipped surrogate objective in epochs of minibatch
-    steps (PPO and GRPO share them)."""
+class OnPolicyConfig(TrainerConfig):
+    """Keys of the on-policy algorithms, which learn from each iteration's rollout in epochs of minibatch steps
+    (PPO, the segment learner, GRPO, and on-policy algorithms of your own)."""
 
-    sgd_minibatch_size: int = Field(default=256, ge=1)
-    """Agent steps per minibatch (also written `minibatch_size`); must divide the agent steps of an iteration (with
-    several policies, each policy's steps are split into near-equal minibatches of about this size)."""
     num_sgd_iter: int = Field(default=20, ge=1)
     """Epochs of minibatch steps over each iteration's batch (also written `update_epochs`)."""
-    adam_eps: float = Field(default=1e-5, gt=0.0)
-    """Adam's epsilon."""
-    clip_coef: float = Field(default=0.2, gt=0.0)
-    """Clip range of the policy ratio in the surrogate objective: `[1 - clip_coef, 1 + clip_coef]`."""
     ent_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the entropy bonus."""
-    max_grad_norm: float | None = Field(default=0.5, gt=0.0)
-    """Clip the global norm of each step's gradient to this; None: no clipping."""
     target_kl: float | None = Field(default=None, gt=0.0)
     """Stop an update's epochs early once an epoch's mean approximate KL exceeds this; None: run all `num_sgd_iter`
     epochs."""
@@ -37,14 +30,22 @@ class SurrogateConfig(TrainerConfig):
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
         *TrainerConfig.POLICY_KEYS,
         "adam_eps",
-        "clip_coef",
         "ent_coef",
         "max_grad_norm",
         "target_kl",
         "num_sgd_iter",
         "sgd_minibatch_size",
     )
-    ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size", "update_epochs": "num_sgd_iter"}
+    ALIASES: ClassVar[dict[str, str]] = {**TrainerConfig.ALIASES, "update_epochs": "num_sgd_iter"}
+
+
+class SurrogateConfig(OnPolicyConfig):
+    """Keys of the algorithms that learn with PPO's clipped surrogate objective (PPO and GRPO share them)."""
+
+    clip_coef: float = Field(default=0.2, gt=0.0)
+    """Clip range of the policy ratio in the surrogate objective: `[1 - clip_coef, 1 + clip_coef]`."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OnPolicyConfig.POLICY_KEYS, "clip_coef")
     MINIBATCH_DIVIDES_BATCH: ClassVar[bool] = True
 
 
@@ -86,6 +87,11 @@ class PPOConfig(SurrogateConfig):
     norm_adv: bool = True
     """Normalize advantages to mean 0 and std 1 within each minibatch."""
 
+    NOTES: ClassVar[dict[str, str]] = {
+        "sgd_minibatch_size": "PPO: it must divide the agent steps of an iteration (with several policies, each "
+        "policy's steps are split into near-equal minibatches of about this size)."
+    }
+
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
         *TrainerConfig.POLICY_KEYS,
         "gae_lambda",
@@ -103,7 +109,7 @@ class PPOConfig(SurrogateConfig):
 
     @model_validator(mode="after")
     def _check_estimator(self) -> PPOConfig:
-        from shoal.algos.advantages import ESTIMATORS  # here: shoal.algos imports this module
+        from shoal.algos.on_policy import ESTIMATORS  # here: shoal.algos imports this module
 
         spec = self.advantage_estimator
         if spec not in ESTIMATORS:
@@ -117,14 +123,28 @@ class PPOConfig(SurrogateConfig):
 
     @model_validator(mode="after")
     def _check_batch_mode(self) -> PPOConfig:
-        segments = self.recurrent or self.advantage_estimator == "vtrace" or self.bptt_horizon not in (None, 1)
-        if self.batch_mode == "complete_episodes" and (segments or self.prio_alpha > 0):
+        # accumulated minibatches alone are segments of one step, which rows of any length hold
+        cut = self.recurrent or self.advantage_estimator == "vtrace" or self.bptt_horizon not in (None, 1)
+        if self.batch_mode == "complete_episodes" and (cut or self.prio_alpha > 0):
             raise ConfigError(
-                "batch_mode='complete_episodes' gives rows of varying length, and the segment learner (a recurrent "
-                "model_config core, advantage_estimator='vtrace', bptt_horizon or prio_alpha) cuts each row into "
-                "equal segments; use batch_mode='truncate_episodes' with it."
+                f"batch_mode='complete_episodes' gives rows of varying length, and the segment learner (asked for "
+                f"by {self.learns_from_segments}) cuts each row into equal segments; use "
+                f"batch_mode='truncate_episodes' with it."
             )
         return self
+
+    @property
+    def learns_from_segments(self) -> str | None:
+        """What in this config makes PPO learn from ``[segments, bptt_horizon]`` views of the rollout
+        (the segment learner) instead of single transitions; None: nothing does."""
+        reasons = {
+            "a recurrent model_config core": self.recurrent,
+            "advantage_estimator='vtrace'": self.advantage_estimator == "vtrace",
+            f"bptt_horizon={self.bptt_horizon}": self.bptt_horizon not in (None, 1),
+            f"prio_alpha={self.prio_alpha}": self.prio_alpha > 0,
+            f"accumulate_minibatches={self.accumulate_minibatches}": self.accumulate_minibatches > 1,
+        }
+        return next((reason for reason, applies in reasons.items() if applies), None)
 
     @property
     def segment_length(self) -> int:
@@ -209,15 +229,17 @@ class GRPOConfig(SurrogateConfig):
     adv_eps: float = Field(default=1e-4, gt=0.0)
     """Added to the group's return std: the advantage is `(R - mean) / (std + adv_eps)` (0 for a group whose
     episodes all return the same)."""
-    sgd_minibatch_size: int = Field(default=512, ge=1)
-    """Steps per minibatch (also written `minibatch_size`): an iteration's first-episode steps, whose number varies,
-    are split into near-equal minibatches of about this size."""
-    num_sgd_iter: int = Field(default=4, ge=1)
-    """Epochs of minibatch steps over each iteration's first-episode steps (also written `update_epochs`)."""
-    rollout_fragment_length: int | None = Field(default=None, ge=1)
-    """Most steps per env per iteration (an iteration ends as soon as every env's first episode has ended); None:
-    the env's `max_episode_steps` when it declares one (its Gymnasium spec, or `env_config`), else 500, or `horizon`
-    when that is shorter. An episode still running at the end counts with the return it reached."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"sgd_minibatch_size": 512, "num_sgd_iter": 4}
+    NOTES: ClassVar[dict[str, str]] = {
+        "sgd_minibatch_size": "GRPO: an iteration's first-episode steps, whose number varies, are split into "
+        "near-equal minibatches of about this size.",
+        "num_sgd_iter": "GRPO: the batch is the iteration's first-episode steps.",
+        "rollout_fragment_length": "GRPO: the most steps per env per iteration, as an iteration ends as soon as "
+        "every env's first episode has ended; None: the env's `max_episode_steps` when it declares one (its "
+        "Gymnasium spec, or `env_config`), else 500, or `horizon` when that is shorter. An episode still running at "
+        "the end counts with the return it reached.",
+    }
 
     @model_validator(mode="after")
     def _check_groups(self) -> GRPOConfig:

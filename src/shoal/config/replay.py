@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, cast
+from typing import Any, ClassVar, cast
 
 from pydantic import Field, model_validator
 
@@ -19,24 +19,16 @@ class OffPolicyConfig(TrainerConfig):
     buffer_size: int = Field(default=1_000_000, ge=2)
     """Agent steps the replay buffer holds (split evenly over the agent rows); the oldest are overwritten."""
     learning_starts: int = Field(default=100, ge=0)
-    """Env steps collected before the first gradient step (the buffer fills with them first)."""
-    rollout_fragment_length: int | None = Field(default=1, ge=1)
-    """Steps of every env per collection phase (also written `train_freq`): each phase is followed by
-    `gradient_steps` minibatch steps."""
+    """Env steps collected before the first gradient step (the buffer fills with them first; the actor-critics act
+    uniformly at random meanwhile)."""
     gradient_steps: int = Field(default=1, ge=-1)
     """Minibatch steps after each collection phase; -1: as many as the env steps the phase collected."""
-    sgd_minibatch_size: int = Field(default=256, ge=1)
-    """Agent steps per minibatch drawn from the buffer (also written `minibatch_size`; SB3's `batch_size`)."""
     timesteps_per_iteration: int = Field(default=1000, ge=1)
     """Env steps per iteration (one logged result): whole collection phases until at least this many."""
     n_step: int = Field(default=1, ge=1)
     """Rewards summed per learning target (n-step returns); a sum stops at an episode's end."""
     tau: float = Field(default=1.0, gt=0.0, le=1.0)
     """Target network update: `target <- tau * online + (1 - tau) * target`; 1.0 copies (a hard update)."""
-    max_grad_norm: float | None = Field(default=10.0, gt=0.0)
-    """Clip the global norm of each step's gradient to this; None: no clipping."""
-    adam_eps: float = Field(default=1e-8, gt=0.0)
-    """Adam's epsilon."""
     prioritized_replay: bool = False
     """Draw minibatches by priority, the TD error of each step (Schaul et al. 2016), with importance weights."""
     prioritized_replay_alpha: float = Field(default=0.6, ge=0.0)
@@ -47,14 +39,21 @@ class OffPolicyConfig(TrainerConfig):
     """Added to each absolute TD error, so no step's priority is 0."""
     store_buffer_in_checkpoints: bool = False
     """Write the replay buffer into checkpoints (large; needed for a resume that continues bit for bit)."""
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    """`constant`: keep the step size; `linear`: anneal it linearly to 0 over each `learn()` call."""
 
-    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*TrainerConfig.POLICY_KEYS, "max_grad_norm", "adam_eps")
-    ALIASES: ClassVar[dict[str, str]] = {
-        "train_freq": "rollout_fragment_length",
-        "minibatch_size": "sgd_minibatch_size",
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "rollout_fragment_length": 1,
+        "lr_schedule": "constant",
+        "max_grad_norm": 10.0,
+        "adam_eps": 1e-8,
     }
+    NOTES: ClassVar[dict[str, str]] = {
+        "rollout_fragment_length": "Replay learners (also written `train_freq`): each collection phase is followed "
+        "by `gradient_steps` minibatch steps, and an iteration runs phases until `timesteps_per_iteration` env steps "
+        "are in.",
+        "sgd_minibatch_size": "Replay learners draw them from the buffer (SB3's `batch_size`).",
+    }
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*TrainerConfig.POLICY_KEYS, "max_grad_norm", "adam_eps")
+    ALIASES: ClassVar[dict[str, str]] = {"train_freq": "rollout_fragment_length", **TrainerConfig.ALIASES}
 
     @model_validator(mode="after")
     def _check_gradient_steps(self) -> OffPolicyConfig:
@@ -109,23 +108,6 @@ class DQNConfig(OffPolicyConfig):
     """The probability of a random action at the start."""
     exploration_final_eps: float = Field(default=0.04, ge=0.0, le=1.0)
     """The probability of a random action once the exploration fraction has passed."""
-    num_envs: int = Field(default=1, ge=1)
-    """Environments stepped together; each brings its agents as rows of the batch."""
-    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
-    """Discount factor of future rewards."""
-    learning_rate: float = Field(default=2.3e-3, gt=0.0)
-    """Adam's step size (annealed as `lr_schedule` says)."""
-    buffer_size: int = Field(default=100_000, ge=2)
-    """Agent steps the replay buffer holds (split evenly over the agent rows); the oldest are overwritten."""
-    learning_starts: int = Field(default=1000, ge=0)
-    """Env steps collected before the first gradient step (the buffer fills with them first)."""
-    rollout_fragment_length: int | None = Field(default=256, ge=1)
-    """Steps of every env per collection phase (also written `train_freq`): each phase is followed by
-    `gradient_steps` minibatch steps."""
-    gradient_steps: int = Field(default=128, ge=-1)
-    """Minibatch steps after each collection phase; -1: as many as the env steps the phase collected."""
-    sgd_minibatch_size: int = Field(default=64, ge=1)
-    """Agent steps per minibatch drawn from the buffer (also written `minibatch_size`; SB3's `batch_size`)."""
     target_update_interval: int = Field(default=10, ge=1)
     """Env steps between target network updates (several due in one phase compound into one update with
     `1 - (1 - tau) ** k`)."""
@@ -140,6 +122,16 @@ class DQNConfig(OffPolicyConfig):
     """With a recurrent core and `prioritized_replay`: a sequence's priority is `eta * max + (1 - eta) * mean` of its
     learned steps' absolute TD errors (R2D2's mix)."""
 
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "num_envs": 1,
+        "gamma": 0.99,
+        "learning_rate": 2.3e-3,
+        "buffer_size": 100_000,
+        "learning_starts": 1000,
+        "rollout_fragment_length": 256,
+        "gradient_steps": 128,
+        "sgd_minibatch_size": 64,
+    }
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "double_q", "dueling")
 
     @model_validator(mode="after")

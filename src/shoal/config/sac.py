@@ -1,8 +1,9 @@
-"""The keys of the replay actor-critics: those SAC, TD3 and MADDPG share, and SAC's and TD3's own."""
+"""The keys of the replay actor-critics: those SAC, TD3 and MADDPG share, those of the deterministic
+actors (TD3 and MADDPG), and SAC's and TD3's own."""
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,14 +15,11 @@ class ReplayActorCriticConfig(OffPolicyConfig):
     """Keys SAC, TD3 and MADDPG share. Defaults are Stable-Baselines3's: one env, a minibatch step of 256 after every
     env step from the 100th on, targets moved 0.5% toward the critics at each step."""
 
-    num_envs: int = Field(default=1, ge=1)
-    """Environments stepped together; each brings its agents as rows of the batch."""
-    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
-    """Discount factor of future rewards."""
-    tau: float = Field(default=0.005, gt=0.0, le=1.0)
-    """Target network update after each critic step: `target <- tau * online + (1 - tau) * target`."""
-    max_grad_norm: float | None = Field(default=None, gt=0.0)
-    """Clip the global norm of each step's gradient to this; None: no clipping."""
+    DEFAULTS: ClassVar[dict[str, Any]] = {"num_envs": 1, "gamma": 0.99, "tau": 0.005, "max_grad_norm": None}
+    NOTES: ClassVar[dict[str, str]] = {
+        "tau": "The actor-critics move their targets after each critic step (TD3: after each actor step, "
+        "`policy_delay`)."
+    }
 
     @model_validator(mode="after")
     def _check_action_rules(self) -> ReplayActorCriticConfig:
@@ -38,8 +36,6 @@ class SACConfig(ReplayActorCriticConfig):
     ReLU actor and twin critics, step size 3e-4, the entropy coefficient tuned toward an entropy of
     `-action_dims`."""
 
-    learning_rate: float = Field(default=3e-4, gt=0.0)
-    """Adam's step size for the actor, the critics and the entropy coefficient (annealed as `lr_schedule` says)."""
     entropy_coeff: Annotated[float, Field(ge=0.0)] | Literal["auto"] = "auto"
     """The weight `alpha` of the entropy bonus, fixed (0: none); `auto`: learned, so the policy's entropy tracks
     `target_entropy` (Haarnoja et al. 2018b)."""
@@ -48,6 +44,8 @@ class SACConfig(ReplayActorCriticConfig):
     target_entropy: float | Literal["auto"] = "auto"
     """The entropy a learned coefficient aims at; `auto`: minus the number of action dimensions."""
 
+    DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-4}
+    NOTES: ClassVar[dict[str, str]] = {"learning_rate": "SAC: the learned entropy coefficient's too."}
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
         *OffPolicyConfig.POLICY_KEYS,
         "entropy_coeff",
@@ -56,21 +54,24 @@ class SACConfig(ReplayActorCriticConfig):
     )
 
 
-class TD3Config(ReplayActorCriticConfig):
+class DeterministicActorConfig(ReplayActorCriticConfig):
+    """Keys TD3 and MADDPG share: their actors are deterministic (DDPG's), and explore with Gaussian noise."""
+
+    exploration_noise: float = Field(default=0.1, ge=0.0)
+    """Std of the Gaussian noise added to the actor's Box actions when collecting, as a share of the half range."""
+
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "exploration_noise")
+
+
+class TD3Config(DeterministicActorConfig):
     """TD3's keys (and the replay keys of `OffPolicyConfig`). Defaults are Stable-Baselines3's (Fujimoto et al.
     2018): a 400- and 300-unit ReLU actor and twin critics, step size 1e-3, the actor and the targets updated every
     second critic step; plus exploration noise of 0.1 of the half range, as the TD3 paper and rl-baselines3-zoo
     use (Stable-Baselines3 adds none unless asked)."""
 
-    learning_rate: float = Field(default=1e-3, gt=0.0)
-    """Adam's step size for the actor and the critics (annealed as `lr_schedule` says)."""
     policy_delay: int = Field(default=2, ge=1)
     """Critic steps per actor step; the target networks move at each actor step."""
-    exploration_noise: float = Field(default=0.1, ge=0.0)
-    """Std of the Gaussian noise added to the actor's actions when collecting, as a share of the half range."""
     target_policy_noise: float = Field(default=0.2, ge=0.0)
     """Std of the noise added to the target actor's actions (target smoothing), as a share of the half range."""
     target_noise_clip: float = Field(default=0.5, ge=0.0)
     """The target smoothing noise is clipped to `[-target_noise_clip, target_noise_clip]`."""
-
-    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "exploration_noise")

@@ -16,6 +16,14 @@ if TYPE_CHECKING:
 
 
 def check_sampling(c: TrainerConfig) -> None:
+    """Each check below in turn; the first problem found is raised."""
+    _check_clipping_and_episodes(c)
+    _check_remote_envs(c)
+    _check_restarts(c)
+    _check_episode_rules(c)
+
+
+def _check_clipping_and_episodes(c: TrainerConfig) -> None:
     if isinstance(c.clip_rewards, float) and not c.clip_rewards > 0:
         raise ConfigError(
             f"clip_rewards={c.clip_rewards} must be positive (rewards are clipped to [-c, c]), "
@@ -31,6 +39,9 @@ def check_sampling(c: TrainerConfig) -> None:
             f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "
             f"batch_mode='truncate_episodes'."
         )
+
+
+def _check_remote_envs(c: TrainerConfig) -> None:
     if c.remote_worker_envs and (c.backend != "ray" or c.vectorization_mode is not None or _is_vmas(c.env)):
         raise ConfigError(
             "remote_worker_envs makes each env of a Ray rollout worker an actor of its own: it needs backend='ray' "
@@ -42,6 +53,10 @@ def check_sampling(c: TrainerConfig) -> None:
             f"remote_worker_envs steps each worker's {per_worker} envs in async_factor={c.async_factor} equal groups; "
             f"use a num_envs that gives each of the num_workers={c.num_workers} workers a multiple of it."
         )
+
+
+def _check_restarts(c: TrainerConfig) -> None:
+    """Envs made anew (``restart_failed_envs``) and workers started anew (``recreate_failed_workers``)."""
     if c.restart_failed_envs and (c.backend == "external" or c.remote_worker_envs):
         where = "with backend='external' the simulators" if c.backend == "external" else "remote_worker_envs"
         raise ConfigError(
@@ -74,6 +89,10 @@ def check_sampling(c: TrainerConfig) -> None:
             "recreate_failed_workers starts dead env workers anew: it needs num_workers > 0, as worker processes "
             "(backend='local', envs made one by one) or Ray rollout workers (backend='ray')."
         )
+
+
+def _check_episode_rules(c: TrainerConfig) -> None:
+    """``info_keys`` and the rules that wrap each env shoal makes (horizons, ``no_done_at_end``)."""
     if c.info_keys and c.backend == "external":
         raise ConfigError(
             "info_keys reads the step infos of envs that shoal steps; with backend='external' the simulators "

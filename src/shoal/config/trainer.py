@@ -1,4 +1,4 @@
-"""``TrainerConfig``: the keys every algorithm shares, and the readers of YAML files and ``key=value`` pairs.
+"""``TrainerConfig``: the keys every algorithm shares, and the checks across them.
 
 Batch-size names follow RLlib: ``train_batch_size`` env steps are collected per iteration as
 ``num_envs`` envs times ``rollout_fragment_length`` steps, then split into ``sgd_minibatch_size``
@@ -7,24 +7,26 @@ accepted too and mean the same run: ``batch_size`` (agent steps per iteration: `
 times the agents of each env), ``minibatch_size`` (= ``sgd_minibatch_size``), ``update_epochs``
 (= ``num_sgd_iter``), with ``bptt_horizon`` and ``accumulate_minibatches``; ``BatchLayout`` shows
 what they add up to.
+
+Each key is declared here once; an algorithm whose default differs says so in its ``DEFAULTS``
+(``shoal.config.base``). The checks of workers and backends are in ``shoal.config.backends``,
+those of several policies in ``shoal.config.policies``, those of the sampling keys in
+``shoal.config.sampling``.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import types
-import typing
-import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from shoal.config.backends import check_external, check_ray
+from shoal.config.backends import check_workers
+from shoal.config.base import ConfigModel
+from shoal.config.policies import check_policies, with_policy_overrides
 from shoal.config.sampling import check_sampling
 from shoal.envs.horizon import EpisodeRules, declared_episode_steps
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError
 from shoal.imports import spec_of
 from shoal.models.catalog import check_model_config, resolve_model
 
@@ -32,12 +34,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class TrainerConfig(BaseModel):
-    """Keys every algorithm shares: environment, sampling, run outputs."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=False, arbitrary_types_allowed=True, allow_inf_nan=False
-    )
+class TrainerConfig(ConfigModel):
+    """Keys every algorithm shares: environment, sampling, run outputs, how the learner steps."""
 
     algo: Any = "ppo"
     """The algorithm: a registered name (`ppo`, `grpo`, or one given to `shoal.register_algorithm`), a `shoal.Algorithm`
@@ -80,7 +78,8 @@ class TrainerConfig(BaseModel):
     client_timeout_s: float = Field(default=60.0, gt=0)
     """`backend='external'`: an episode whose client sends nothing this long after its action is closed (truncated)."""
     rollout_fragment_length: int | None = Field(default=None, ge=1)
-    """Steps per env per iteration; None: `train_batch_size / num_envs`, or 32 when that is unset too."""
+    """Steps of every env per collection (on-policy learners collect once per iteration); None: `train_batch_size /
+    num_envs`, or 32 when that is unset too."""
     train_batch_size: int | None = Field(default=None, ge=1)
     """Env steps per iteration, `num_envs x rollout_fragment_length`: set any two of the three."""
     batch_size: int | None = Field(default=None, ge=1)
@@ -122,14 +121,20 @@ class TrainerConfig(BaseModel):
     wandb_mode: Literal["offline", "online"] = "offline"
     """`offline`: W&B files under the run directory, uploaded later with `wandb sync`; `online`: uploaded as the run
     goes."""
-    # discount, optimizer step size, and the network every policy is built with
+    # discount, the learner's steps, and the network every policy is built with
     gamma: float = Field(default=0.98, ge=0.0, le=1.0)
     """Discount factor of future rewards."""
     learning_rate: float = Field(default=1e-3, gt=0.0)
-    """Optimizer step size (annealed as `lr_schedule` says)."""
+    """Adam's step size for every network the algorithm trains (annealed as `lr_schedule` says)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
     """`linear`: anneal the step size linearly to 0 over each `learn()` call (`shoal train`: over
     `total_timesteps`; a later `learn(n)` after t steps goes on from progress t/(t+n)); `constant`: keep it."""
+    sgd_minibatch_size: int = Field(default=256, ge=1)
+    """Agent steps per minibatch (also written `minibatch_size`)."""
+    max_grad_norm: float | None = Field(default=0.5, gt=0.0)
+    """Clip the global norm of each step's gradient to this; None: no clipping."""
+    adam_eps: float = Field(default=1e-5, gt=0.0)
+    """Adam's epsilon."""
     model: Any = "mlp"
     """The network: `mlp`, `cnn`, a `torch.nn.Module` subclass or `'package.module:Class'`."""
     # hiddens, activation, conv_filters, ... Written model_config everywhere; the attribute has
@@ -199,7 +204,7 @@ class TrainerConfig(BaseModel):
     # keys a policy in `policies` may override: its network, and how it learns
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
     # other names of keys, as the segment learner writes them: alias -> key
-    ALIASES: ClassVar[dict[str, str]] = {}
+    ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size"}
     NO_RESTARTS: ClassVar[str | None] = None
     """Why the algorithm cannot learn around an env or worker started anew (None: it can)."""
     MINIBATCH_DIVIDES_BATCH: ClassVar[bool] = False
@@ -209,22 +214,6 @@ class TrainerConfig(BaseModel):
         "hiddens": "model_config={'hiddens': [64, 64]}",
         "activation": "model_config={'activation': 'relu'}",
     }
-
-    @model_validator(mode="before")
-    @classmethod
-    def _resolve_aliases(cls, data: Any) -> Any:
-        """``minibatch_size=...`` is ``sgd_minibatch_size=...``; both at once must agree."""
-        if not isinstance(data, dict) or not any(alias in data for alias in cls.ALIASES):
-            return data
-        data = dict(data)
-        for alias, key in cls.ALIASES.items():
-            if alias not in data:
-                continue
-            value = data.pop(alias)
-            if key in data and data[key] is not None and data[key] != value:
-                raise ConfigError(f"{alias}={value} and {key}={data[key]} are two names of one key; set one of them.")
-            data[key] = value
-        return data
 
     @model_validator(mode="after")
     def _check_model(self) -> TrainerConfig:
@@ -268,48 +257,7 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_workers(self) -> TrainerConfig:
-        if self.ray_address is not None and self.backend != "ray":
-            if "backend" in self.model_fields_set:
-                raise ConfigError(
-                    f"ray_address={self.ray_address!r} is for backend='ray', not backend='{self.backend}'."
-                )
-            self.backend = "ray"
-        if self.backend == "ray":
-            check_ray(self)
-        if self.backend == "external":
-            check_external(self)
-            return self
-        n, w = self.num_envs, self.num_workers
-        if w and self.vectorization_mode:
-            raise ConfigError(
-                f"num_workers={w} and vectorization_mode='{self.vectorization_mode}' both choose how envs "
-                f"are stepped; set one of them."
-            )
-        if w and n % w:
-            fits = [d for d in range(1, n + 1) if n % d == 0]
-            near = min(fits, key=lambda d: abs(d - w))
-            raise ConfigError(
-                f"num_envs={n} must be a multiple of num_workers={w} (each worker steps the same "
-                f"number of envs). Try num_workers={near} or num_envs={(n // w + 1) * w}."
-            )
-        f = self.async_factor
-        if f > 1 and not w:
-            raise ConfigError(
-                f"async_factor={f} needs env worker processes to overlap with; set num_workers to a "
-                f"multiple of {f} (e.g. num_workers={f}) or async_factor=1."
-            )
-        if f > 1 and w % f and not self.remote_worker_envs:  # env actors form the groups inside each worker
-            fits = [d for d in range(1, w + 1) if w % d == 0]
-            near = min(fits, key=lambda d: abs(d - f))
-            raise ConfigError(
-                f"num_workers={w} must be a multiple of async_factor={f} (each of the {f} groups gets "
-                f"the same number of workers). Try async_factor={near} or num_workers={(w // f + 1) * f}."
-            )
-        cores = os.cpu_count() or 1
-        if w > cores and self.backend == "local":  # Ray actors may run on other machines
-            warnings.warn(
-                f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.", stacklevel=2
-            )
+        check_workers(self)
         return self
 
     @model_validator(mode="after")
@@ -332,55 +280,12 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_policies(self) -> TrainerConfig:
-        if self.policies is None:
-            if self.policies_to_train is not None or isinstance(self.policy_mapping_fn, dict):
-                raise ConfigError(
-                    "policies_to_train and a policy_mapping_fn dict name policies; set policies too, "
-                    "e.g. policies={'main': {}, 'opponent': {}}."
-                )
-            return self
-        if isinstance(self.policies, list):
-            self.policies = dict.fromkeys(self.policies)
-        if not self.policies:
-            raise ConfigError("policies is empty; name at least one policy or leave it unset.")
-        self.policies = {pid: dict(spec or {}) for pid, spec in self.policies.items()}
-        for pid in self.policies:
-            self.policy_config(pid)  # every override checked now, not when the trainer is half built
-        named = list(self.policies_to_train or [])
-        if isinstance(self.policy_mapping_fn, dict):
-            named += self.policy_mapping_fn.values()
-        for pid in named:
-            if pid not in self.policies:
-                raise ConfigError(
-                    f"{pid!r} is not one of the policies {list(self.policies)}.{did_you_mean(str(pid), self.policies)}"
-                )
+        check_policies(self)
         return self
 
     def policy_config(self, policy_id: str) -> Self:
         """This config with policy ``policy_id``'s overrides applied (validated)."""
-        # a list of ids is a dict of empty overrides once validated (_check_policies)
-        policies = cast("dict[str, dict[str, Any]] | None", self.policies)
-        overrides = (policies or {}).get(policy_id) or {}
-        for key in overrides:
-            if key not in self.POLICY_KEYS:
-                raise ConfigError(
-                    f"policy '{policy_id}' overrides '{key}', which is not a per-policy key."
-                    f"{did_you_mean(key, self.POLICY_KEYS)} Per-policy keys: {', '.join(self.POLICY_KEYS)}."
-                )
-        if not overrides:
-            return self
-        fields = self.settings() | {"policies": None, "policies_to_train": None, "policy_mapping_fn": None}
-        model_config = overrides.get("model_config", {})
-        if not isinstance(model_config, dict):
-            raise ConfigError(
-                f"policy '{policy_id}' overrides model_config with {model_config!r}; it must be a dict of "
-                f"model_config keys, e.g. {{'hiddens': [32, 32]}}."
-            )
-        overrides = overrides | {"model_config": self.model_options | model_config}
-        try:
-            return type(self).build(**fields | overrides)
-        except ConfigError as e:
-            raise ConfigError(f"policy '{policy_id}': {e}") from None
+        return with_policy_overrides(self, policy_id)
 
     @property
     def policy_ids(self) -> list[str]:
@@ -406,46 +311,6 @@ class TrainerConfig(BaseModel):
             )
         self.train_batch_size = env_steps
         self._fill_rollout_shape()
-
-    @classmethod
-    def keys(cls) -> list[str]:
-        """The config's keys as users write them (and their other names)."""
-        return [field.alias or name for name, field in cls.model_fields.items()] + list(cls.ALIASES)
-
-    def settings(self) -> dict[str, Any]:
-        """Every key's value, keyed as users write them (``build(**settings())`` rebuilds the config)."""
-        return {field.alias or name: getattr(self, name) for name, field in type(self).model_fields.items()}
-
-    @classmethod
-    def build(cls, **overrides: Any) -> Self:
-        """Validate ``overrides`` into a config, turning pydantic's errors into one clear ConfigError."""
-        known = cls.keys()
-        unknown = [k for k in overrides if k not in known]
-        if unknown:
-            k = unknown[0]
-            if k in cls.MOVED:
-                raise ConfigError(
-                    f"'{k}' is a model_config key now: {cls.MOVED[k]} (on the command line model_config.{k}=...)."
-                )
-            raise ConfigError(
-                f"unknown config key '{k}' for {cls.__name__}.{did_you_mean(k, known)} "
-                f"Valid keys: {', '.join(sorted(known))}."
-            )
-        try:
-            return cls(**overrides)
-        except ValidationError as e:
-            first = e.errors()[0]
-            if first["type"] == "value_error" and not first["loc"]:  # our own cross-key checks
-                raise ConfigError(str(first["ctx"]["error"])) from None
-            key = ".".join(str(p) for p in first["loc"]) or "config"
-            top = str(first["loc"][0]) if first["loc"] else ""
-            value = overrides.get(top) if top else None
-            field = {f.alias or n: f for n, f in cls.model_fields.items()}.get(top)
-            if field is not None and _is_union(field.annotation):
-                # pydantic reports the first alternative's complaint under its type's name: say them all
-                allowed = str(field.annotation).replace("typing.", "")
-                raise ConfigError(f"bad value for '{top}': {value!r}: expected {allowed}.") from None
-            raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The config as plain data, for config.yaml and checkpoints: an env object, a callback
@@ -491,15 +356,3 @@ class TrainerConfig(BaseModel):
         overrides = cast("dict[str, dict[str, Any]]", self.policies or {}).values()
         configs = (self.model_options, *(o.get("model_config") or {} for o in overrides))
         return any(isinstance(cfg, dict) and cfg.get("core") for cfg in configs)
-
-
-def nearest(options: list[int], target: int) -> int:
-    """The option closest to ``target`` by ratio (the larger on a tie)."""
-    return min(options, key=lambda d: (abs(math.log(d / target)), -d))
-
-
-def _is_union(annotation: Any) -> bool:
-    """A union of two or more types besides None (``bool | float | None``, not ``int | None``)."""
-    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
-        return False
-    return len([a for a in typing.get_args(annotation) if a is not type(None)]) > 1

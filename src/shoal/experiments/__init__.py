@@ -26,6 +26,7 @@ def tune_installed() -> bool:
 def run_experiments(
     source: str | Path | dict[str, Any],
     out: str | Path = "runs/tune",
+    *,
     sequential: bool | None = None,
     concurrent: int | None = None,
     address: str | None = None,

@@ -175,7 +175,9 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
     encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
     try:
         if cfg.core is not None:
-            return recurrent_model(cfg, env, num_outputs, encoder_space, hiddens, activation, shared)
+            return recurrent_model(
+                cfg, env, num_outputs, encoder_space, hiddens=hiddens, activation=activation, shared=shared
+            )
         return EncoderModel(
             lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels),
             num_outputs,
@@ -192,6 +194,7 @@ def recurrent_model(
     env: EnvInfo,
     num_outputs: int,
     space: gym.Space[Any],
+    *,
     hiddens: list[int],
     activation: str,
     shared: bool,
@@ -210,10 +213,10 @@ def recurrent_model(
         num_outputs,
         cfg.core or "lstm",
         cfg.core_size or 128,
-        cfg.head_hiddens,
-        activation,
-        env.act_spec if cfg.use_prev_action else None,
-        cfg.use_prev_reward,
+        head_hiddens=cfg.head_hiddens,
+        activation=activation,
+        prev_action=env.act_spec if cfg.use_prev_action else None,
+        prev_reward=cfg.use_prev_reward,
     )
 
 

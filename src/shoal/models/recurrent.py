@@ -8,7 +8,8 @@ a separate critic, one per head. The core's state is one TensorDict row per agen
 Acting runs the core one step at a time; learning replays each ``[segments, bptt_horizon]``
 segment from the state stored at its start, zeroing it again at every episode start inside the
 segment, so a training forward with unchanged weights reproduces what the rollout computed. Both
-use the same cell (``nn.LSTMCell`` / ``nn.GRUCell``), one step per time step.
+use the same cell's parameters (``nn.LSTMCell`` / ``nn.GRUCell``): acting steps it, learning runs
+the recurrence over whole segments in one fused call (``shoal.models.cores``).
 
 ``use_prev_action`` / ``use_prev_reward`` add the previous action (one-hot per category for
 discrete actions) and the previous reward to the core's input, zeros at an episode start. They
@@ -20,7 +21,6 @@ stored ones; inside a segment the learner reads them from the stored actions and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 from tensordict import TensorDict
@@ -28,12 +28,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from shoal.envs.spaces import ActionSpec
+from shoal.models.cores import Core, cut_at_resets, make_cell, run_segments, step_cell
 from shoal.models.layers import linear_head, mlp
 from shoal.models.networks import POLICY_GAIN, VALUE_GAIN
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
-
-Core = Literal["lstm", "gru"]
 
 
 class RecurrentModel(nn.Module):
@@ -53,6 +52,7 @@ class RecurrentModel(nn.Module):
         num_outputs: int,
         core: Core,
         size: int,
+        *,
         head_hiddens: list[int] | None = None,
         activation: str = "tanh",
         prev_action: ActionSpec | None = None,
@@ -144,8 +144,22 @@ class RecurrentModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Segments ``obs [S, L, ...]`` replayed from ``start_state [S]``, zeroing the state where
         ``first [S, L]`` is True: distribution inputs ``[S, L, P]`` and values ``[S, L]``. The
-        segments' ``action`` and ``reward`` are needed when the core reads the previous ones."""
-        return self.heads(self.unroll(obs, start_state, first, action, reward)[0])
+        segments' ``action`` and ``reward`` are needed when the core reads the previous ones.
+
+        Each tower runs its trunk over every step at once, then its core over all the segments in
+        one fused call (``cores.run_segments``): the recurrence of ``unroll``, which steps the
+        cell once per time step, without a Python step per time step."""
+        segments, length = first.shape
+        pieces = cut_at_resets(first)
+        start = tuple(start_state[key] for key in self.state_keys)
+        inputs = self.sequence_inputs(start_state, first, action, reward)
+        outputs = []
+        for i, (trunk, cell) in enumerate(zip(self.trunks, self.cells)):
+            features = trunk(obs.flatten(0, 1)).unflatten(0, (segments, length))
+            features = self.with_inputs(features, inputs, first)
+            outputs.append(run_segments(cell, features, self.tower_state(start, i), pieces))
+        # the actor's units feed the policy head, the critic's the value head (one tower: the same)
+        return self.policy_head(outputs[0]), self.value_head(outputs[-1]).squeeze(-1)
 
     def sequence_inputs(
         self, start_state: TensorDict, first: torch.Tensor, action: torch.Tensor | None, reward: torch.Tensor | None
@@ -208,25 +222,6 @@ def encode_actions(action: torch.Tensor, spec: ActionSpec) -> torch.Tensor:
         return action.float()
     parts = action.reshape(action.shape[0], -1).unbind(1)
     return torch.cat([F.one_hot(part, n) for part, n in zip(parts, spec.nvec)], dim=-1).float()
-
-
-def make_cell(core: Core, feature_dim: int, size: int) -> nn.LSTMCell | nn.GRUCell:
-    """An LSTM or GRU cell with orthogonal weights and zero biases."""
-    cell: nn.LSTMCell | nn.GRUCell = nn.LSTMCell(feature_dim, size) if core == "lstm" else nn.GRUCell(feature_dim, size)
-    for name, param in cell.named_parameters():
-        if name.startswith("weight"):
-            nn.init.orthogonal_(param)
-        else:
-            nn.init.zeros_(param)
-    return cell
-
-
-def step_cell(cell: nn.Module, features: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """One step of ``cell``: the new state (``(h, c)`` for an LSTM, ``(h,)`` for a GRU)."""
-    if isinstance(cell, nn.LSTMCell):
-        h, c = cell(features, (state[0], state[1]))
-        return h, c
-    return (cell(features, state[0]),)
 
 
 class RecurrentActorCriticPolicy(ActorCriticPolicy):
@@ -296,6 +291,7 @@ class RecurrentActorCriticPolicy(ActorCriticPolicy):
         action: torch.Tensor,
         first: torch.Tensor,
         start_state: TensorDict,
+        *,
         entropy: bool = True,
         action_mask: torch.Tensor | None = None,
         reward: torch.Tensor | None = None,

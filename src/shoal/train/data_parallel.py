@@ -17,7 +17,7 @@ import torch
 from shoal import distributed
 from shoal.config import TrainerConfig
 from shoal.errors import ConfigError
-from shoal.train import setup
+from shoal.vector.base import seed_everything
 
 if TYPE_CHECKING:
     from shoal.train.trainer import Trainer
@@ -84,7 +84,7 @@ def after_resume(trainer: Trainer) -> None:
 def _reseed(trainer: Trainer, seed: int) -> None:
     rank = distributed.rank()
     trainer.collector.reset(seed + rank * trainer.backend.num_envs)
-    setup.seed_everything(seed + rank)
+    seed_everything(seed + rank)
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import torch
 from tensordict import TensorDict
 
+from shoal.collect import build
 from shoal.collect.episodes import mark_episode_starts
 from shoal.config import TrainerConfig
 from shoal.envs.horizon import EpisodeRules, with_rules
@@ -26,8 +27,8 @@ from shoal.envs.registry import config_creator, is_parallel_env
 from shoal.envs.spaces import ObsSpec
 from shoal.errors import ConfigError, EnvError
 from shoal.models.policy import Policy
-from shoal.train import setup
 from shoal.vector import VecBackend, adapted
+from shoal.vector.build import build_backend, with_action_rules
 from shoal.vector.vmas import is_vmas
 
 if TYPE_CHECKING:  # imageio is an optional extra
@@ -127,6 +128,7 @@ def filmed_backend(
     video_dir: Path,
     prefix: str,
     name: str,
+    *,
     rules: EpisodeRules | None = None,
 ) -> tuple[VecBackend, list[FrameWriter]]:
     """A serial backend of ``num_envs`` copies made with ``render_mode="rgb_array"``, each filmed
@@ -265,6 +267,7 @@ def evaluate_policies(
     config: TrainerConfig,
     policies: dict[str, Policy],
     env_name: str,
+    *,
     num_episodes: int,
     deterministic: bool,
     seed: int,
@@ -281,20 +284,20 @@ def evaluate_policies(
             f"scenario, which shoal does not film yet."
         )
     if video is None:
-        backend = setup.build_backend(config, num_episodes, evaluation=True)
+        backend = build_backend(config, num_episodes, evaluation=True)
     else:
         creator = config_creator(config.env, evaluation=True)
         filmed, filmers = filmed_backend(
-            creator, config.env_config, num_episodes, *video, env_name, config.episode_rules
+            creator, config.env_config, num_episodes, *video, env_name, rules=config.episode_rules
         )
-        backend = setup.with_action_rules(filmed, config)
+        backend = with_action_rules(filmed, config)
     try:
-        policy_map = setup.policy_map(policies, backend, policy_mapping_fn)
+        policy_map = build.policy_map(policies, backend, policy_mapping_fn)
         policy_map.start_episodes(range(backend.num_envs))
         rows = slice(0, backend.num_rows)
 
         def act(obs: torch.Tensor, action_mask: torch.Tensor | None, first: torch.Tensor) -> torch.Tensor:
-            return policy_map.act(obs, first, action_mask, rows, deterministic)[0]
+            return policy_map.act(obs, first, action_mask, rows, deterministic=deterministic)[0]
 
         with torch.random.fork_rng(devices=[]):
             row_policy = None if policy_map.single else (policy_map.ids, policy_map.row_policy.numpy())

@@ -1,68 +1,61 @@
-"""What a trainer builds before its first iteration, besides the algorithm: the envs' backend, the
-description of them an algorithm builds its networks for, the critic's extra input, which policy
-acts for each row, seeds and the run directory."""
+"""What a trainer builds before its first iteration: its algorithm's class and settings, its
+process's torch settings and seeds, the envs' backend, the description of them the algorithm
+builds its networks for, and the run directory. What a Ray rollout worker builds too lives below
+the trainer: a config's backend in ``shoal.vector.build``, the collector and what it needs in
+``shoal.collect.build``."""
 
 from __future__ import annotations
 
-import random
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from shoal.collect import Collector, EpisodeTracker
-from shoal.collect.critic import CriticInput, EnvState, TeamObs
-from shoal.collect.policies import PolicyMap, mapping_function
+from shoal.algos.base import Algorithm
+from shoal.algos.registry import algorithm_class
+from shoal.collect.critic import CriticInput
+from shoal.collect.rollout_worker import RolloutWorker
 from shoal.config import TrainerConfig
-from shoal.envs.atari import is_atari_id
+from shoal.config.tuned import TunedStart, start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
-from shoal.models.normalize import RewardScaler
-from shoal.models.policy import Policy
-from shoal.vector import VecBackend, make_backend
+from shoal.vector import VecBackend
+from shoal.vector.base import seed_everything
+from shoal.vector.build import build_backend, with_action_rules
 from shoal.vector.external import ExternalBackend
+from shoal.vector.ray_workers import WorkerSet
 
 
-def build_backend(
-    config: TrainerConfig, num_envs: int, num_workers: int = 0, evaluation: bool = False, first_env_id: int = 0
-) -> VecBackend:
-    """Envs that step on this machine: in this process, or in ``num_workers`` worker processes
-    (a Ray rollout worker's config asking for ``remote_worker_envs``: each env a Ray actor)."""
-    c = config
-    if c.remote_worker_envs and c.backend == "local" and not evaluation:
-        from shoal.train.remote_envs import RemoteEnvBackend  # only inside a Ray rollout worker
-
-        return with_action_rules(RemoteEnvBackend(c, num_envs, first_env_id), c)
-    backend = make_backend(
-        c.env,
-        num_envs,
-        c.env_config,
-        c.vectorization_mode,
-        num_workers,
-        c.async_factor if num_workers else 1,
-        env_state=c.central_critic == "state",
-        evaluation=evaluation,
-        first_env_id=first_env_id,
-        rules=c.episode_rules,
-        info_keys=() if evaluation else tuple(c.info_keys),
-        restart_failed_envs=c.restart_failed_envs and not evaluation,
-        recreate_failed_workers=c.recreate_failed_workers and not evaluation,
-    )
-    return with_action_rules(backend, c)
+def algorithm_settings(
+    preset: str | type[Algorithm] | None, trainer_name: str, settings: dict[str, Any]
+) -> tuple[type[Algorithm], dict[str, Any], TunedStart]:
+    """The algorithm class ``settings`` name, and the settings started from its tuned config for the
+    env. ``preset``: the one algorithm the trainer class ``trainer_name`` trains (``shoal.PPO``'s),
+    which ``settings`` may name only as itself."""
+    default = TrainerConfig.model_fields["algo"].default
+    if preset is None:
+        algo_cls = algorithm_class(settings.get("algo", default))
+    else:
+        algo_cls = algorithm_class(preset)
+        if "algo" in settings and algorithm_class(settings["algo"]) is not algo_cls:
+            raise ConfigError(
+                f"shoal.{trainer_name} trains {algo_cls.name}; for algo={settings['algo']!r} use "
+                f"shoal.Trainer(algo=...)."
+            )
+        settings = {**settings, "algo": settings.get("algo", preset)}  # as config.yaml and checkpoints record it
+    settings, tuned = start_from_tuned(settings, settings.get("algo", default), algo_cls.config_class)
+    return algo_cls, settings, tuned
 
 
-def with_action_rules(backend: VecBackend, config: TrainerConfig) -> VecBackend:
-    """``backend`` turning the policies' Box actions into the env's as ``config`` says; a backend
-    refusing the rules is closed."""
-    try:
-        backend.configure_actions(config.clip_actions, config.normalize_actions)
-    except BaseException:
-        backend.close()
-        raise
-    return backend
+def prepare_process(config: TrainerConfig) -> None:
+    """What a run sets for its whole process: torch's threads, denormal flushing, the global seeds."""
+    torch.set_num_threads(config.torch_threads)
+    # Adam's second moments and annealed updates drift into denormal floats late in training,
+    # which slows every CPU op several-fold; flushing them to zero costs nothing.
+    torch.set_flush_denormal(True)
+    seed_everything(config.seed)
 
 
 def training_backend(config: TrainerConfig) -> VecBackend:
@@ -87,48 +80,9 @@ def training_backend(config: TrainerConfig) -> VecBackend:
         finally:
             probe.close()
     if config.backend == "ray":
-        from shoal.train.ray_workers import WorkerSet  # Ray is imported only when asked for
-
-        return with_action_rules(WorkerSet(config), config)
+        # the actors' body is a collector, which the backend (below shoal.collect) is handed, not importing it
+        return with_action_rules(WorkerSet(config, RolloutWorker), config)
     return build_backend(config, config.num_envs, config.num_workers)
-
-
-def collector(
-    config: TrainerConfig,
-    backend: VecBackend,
-    policies: PolicyMap,
-    tracker: EpisodeTracker | None,
-    extras: tuple[str, ...],
-    critic: CriticInput | None,
-) -> Collector:
-    """The collector over ``backend``, with the config's reward scaling and clipping; over Ray
-    rollout workers, the one that gathers their fragments (each worker scales its own rewards)."""
-    c = config
-    if c.backend == "ray":
-        from shoal.train.ray_workers import RemoteCollector, WorkerSet
-
-        assert isinstance(backend, WorkerSet) and tracker is not None  # the driver's: training_backend made it
-        return RemoteCollector(backend, policies, tracker, extras)
-    reward_scaler = RewardScaler(backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
-    clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
-    return Collector(backend, policies, tracker, extras, reward_scaler, critic, clip_rewards)
-
-
-def central_critic(kind: str | None, backend: VecBackend, env_name: str) -> CriticInput | None:
-    """The extra input ``central_critic=kind`` gives the value function, or None."""
-    if kind is None:
-        return None
-    state = backend.batch.state
-    if backend.rows_per_env < 2 or (kind == "state" and state is None):
-        why = (
-            "has one agent per env"
-            if backend.rows_per_env < 2
-            else "gives no global state (PettingZoo envs with state() do); try central_critic='team_obs'"
-        )
-        raise ConfigError(f"central_critic='{kind}' needs a multi-agent env; '{env_name}' {why}.")
-    if kind == "state" and state is not None:
-        return EnvState(state.shape[1], backend.rows_per_env)
-    return TeamObs(int(np.prod(backend.obs_spec.shape)), backend.rows_per_env)
 
 
 def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> EnvInfo:
@@ -144,19 +98,6 @@ def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> 
         critic.dim if critic else 0,
         0 if backend.batch.info is None else backend.batch.info.shape[1],
     )
-
-
-def policy_map(policies: dict[str, Policy], backend: VecBackend, mapping_fn: Any) -> PolicyMap:
-    """Which of ``policies`` acts for each of ``backend``'s rows."""
-    agents = backend.agents or [f"agent_{i}" for i in range(backend.rows_per_env)]  # anonymous rows
-    mapping = mapping_function(mapping_fn, list(policies), agents) if len(policies) > 1 else None
-    return PolicyMap(policies, mapping, agents, backend.num_envs)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def run_dir(config: TrainerConfig, algo_name: str, env_name: str) -> Path | None:

@@ -14,13 +14,10 @@ modules, and Ray rollout workers receive the weights at the start of each collec
 from __future__ import annotations
 
 import contextlib
-import json
-import random
 import signal
 import sys
 import time
 import warnings
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar, overload
@@ -32,21 +29,17 @@ from tensordict import TensorDict
 
 from shoal import distributed
 from shoal.algos.base import Algorithm
-from shoal.algos.registry import algorithm_class, algorithm_spec
-from shoal.collect import EpisodeTracker
+from shoal.collect import build
 from shoal.collect.episodes import Episode
-from shoal.config import TrainerConfig, merge_settings
-from shoal.config.tuned import start_from_tuned
 from shoal.envs.registry import env_name
-from shoal.envs.snapshot import decode, encode
 from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, did_you_mean
-from shoal.files import write_atomic
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
-from shoal.train import data_parallel, faults, setup, signals
+from shoal.train import data_parallel, faults, run_state, setup, signals
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import act_once, evaluate_policies
+from shoal.vector.restarts import EnvRestarts
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -67,11 +60,7 @@ class Trainer:
         settings = dict(config or {}) | overrides
         if env is not None:
             settings["env"] = env
-        algo_cls = self._algorithm_class(settings)
-        if self.algo is not None:
-            settings.setdefault("algo", self.algo)  # the preset's algorithm, as config.yaml and checkpoints record it
-        algo = settings.get("algo", TrainerConfig.model_fields["algo"].default)
-        settings, self._tuned = start_from_tuned(settings, algo, algo_cls.config_class)
+        algo_cls, settings, self._tuned = setup.algorithm_settings(self.algo, type(self).__name__, settings)
         self.tuned_config = self._tuned.path
         """The tuned config file the settings started from (None: none; see the key ``tuned``)."""
         with self._tuned.named_in_errors():
@@ -81,38 +70,28 @@ class Trainer:
         self._joined_ranks = data_parallel.join(c)  # under torchrun: one of several ranks, quiet unless rank 0
         if c.verbose:
             self._tuned.announce()
-        torch.set_num_threads(c.torch_threads)
-        # Adam's second moments and annealed updates drift into denormal floats late in training,
-        # which slows every CPU op several-fold; flushing them to zero costs nothing.
-        torch.set_flush_denormal(True)
-        setup.seed_everything(c.seed)
+        setup.prepare_process(c)
         self.env_name = env_name(c.env)
         self.callbacks = CallbackList(c.callbacks)
-        self.env_restarts = faults.EnvRestarts(c.max_restarts_per_hour, self.env_name)
+        self.env_restarts = EnvRestarts(c.max_restarts_per_hour, self.env_name)
 
         self.backend = setup.training_backend(c)
         try:
             with self._tuned.named_in_errors():
                 c.check_batch(self.backend.rows_per_env)
-            critic = setup.central_critic(c.central_critic, self.backend, self.env_name)
-            self.algorithm: Algorithm = algo_cls(c, setup.env_info(self.backend, self.env_name, critic))
+            critic = build.central_critic(c.central_critic, self.backend, self.env_name)
+            env_info = setup.env_info(self.backend, self.env_name, critic)
+            self.algorithm: Algorithm = algo_cls.implementation(c)(c, env_info)
+            self.algorithm_class = algo_cls
+            """The algorithm asked for (``algo``), as config.yaml and checkpoints record it; ``algorithm``
+            may be an instance of a class it hands this config to (PPO's segment learner)."""
             if self.callbacks.has("on_postprocess_trajectory"):
                 self.algorithm.trajectory_hooks.append(lambda t: self.callbacks("on_postprocess_trajectory", self, t))
-            self.policy_map = setup.policy_map(self.policies, self.backend, c.policy_mapping_fn)
+            self.policy_map = build.policy_map(self.policies, self.backend, c.policy_mapping_fn)
             on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
-            self.tracker = EpisodeTracker(
-                self.backend.num_rows,
-                c.metrics_num_episodes_for_smoothing,
-                self.backend.batch.env_id.numpy(),
-                on_episode_end,
-                self.backend.agents,
-                c.policy_ids,
-                c.info_keys,
-                drop_failed=c.restart_failed_envs or c.recreate_failed_workers,
-            )
-            self.collector = setup.collector(
-                c, self.backend, self.policy_map, self.tracker, self.algorithm.stored_extras(), critic
-            )
+            self.tracker = build.episode_tracker(c, self.backend, on_episode_end)
+            extras = self.algorithm.stored_extras()
+            self.collector = build.collector(c, self.backend, self.policy_map, self.tracker, extras, critic)
             self.collector.take_restarts = self.env_restarts.take
             self.collector.reset(c.seed)
         except BaseException:  # the envs (worker processes, Ray actors) must not outlive a failed start
@@ -139,17 +118,6 @@ class Trainer:
             raise
 
     # ----- set-up -------------------------------------------------------------------------
-    @classmethod
-    def _algorithm_class(cls, settings: dict[str, Any]) -> type[Algorithm]:
-        if cls.algo is None:
-            return algorithm_class(settings.get("algo", TrainerConfig.model_fields["algo"].default))
-        preset = algorithm_class(cls.algo)
-        if "algo" in settings and algorithm_class(settings["algo"]) is not preset:
-            raise ConfigError(
-                f"shoal.{cls.__name__} trains {preset.name}; for algo={settings['algo']!r} use shoal.Trainer(algo=...)."
-            )
-        return preset
-
     @property
     def algo_name(self) -> str:
         """The algorithm's ``name`` (``PPO``, or yours)."""
@@ -176,25 +144,7 @@ class Trainer:
         collector = self.collector
         t0 = time.perf_counter()
         steps_before, sample_before = collector.env_steps, collector.sample_time_s
-        end = max(1, self._schedule_end)
-        self.algorithm.progress = self.timesteps_total / end
-        after = self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()  # every rank's
-        self.algorithm.progress_end = min(1.0, after / end)
-        try:
-            stats = self.algorithm.training_step(collector)  # a collector over remote envs sends them the weights
-            if (broken := faults.non_finite_weights(self.policies)) is not None:
-                raise broken
-        except TrainingDiverged as e:
-            raise faults.diverged(e, self, self.iteration + 1) from e
-        except EnvError as e:  # an env raised or a worker died: keep what the learner has first
-            faults.save_learner(self, e)
-            raise
-        if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
-            warnings.warn(
-                f"{self.algo_name} called collector.collect itself, so {' and '.join(skipped)} did not apply; "
-                f"collect through self.collect(collector, rollout) in training_step.",
-                stacklevel=2,
-            )
+        stats = self._training_step()
         elapsed = time.perf_counter() - t0
         steps = data_parallel.total_steps(collector.env_steps - steps_before)
         sample_s = collector.sample_time_s - sample_before
@@ -233,6 +183,30 @@ class Trainer:
             self.save()
         return result
 
+    def _training_step(self) -> dict[str, Any]:
+        """The algorithm's training step, told how far through the schedule it is; a diverged
+        update or a failed env stops the run, saying what was kept."""
+        end = max(1, self._schedule_end)
+        self.algorithm.progress = self.timesteps_total / end
+        after = self.timesteps_total + self.algorithm.steps_per_iteration * distributed.world_size()  # every rank's
+        self.algorithm.progress_end = min(1.0, after / end)
+        try:
+            stats = self.algorithm.training_step(self.collector)  # a collector over remote envs sends them the weights
+            if (broken := faults.non_finite_weights(self.policies)) is not None:
+                raise broken
+        except TrainingDiverged as e:
+            raise faults.diverged(e, self, self.iteration + 1) from e
+        except EnvError as e:  # an env raised or a worker died: keep what the learner has first
+            faults.save_learner(self, e)
+            raise
+        if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
+            warnings.warn(
+                f"{self.algo_name} called collector.collect itself, so {' and '.join(skipped)} did not apply; "
+                f"collect through self.collect(collector, rollout) in training_step.",
+                stacklevel=3,
+            )
+        return stats
+
     def _on_episode_end(self, episode: Episode) -> None:
         self.callbacks("on_episode_end", self, episode)
 
@@ -263,7 +237,7 @@ class Trainer:
                 self.stop_reason = "callback"
             if self.run_dir is not None:
                 last = self.save()
-                self._write_result_json(last)
+                run_state.write_summary(self, last)
         return result
 
     def _stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
@@ -277,71 +251,14 @@ class Trainer:
 
         return signals.handling((signal.SIGINT, signal.SIGTERM), request_stop)
 
-    def _write_result_json(self, checkpoint: Path | None) -> None:
-        assert self.run_dir is not None  # written only for runs that save outputs
-        summary = {
-            "training_iteration": self.iteration,
-            "timesteps_total": self.timesteps_total,
-            "time_total_s": self.time_total_s,
-            "stop_reason": self.stop_reason,
-            "checkpoint": str(checkpoint) if checkpoint else None,
-            "tuned_config": str(self.tuned_config) if self.tuned_config else None,
-            "metric_analysis": self.analysis.summary(),
-        }
-        path = self.run_dir / "result.json"
-        with faults.run_writes("the run's summary", path, self.run_dir):
-            write_atomic(path, json.dumps(summary, indent=2))
-
     # ----- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue bit for bit, as tensors and plain data."""
-        return {
-            "config": self.config.to_yaml_dict(),
-            "counters": {
-                "iteration": self.iteration,
-                "timesteps_total": self.timesteps_total,
-                "time_total_s": self.time_total_s,
-                "schedule_end": self._schedule_end,
-                "env_restarts": self.env_restarts.total,
-                "worker_restarts": self.env_restarts.workers,
-            },
-            "algorithm": self.algorithm.state_dict(),
-            "collector": self.collector.state_dict(),
-            "analysis": self.analysis.stats,
-            "backend": self.backend.state_dict(),
-            "rng": {
-                "python": random.getstate(),
-                "numpy": encode(np.random.get_state()),
-                "torch": torch.get_rng_state(),
-            },
-        }
+        return run_state.gather(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned: the run continues exactly where it was saved."""
-        try:
-            self.algorithm.load_state_dict(state["algorithm"])
-            self.collector.load_state_dict(state["collector"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise ckpt.CheckpointError(f"the checkpoint does not fit this trainer's config: {e}") from None
-        counters = state["counters"]
-        self.iteration, self.timesteps_total = counters["iteration"], counters["timesteps_total"]
-        self.time_total_s, self._schedule_end = counters["time_total_s"], counters["schedule_end"]
-        # checkpoints written before restarts were counted have neither
-        self.env_restarts.total = counters.get("env_restarts", 0)
-        self.env_restarts.workers = counters.get("worker_restarts", 0)
-        self.analysis = MetricAnalysis(state["analysis"])
-        if not self.backend.load_state_dict(state["backend"]):
-            warnings.warn(
-                f"env '{self.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
-                f"the resumed run starts new episodes instead of continuing them.",
-                stacklevel=2,
-            )
-            self.collector.reset(self.config.seed + self.iteration)  # the tracker forgets the episodes too
-        rng = state["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(decode(rng["numpy"]))
-        torch.set_rng_state(rng["torch"])
-        data_parallel.after_resume(self)
+        run_state.restore(self, state)
 
     def save(self, checkpoint_dir: str | Path | None = None) -> Path:
         """Write a checkpoint (default: ``<run_dir>/checkpoints/checkpoint_<iteration>``, keeping
@@ -365,17 +282,7 @@ class Trainer:
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """What a checkpoint records beside the state: algorithm, env, counters, shoal version, time."""
-        from shoal import __version__
-
-        return {
-            "algo": algorithm_spec(type(self.algorithm)),
-            "env": self.env_name,
-            "env_is_object": self.config.env_is_object,
-            "training_iteration": self.iteration,
-            "timesteps_total": self.timesteps_total,
-            "shoal_version": __version__,
-            "saved_at": datetime.now().isoformat(timespec="seconds"),
-        }
+        return run_state.meta(self)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> Self:
@@ -384,21 +291,8 @@ class Trainer:
         a dict updates the stored dict key by key at every depth (``policies={"p": {"gamma": 0.9}}``
         changes one setting of policy p and keeps the rest), as ``key.sub=value`` does on the
         command line."""
-        path = ckpt.resolve_checkpoint(path)
-        state, meta = ckpt.read_checkpoint(path)
-        settings = dict(state["config"])
-        if cls.algo is not None and "algo" not in overrides:
-            saved = settings["algo"]
-            try:
-                same = algorithm_class(saved) is algorithm_class(cls.algo)
-            except ConfigError:  # an algorithm of the user's that does not import here
-                same = False
-            if not same:
-                raise ckpt.CheckpointError(
-                    f"checkpoint '{path}' was written by algo '{saved}', not '{cls.algo}'; load "
-                    f"it with shoal.Trainer.from_checkpoint."
-                )
-        trainer = cls(**merge_settings(ckpt.stored_settings(path, settings, meta, overrides), overrides))
+        settings, state = run_state.saved_run(path, cls.algo, overrides)
+        trainer = cls(**settings)
         trainer.load_state_dict(state)
         trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
         return trainer
@@ -471,11 +365,11 @@ class Trainer:
                 c,
                 self.policies,
                 self.env_name,
-                num_episodes or c.evaluation_num_episodes,
-                c.evaluation_deterministic if deterministic is None else deterministic,
-                c.seed + 10_000 if seed is None else seed,
-                None if video is None else (video, f"iter{self.iteration:06d}_"),
-                policy_mapping_fn or c.policy_mapping_fn,
+                num_episodes=num_episodes or c.evaluation_num_episodes,
+                deterministic=c.evaluation_deterministic if deterministic is None else deterministic,
+                seed=c.seed + 10_000 if seed is None else seed,
+                video=None if video is None else (video, f"iter{self.iteration:06d}_"),
+                policy_mapping_fn=policy_mapping_fn or c.policy_mapping_fn,
             )
 
     def close(self) -> None:

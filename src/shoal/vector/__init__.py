@@ -49,6 +49,7 @@ def make_backend(
     env: Any,
     num_envs: int,
     env_config: dict[str, Any] | None = None,
+    *,
     vectorization_mode: str | None = None,
     num_workers: int = 0,
     async_factor: int = 1,
@@ -76,43 +77,9 @@ def make_backend(
     env_config = env_config or {}
     name = env_name(env)
     rules = rules if rules is not None and rules.active else None
-    if rules is not None and vectorization_mode is not None:
-        raise stepped_as_one_vector(f"vectorization_mode='{vectorization_mode}'")
-    if rules is not None and (is_vmas(env) or isinstance(env, gym.vector.VectorEnv)):
-        raise stepped_as_one_vector(f"'{name}'")
-    one_vector = is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None
-    if info_keys and one_vector:
-        raise _infos_unsupported(info_keys, name, "stepped as one vector")
-    if restart_failed_envs and one_vector:
-        raise _restarts_unsupported(name, "stepped as one vector")
-    if is_vmas(env):
-        if num_workers or vectorization_mode is not None:
-            raise ConfigError(
-                f"env '{name}' is a VMAS scenario, which steps all its envs as one batch of tensors "
-                f"already; leave num_workers=0 and vectorization_mode unset (got num_workers="
-                f"{num_workers}, vectorization_mode={vectorization_mode!r})."
-            )
-        return VmasBackend(env.removeprefix("vmas:"), num_envs, env_config)
-    if isinstance(env, gym.vector.VectorEnv):
-        if env.num_envs != num_envs:
-            raise EnvError(
-                f"the vector env '{name}' holds {env.num_envs} envs but num_envs={num_envs}; "
-                f"set num_envs={env.num_envs}."
-            )
-        return GymVectorBackend(env, name)
-    if vectorization_mode is not None:
-        if not isinstance(env, str):
-            raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
-        if is_atari_id(env) or is_minatar_id(env):
-            raise ConfigError(
-                f"vectorization_mode='{vectorization_mode}' would make '{name}' without shoal's wrappers "
-                f"(Atari preprocessing, MinAtar rendering); leave it unset (num_workers steps envs in "
-                f"parallel processes)."
-            )
-        check_env_id(env)
-        return GymVectorBackend(
-            gym_make(gym.make_vec, env, env_config, num_envs=num_envs, vectorization_mode=vectorization_mode), name
-        )
+    if is_vmas(env) or isinstance(env, gym.vector.VectorEnv) or vectorization_mode is not None:
+        _refuse_per_env_options(name, vectorization_mode, rules, info_keys, restart_failed_envs)
+        return _one_vector(env, num_envs, env_config, name, vectorization_mode, num_workers)
     instance = isinstance(env, (gym.Env, AgentEnv)) or is_parallel_env(env) or is_aec_env(env)
     make = _copies_of(env, name) if instance else env_creator(env, env_config, evaluation)
     if rules is not None:
@@ -133,6 +100,59 @@ def make_backend(
             make, num_envs, name, num_workers, async_factor, serial_class, recreate_failed_workers
         )
     return serial_class(make, num_envs, name, first_env_id=first_env_id)
+
+
+def _refuse_per_env_options(
+    name: str,
+    vectorization_mode: str | None,
+    rules: EpisodeRules | None,
+    info_keys: tuple[str, ...],
+    restart_failed_envs: bool,
+) -> None:
+    """Horizons, info keys and restarts act on each env made one by one; an env stepped as one
+    vector (VMAS, a VectorEnv, ``vectorization_mode``) has no such envs."""
+    if rules is not None:
+        raise stepped_as_one_vector(
+            f"'{name}'" if vectorization_mode is None else f"vectorization_mode='{vectorization_mode}'"
+        )
+    if info_keys:
+        raise _infos_unsupported(info_keys, name, "stepped as one vector")
+    if restart_failed_envs:
+        raise _restarts_unsupported(name, "stepped as one vector")
+
+
+def _one_vector(
+    env: Any, num_envs: int, env_config: dict[str, Any], name: str, vectorization_mode: str | None, num_workers: int
+) -> VecBackend:
+    """The backend of envs that step as one batch: a VMAS scenario, a VectorEnv, or a Gymnasium id
+    made with ``gym.make_vec``."""
+    if is_vmas(env):
+        if num_workers or vectorization_mode is not None:
+            raise ConfigError(
+                f"env '{name}' is a VMAS scenario, which steps all its envs as one batch of tensors "
+                f"already; leave num_workers=0 and vectorization_mode unset (got num_workers="
+                f"{num_workers}, vectorization_mode={vectorization_mode!r})."
+            )
+        return VmasBackend(env.removeprefix("vmas:"), num_envs, env_config)
+    if isinstance(env, gym.vector.VectorEnv):
+        if env.num_envs != num_envs:
+            raise EnvError(
+                f"the vector env '{name}' holds {env.num_envs} envs but num_envs={num_envs}; "
+                f"set num_envs={env.num_envs}."
+            )
+        return GymVectorBackend(env, name)
+    if not isinstance(env, str):
+        raise EnvError(f"vectorization_mode='{vectorization_mode}' needs a Gymnasium env id, got {name}.")
+    if is_atari_id(env) or is_minatar_id(env):
+        raise ConfigError(
+            f"vectorization_mode='{vectorization_mode}' would make '{name}' without shoal's wrappers "
+            f"(Atari preprocessing, MinAtar rendering); leave it unset (num_workers steps envs in "
+            f"parallel processes)."
+        )
+    check_env_id(env)
+    return GymVectorBackend(
+        gym_make(gym.make_vec, env, env_config, num_envs=num_envs, vectorization_mode=vectorization_mode), name
+    )
 
 
 def adapted(

@@ -19,6 +19,7 @@ not a transition, and the backend marks its rows ``valid=False`` so every loss s
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -74,6 +75,13 @@ Allocator = Callable[[tuple[int, ...], npt.DTypeLike], npt.NDArray[Any]]  # (sha
 def mixed_seed(*parts: int) -> int:
     """One well-mixed 32-bit seed from several numbers (a run's seed, a counter, an id...)."""
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators, which envs and policies may draw from."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def env_seeds(seed: Seed, num_envs: int, first_env_id: int, name: str) -> list[int | None]:

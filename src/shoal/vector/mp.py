@@ -171,20 +171,7 @@ class MultiprocessBackend(VecBackend):
         self.num_workers, self.async_factor = num_workers, async_factor
         per_worker = num_envs // num_workers
         self._worker_envs = [(w * per_worker, (w + 1) * per_worker - 1) for w in range(num_workers)]
-        workers_per_group = num_workers // async_factor
-        group_workers = [list(range(g * workers_per_group, (g + 1) * workers_per_group)) for g in range(async_factor)]
-        self._group_of_worker = [w // workers_per_group for w in range(num_workers)]
-        rows_per_group = per_worker * workers_per_group * k
-        groups = [slice(g * rows_per_group, (g + 1) * rows_per_group) for g in range(async_factor)]
-        self.batches = [
-            batch_view(buffers, rows, self.batch.env_id[rows], self.batch.agent_id[rows]) for rows in groups
-        ]
-        self._group_of = {id(b): g for g, b in enumerate(self.batches)}
-        self._group_infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(async_factor)]
-        self._pending = [0] * async_factor  # workers of each group still stepping
-        self._ready: list[int] = []  # groups whose results are in, in arrival order
-        self._last: StepBatch | None = None
-
+        self._lay_out_groups(buffers, per_worker * k)
         self._worker_args = (serial_class, make_env, per_worker, name, buffers, k)
         self.recreate_failed_workers = recreate_failed_workers
         self._failed_rows: list[slice] = []  # rows of recreated workers, valid again at their next step
@@ -192,10 +179,32 @@ class MultiprocessBackend(VecBackend):
         self._recreated = 0  # workers started anew so far
         self._resetting = False  # a worker started anew during a reset is reset as the others
         self._reset_seeds: list[Any] = [None] * num_workers  # what each worker was sent in the last reset
-        self._group_workers = group_workers
+        self._start_workers()
+
+    def _lay_out_groups(self, buffers: Buffers, rows_per_worker: int) -> None:
+        """The ``async_factor`` groups of consecutive workers, each stepping as one batch: a view of
+        its rows of the shared ``buffers``."""
+        workers_per_group = self.num_workers // self.async_factor
+        self._group_workers = [
+            list(range(g * workers_per_group, (g + 1) * workers_per_group)) for g in range(self.async_factor)
+        ]
+        self._group_of_worker = [w // workers_per_group for w in range(self.num_workers)]
+        rows_per_group = rows_per_worker * workers_per_group
+        groups = [slice(g * rows_per_group, (g + 1) * rows_per_group) for g in range(self.async_factor)]
+        self.batches = [
+            batch_view(buffers, rows, self.batch.env_id[rows], self.batch.agent_id[rows]) for rows in groups
+        ]
+        self._group_of = {id(b): g for g, b in enumerate(self.batches)}
+        self._group_infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(self.async_factor)]
+        self._pending = [0] * self.async_factor  # workers of each group still stepping
+        self._ready: list[int] = []  # groups whose results are in, in arrival order
+        self._last: StepBatch | None = None
+
+    def _start_workers(self) -> None:
+        """Start every worker process, and wait until each has built its envs."""
         self._conns: list[Connection] = []
         self._procs: list[BaseProcess] = []
-        for w in range(num_workers):
+        for w in range(self.num_workers):
             proc, conn = self._spawn(w)
             self._conns.append(conn)
             self._procs.append(proc)
@@ -204,7 +213,7 @@ class MultiprocessBackend(VecBackend):
         self._poller = select.poll()
         for conn in self._conns:  # a worker that is not stepping sends nothing, so polling all is safe
             self._poller.register(conn.fileno(), select.POLLIN)
-        self._group_conns = [[self._conns[w] for w in ws] for ws in group_workers]
+        self._group_conns = [[self._conns[w] for w in ws] for ws in self._group_workers]
         self._receive_all()  # every worker has built its envs
 
     def _spawn(self, w: int) -> tuple[BaseProcess, Connection]:

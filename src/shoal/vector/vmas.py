@@ -61,72 +61,84 @@ def _gymnasium_space(space: Any) -> gymnasium.Space[Any] | None:
     return None
 
 
+def _make_env(scenario: str, num_envs: int, env_config: dict[str, Any] | None, seed: int | None) -> Any:
+    """The VMAS env of ``scenario``, built strictly: reserved or unused ``env_config`` keys and
+    VMAS's own argument checks become errors that name the env."""
+    given = dict(env_config or {})
+    env_config = dict(given)
+    name = PREFIX + scenario
+    reserved = [k for k in _RESERVED if k in env_config]
+    if reserved:
+        raise ConfigError(
+            f"env '{name}': env_config may not set {reserved}; shoal sets {', '.join(_RESERVED)} "
+            f"itself (num_envs and seed are trainer keys)."
+        )
+    try:
+        import vmas
+    except ImportError:
+        raise EnvError(f"env '{name}' needs VMAS: pip install 'shoal[multiagent]'.") from None
+    known = _scenario_names()
+    if scenario not in known:
+        raise EnvError(
+            f"unknown VMAS scenario '{scenario}'.{did_you_mean(scenario, known)} "
+            f"Valid ones include: {', '.join(known[:12])}, ... ({len(known)} in all)."
+        )
+    env_config.setdefault("continuous_actions", True)
+    # VMAS only warns about scenario kwargs it did not use; a misspelt key should stop the run.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            env = vmas.make_env(
+                scenario, num_envs=num_envs, device="cpu", seed=seed, terminated_truncated=True, **env_config
+            )
+        except (AssertionError, TypeError, ValueError) as e:
+            # VMAS checks its arguments with bare asserts: the failing line is the message.
+            detail = str(e) or traceback.extract_tb(e.__traceback__)[-1].line
+            raise EnvError(
+                f"env '{name}' cannot be built with env_config={given}: {type(e).__name__}: {detail}"
+            ) from None
+    for w in caught:
+        if "passed but not used" in str(w.message):
+            raise EnvError(
+                f"env '{name}': {str(w.message).partition(' This will')[0]} "
+                f"Check env_config against the scenario's make_world."
+            )
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return env
+
+
+def _shared_spaces(env: Any, name: str, agents: list[str]) -> tuple[gymnasium.spaces.Box, gymnasium.Space[Any]]:
+    """The one observation and one action space all agents share (they share a policy), as
+    Gymnasium spaces."""
+    obs_spaces = [_gymnasium_space(s) for s in env.observation_space]
+    act_spaces = [_gymnasium_space(s) for s in env.action_space]
+    listing = "; ".join(f"{a}: {o} / {s}" for a, o, s in zip(agents, env.observation_space, env.action_space))
+    boxes = [o for o in obs_spaces if isinstance(o, gymnasium.spaces.Box)]
+    actions = [s for s in act_spaces if s is not None]
+    if len(boxes) < len(obs_spaces) or len(actions) < len(act_spaces):
+        raise EnvError(
+            f"env '{name}': shoal reads Box observations and Box, Discrete or MultiDiscrete actions; "
+            f"its agents have {listing}."
+        )
+    if any(o.shape != boxes[0].shape for o in boxes) or any(s != actions[0] for s in actions):
+        raise EnvError(
+            f"env '{name}': all agents share one policy, so they need one observation shape and one "
+            f"action space; its agents have {listing}."
+        )
+    return boxes[0], actions[0]
+
+
 class VmasBackend(VecBackend):
     autoreset = "same_step"
     unsaved_state = "VMAS simulator state is not plain data"
 
     def __init__(self, scenario: str, num_envs: int, env_config: dict[str, Any] | None = None, seed: int | None = None):
-        given = dict(env_config or {})
-        env_config = dict(given)
         name = PREFIX + scenario
-        reserved = [k for k in _RESERVED if k in env_config]
-        if reserved:
-            raise ConfigError(
-                f"env '{name}': env_config may not set {reserved}; shoal sets {', '.join(_RESERVED)} "
-                f"itself (num_envs and seed are trainer keys)."
-            )
-        try:
-            import vmas
-        except ImportError:
-            raise EnvError(f"env '{name}' needs VMAS: pip install 'shoal[multiagent]'.") from None
-        known = _scenario_names()
-        if scenario not in known:
-            raise EnvError(
-                f"unknown VMAS scenario '{scenario}'.{did_you_mean(scenario, known)} "
-                f"Valid ones include: {', '.join(known[:12])}, ... ({len(known)} in all)."
-            )
-        env_config.setdefault("continuous_actions", True)
-        # VMAS only warns about scenario kwargs it did not use; a misspelt key should stop the run.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                self.env = vmas.make_env(
-                    scenario, num_envs=num_envs, device="cpu", seed=seed, terminated_truncated=True, **env_config
-                )
-            except (AssertionError, TypeError, ValueError) as e:
-                # VMAS checks its arguments with bare asserts: the failing line is the message.
-                detail = str(e) or traceback.extract_tb(e.__traceback__)[-1].line
-                raise EnvError(
-                    f"env '{name}' cannot be built with env_config={given}: {type(e).__name__}: {detail}"
-                ) from None
-        for w in caught:
-            if "passed but not used" in str(w.message):
-                raise EnvError(
-                    f"env '{name}': {str(w.message).partition(' This will')[0]} "
-                    f"Check env_config against the scenario's make_world."
-                )
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
+        self.env = _make_env(scenario, num_envs, env_config, seed)
         agents = [agent.name for agent in self.env.agents]
         self.n_agents = n = len(agents)
-        obs_spaces = [_gymnasium_space(s) for s in self.env.observation_space]
-        act_spaces = [_gymnasium_space(s) for s in self.env.action_space]
-        listing = "; ".join(
-            f"{a}: {o} / {s}" for a, o, s in zip(agents, self.env.observation_space, self.env.action_space)
-        )
-        boxes = [o for o in obs_spaces if isinstance(o, gymnasium.spaces.Box)]
-        actions = [s for s in act_spaces if s is not None]
-        if len(boxes) < len(obs_spaces) or len(actions) < len(act_spaces):
-            raise EnvError(
-                f"env '{name}': shoal reads Box observations and Box, Discrete or MultiDiscrete actions; "
-                f"its agents have {listing}."
-            )
-        if any(o.shape != boxes[0].shape for o in boxes) or any(s != actions[0] for s in actions):
-            raise EnvError(
-                f"env '{name}': all agents share one policy, so they need one observation shape and one "
-                f"action space; its agents have {listing}."
-            )
-        super().__init__(name, num_envs, obs_spec(boxes[0]), action_spec(actions[0]), rows_per_env=n)
+        obs_space, act_space = _shared_spaces(self.env, name, agents)
+        super().__init__(name, num_envs, obs_spec(obs_space), action_spec(act_space), rows_per_env=n)
         self.agents = agents
 
         # Env-major [N, n_agents, ...] views of the flat buffers: torch.stack(out=) fills them in one op.

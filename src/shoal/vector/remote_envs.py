@@ -26,9 +26,10 @@ import torch
 from shoal.config import TrainerConfig
 from shoal.envs.registry import env_name
 from shoal.errors import ConfigError, EnvError
-from shoal.train import setup
 from shoal.vector.agents import AgentEnvBackend
-from shoal.vector.base import Seed, StepBatch, VecBackend, batch_view, env_seeds
+from shoal.vector.base import Seed, StepBatch, VecBackend, batch_view, env_seeds, seed_everything
+from shoal.vector.build import build_backend
+from shoal.vector.ray_workers import ray_module
 from shoal.vector.serial import SerialBackend
 
 Rows = dict[str, npt.NDArray[Any]]  # an env's rows of the flat-batch arrays, by field
@@ -38,10 +39,10 @@ class EnvActor:
     """The body of one env's Ray actor: a one-env serial backend of env ``env_id``."""
 
     def __init__(self, config: TrainerConfig, env_id: int):
-        setup.seed_everything(config.seed + 100_003 * (env_id + 1))  # envs drawing from the global generators
+        seed_everything(config.seed + 100_003 * (env_id + 1))  # envs drawing from the global generators
         local = config.model_copy(update={"remote_worker_envs": False})
         # envs made one by one (the config refuses VMAS and vectorization_mode): a serial backend
-        self.backend = cast(SerialBackend | AgentEnvBackend, setup.build_backend(local, 1, first_env_id=env_id))
+        self.backend = cast(SerialBackend | AgentEnvBackend, build_backend(local, 1, first_env_id=env_id))
 
     def layout(self) -> dict[str, Any]:
         """What the worker needs to lay out the batch: the env's name, specs, spaces, rows per
@@ -78,8 +79,6 @@ class RemoteEnvBackend(VecBackend):
     unsaved_state = "envs run in Ray actors"
 
     def __init__(self, config: TrainerConfig, num_envs: int, first_env_id: int = 0):
-        from shoal.train.ray_workers import ray_module  # Ray is imported only when asked for
-
         self.ray = ray_module()
         self.name = env_name(config.env)  # until the first env reports its own
         self._started = False  # an env actor that fails to start is an error of the env, not a death

@@ -1,0 +1,141 @@
+"""A trainer's whole state, as its checkpoints hold it: what ``Trainer.state_dict`` gathers (the
+counters, the algorithm, the collector, the envs where they can be saved, the random generators),
+how ``load_state_dict`` puts it back so the run continues bit for bit, and what
+``Trainer.from_checkpoint`` rebuilds a trainer from; and the summary of where a run ended
+(``result.json``)."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from shoal.algos.base import Algorithm
+from shoal.algos.registry import algorithm_class, algorithm_spec
+from shoal.config import merge_settings
+from shoal.envs.snapshot import decode, encode
+from shoal.errors import ConfigError
+from shoal.files import write_atomic
+from shoal.logging import MetricAnalysis
+from shoal.train import checkpoint as ckpt
+from shoal.train import data_parallel, faults
+
+if TYPE_CHECKING:
+    from shoal.train.trainer import Trainer
+
+
+def gather(trainer: Trainer) -> dict[str, Any]:
+    """``Trainer.state_dict``: everything a resumed run needs, as tensors and plain data."""
+    t = trainer
+    return {
+        "config": t.config.to_yaml_dict(),
+        "counters": {
+            "iteration": t.iteration,
+            "timesteps_total": t.timesteps_total,
+            "time_total_s": t.time_total_s,
+            "schedule_end": t._schedule_end,
+            "env_restarts": t.env_restarts.total,
+            "worker_restarts": t.env_restarts.workers,
+        },
+        "algorithm": t.algorithm.state_dict(),
+        "collector": t.collector.state_dict(),
+        "analysis": t.analysis.stats,
+        "backend": t.backend.state_dict(),
+        "rng": {
+            "python": random.getstate(),
+            "numpy": encode(np.random.get_state()),
+            "torch": torch.get_rng_state(),
+        },
+    }
+
+
+def restore(trainer: Trainer, state: dict[str, Any]) -> None:
+    """``Trainer.load_state_dict``: put back what ``gather`` returned."""
+    t = trainer
+    try:
+        t.algorithm.load_state_dict(state["algorithm"])
+        t.collector.load_state_dict(state["collector"])
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise ckpt.CheckpointError(f"the checkpoint does not fit this trainer's config: {e}") from None
+    counters = state["counters"]
+    t.iteration, t.timesteps_total = counters["iteration"], counters["timesteps_total"]
+    t.time_total_s, t._schedule_end = counters["time_total_s"], counters["schedule_end"]
+    # checkpoints written before restarts were counted have neither
+    t.env_restarts.total = counters.get("env_restarts", 0)
+    t.env_restarts.workers = counters.get("worker_restarts", 0)
+    t.analysis = MetricAnalysis(state["analysis"])
+    if not t.backend.load_state_dict(state["backend"]):
+        warnings.warn(
+            f"env '{t.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
+            f"the resumed run starts new episodes instead of continuing them.",
+            stacklevel=3,
+        )
+        t.collector.reset(t.config.seed + t.iteration)  # the tracker forgets the episodes too
+    rng = state["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(decode(rng["numpy"]))
+    torch.set_rng_state(rng["torch"])
+    data_parallel.after_resume(t)
+
+
+def meta(trainer: Trainer) -> dict[str, Any]:
+    """What a checkpoint records beside the state: algorithm, env, counters, shoal version, time."""
+    from shoal import __version__
+
+    return {
+        "algo": algorithm_spec(trainer.algorithm_class),
+        "env": trainer.env_name,
+        "env_is_object": trainer.config.env_is_object,
+        "training_iteration": trainer.iteration,
+        "timesteps_total": trainer.timesteps_total,
+        "shoal_version": __version__,
+        "saved_at": datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def saved_run(
+    path: str | Path, preset: str | type[Algorithm] | None, overrides: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``Trainer.from_checkpoint``: the settings to build the trainer with (the stored config under
+    ``overrides``) and the state to load into it, from the checkpoint ``path`` names. ``preset``:
+    the one algorithm the trainer class trains (``shoal.PPO``'s), which the checkpoint must be of."""
+    path = ckpt.resolve_checkpoint(path)
+    state, checkpoint_meta = ckpt.read_checkpoint(path)
+    settings = dict(state["config"])
+    if preset is not None and "algo" not in overrides:
+        saved = settings["algo"]
+        try:
+            same = algorithm_class(saved) is algorithm_class(preset)
+        except ConfigError:  # an algorithm of the user's that does not import here
+            same = False
+        if not same:
+            raise ckpt.CheckpointError(
+                f"checkpoint '{path}' was written by algo '{saved}', not '{preset}'; load "
+                f"it with shoal.Trainer.from_checkpoint."
+            )
+    return merge_settings(ckpt.stored_settings(path, settings, checkpoint_meta, overrides), overrides), state
+
+
+def write_summary(trainer: Trainer, checkpoint: Path | None) -> None:
+    """``result.json`` in the run directory: the counters, why the run stopped, its last checkpoint,
+    the tuned config it started from and the metrics' summary."""
+    t = trainer
+    assert t.run_dir is not None  # written only for runs that save outputs
+    summary = {
+        "training_iteration": t.iteration,
+        "timesteps_total": t.timesteps_total,
+        "time_total_s": t.time_total_s,
+        "stop_reason": t.stop_reason,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "tuned_config": str(t.tuned_config) if t.tuned_config else None,
+        "metric_analysis": t.analysis.summary(),
+    }
+    path = t.run_dir / "result.json"
+    with faults.run_writes("the run's summary", path, t.run_dir):
+        write_atomic(path, json.dumps(summary, indent=2))
