@@ -13,11 +13,11 @@ everything else (logging, checkpoints and exact resume, evaluation, video, worke
 import sys
 from typing import ClassVar
 
-import torch
 from pydantic import Field
 
 import shoal
 from shoal.algos import OnPolicyAlgorithm
+from shoal.algos.losses import masked_mean
 from shoal.algos.on_policy import rollout_gae
 from shoal.config import OnPolicyConfig
 
@@ -57,10 +57,6 @@ class Reinforce(OnPolicyAlgorithm[ReinforceConfig]):
         learner.optimizer.step()  # clipped to max_grad_norm; a non-finite step is refused
         if stats is not None:
             stats.add({name: term.detach() for name, term in terms.items()})
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    return x.mean() if mask is None else x[mask].mean()
 
 
 if __name__ == "__main__":

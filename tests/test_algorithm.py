@@ -89,6 +89,11 @@ def test_an_algorithms_own_keys_are_checked_like_the_common_ones():
         shoal.Trainer(algo=Reinforce, clip_coef=0.2, save_outputs=False)  # PPO's key, not REINFORCE's
 
 
+def test_target_kl_is_refused_where_the_step_records_no_approximate_kl():
+    with pytest.raises(shoal.ConfigError, match=r"target_kl=0.01 .* which REINFORCE does not record"):
+        shoal.Trainer(algo=Reinforce, target_kl=0.01, save_outputs=False, verbose=0)
+
+
 def test_presets_train_their_own_algorithm_and_trainer_builds_any():
     ppo = dict(FAST, seed=3, sgd_minibatch_size=64, save_outputs=False)
     weights = []

@@ -56,7 +56,7 @@ def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
         q = before.q_values(batch["obs"]).gather(1, batch["action"].unsqueeze(1)).squeeze(1)
     stats, td_error = learner.learn(batch, None)
     torch.testing.assert_close(td_error, (q - torch.stack(expected)).abs())
-    assert stats[0].item() == pytest.approx(torch.nn.functional.smooth_l1_loss(q, torch.stack(expected)).item())
+    assert stats["loss"].item() == pytest.approx(torch.nn.functional.smooth_l1_loss(q, torch.stack(expected)).item())
     assert not torch.equal(weights_of(policy), weights_of(before)), "the step moved the network"
 
 

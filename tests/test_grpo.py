@@ -230,6 +230,20 @@ def test_the_kl_term_is_zero_against_itself_and_positive_after_an_update():
         assert algo.algorithm.reference is None and "kl" not in algo.train()
 
 
+def test_a_checkpoint_from_before_the_on_policy_base_loads():
+    """GRPO's optimizer and generator once sat at the top of its state; they load into its learner."""
+    with shoal.GRPO(**SMALL, kl_coef=0.1) as algo:
+        algo.train()
+        state = algo.algorithm.state_dict()
+        learner = state.pop("learners")["default_policy"]
+        old = state | {"optimizer": learner["optimizer"], "generator": learner["generator"]}
+    with shoal.GRPO(**SMALL, kl_coef=0.1) as fresh:
+        fresh.algorithm.load_state_dict(old)
+        restored = fresh.algorithm.learners["default_policy"]
+        assert torch.equal(restored.generator.get_state(), learner["generator"])
+        assert restored.optimizer.state_dict()["state"].keys() == learner["optimizer"]["state"].keys()
+
+
 def test_the_reference_is_refreshed_every_interval():
     with shoal.GRPO(**SMALL, kl_coef=0.1, ref_update_interval=2) as algo:
         reference = algo.algorithm.reference

@@ -107,6 +107,15 @@ def test_floats_of_another_precision_are_refused(fn_name, name):
         _call_with(fn_name, name, lambda x: x.double())
 
 
+@pytest.mark.parametrize("fn_name", ["gae", "vtrace", "group_relative", "n_step_returns"])
+def test_rows_without_a_step_are_refused(fn_name):
+    fn, tensors, keywords = _calls()[fn_name]
+    empty = {name: x[:, : 1 if name == "value_t" else 0] for name, x in tensors.items()}
+    keywords = {name: x[:, :0] if isinstance(x, torch.Tensor) else x for name, x in keywords.items()}
+    with pytest.raises(ValueError, match=r"^reward_t has shape \(4, 0\), expected at least one step"):
+        fn(*empty.values(), **keywords)
+
+
 def slow_n_step(reward, terminated, truncated, valid, gamma):
     """Each window by hand: sum rewards from step 0 while the episode goes on and the next step is
     valid; the discount is gamma ** (steps summed), or 0 when the last one was terminal."""

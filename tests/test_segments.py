@@ -94,6 +94,32 @@ def test_segment_relations_are_checked_with_a_suggestion(keys, message):
         PPOConfig.build(**keys).check_batch()
 
 
+@pytest.mark.parametrize(
+    ("keys", "learner"),
+    [
+        ({}, "PPOAlgorithm"),
+        ({"bptt_horizon": 4}, "PPOAlgorithm"),  # a feedforward model with GAE: single transitions still
+        ({"model_config": {"core": "gru"}}, "SegmentPPO"),
+        ({"advantage_estimator": "vtrace"}, "SegmentPPO"),
+        ({"prio_alpha": 0.5, "bptt_horizon": 4}, "SegmentPPO"),
+        ({"accumulate_minibatches": 2}, "SegmentPPO"),
+    ],
+)
+def test_algo_ppo_hands_what_needs_segments_to_the_segment_learner(keys, learner):
+    with shoal.PPO(num_envs=4, rollout_fragment_length=16, sgd_minibatch_size=16, save_outputs=False, **keys) as algo:
+        assert type(algo.algorithm).__name__ == learner
+        assert isinstance(algo.algorithm, shoal.algos.PPOAlgorithm)
+        assert algo.checkpoint_meta()["algo"] == "ppo"
+
+
+def test_a_subclass_of_ppo_is_told_to_subclass_the_segment_learner():
+    class Mine(shoal.algos.PPOAlgorithm):
+        pass
+
+    with pytest.raises(shoal.ConfigError, match=r"a recurrent model_config core needs the segment learner: subclass"):
+        shoal.Trainer(algo=Mine, model_config={"core": "lstm"}, save_outputs=False, verbose=0)
+
+
 def test_a_run_prints_its_batch_layout(capsys):
     with shoal.PPO(env="CartPole-v1", num_envs=4, bptt_horizon=8, sgd_minibatch_size=64, save_outputs=False) as algo:
         algo.learn(128, progress=True)

@@ -241,7 +241,7 @@ def test_the_sequence_learner_against_a_step_by_step_computation(double_q, dueli
             priority.append(0.7 * max(errors, default=0.0) + 0.3 * sum(errors) / max(len(errors), 1))
     stats, got = learner.learn(batch, weights)
     loss = sum(h for h, m in zip(huber, mask) if m) / sum(mask)
-    assert stats[0].item() == pytest.approx(float(loss), rel=1e-4)
+    assert stats["loss"].item() == pytest.approx(float(loss), rel=1e-4)
     torch.testing.assert_close(got, torch.tensor(priority), atol=1e-5, rtol=1e-4)
 
 

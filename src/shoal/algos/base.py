@@ -102,6 +102,32 @@ class Trajectory:
         return self.rollout.reshape(n // self.rows_per_env, self.rows_per_env, t)
 
 
+class Statistics:
+    """Named diagnostics of minibatch steps, summed on the learner's device and read once, averaged
+    (an epoch's minibatches of an on-policy learner, an iteration's steps of a replay learner)."""
+
+    def __init__(self, names: tuple[str, ...], device: torch.device):
+        self.names = names
+        self.sums = torch.zeros(len(names), device=device)
+        self.count = 0
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        self.count = 0
+
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        self.sums += torch.stack([values[name] for name in self.names])
+        self.count += 1
+
+    def mean(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(f"no statistic {name!r}; the step records {self.names}")
+        return self.sums[self.names.index(name)] / max(self.count, 1)
+
+    def means(self) -> dict[str, float]:
+        return dict(zip(self.names, (self.sums / max(self.count, 1)).tolist()))
+
+
 class Algorithm(Generic[ConfigT, PolicyT]):
     """Base class of every learning algorithm: it owns its policies, optimizers, storage and
     schedules, and the trainer calls ``training_step(collector)`` once per iteration.

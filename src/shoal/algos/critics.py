@@ -94,7 +94,7 @@ class ActorCriticLearner:
         self.optimizers = [self.critic.optimizer, self.actor_optimizer]
         """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One minibatch step (``Learner.learn``), the algorithm's own."""
         raise NotImplementedError(f"{type(self).__name__} must implement learn(batch, weights)")
 

@@ -138,7 +138,7 @@ class DQNLearner:
         )
         self.optimizers = [self.optimizer]
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy = self.policy
         with torch.no_grad():
             next_q = policy.q_values(batch["next_obs"], self.target.module)
@@ -150,7 +150,7 @@ class DQNLearner:
         self.optimizer.backward(loss)
         self.optimizer.step()
         td_error = (q.detach() - target).abs()
-        return torch.stack([loss.detach(), q.detach().mean(), td_error.mean()]), td_error
+        return {"loss": loss.detach(), "q_mean": q.detach().mean(), "td_error": td_error.mean()}, td_error
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "target": self.target.state_dict()}
@@ -168,7 +168,7 @@ class SequenceDQNLearner(DQNLearner):
 
     policy: RecurrentQPolicy
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy, burn_in = self.policy, self.config.replay_burn_in
         obs, first, start = batch["obs"], batch["first"], batch["start_state"]
         steps = batch.exclude("start_state")
@@ -196,7 +196,7 @@ class SequenceDQNLearner(DQNLearner):
         eta = self.config.replay_priority_eta
         priority = eta * td_error.amax(1) + (1 - eta) * td_error.sum(1) / mask.sum(1).clamp(min=1)
         q_mean = torch.where(mask, q.detach(), 0.0).sum() / count
-        return torch.stack([loss.detach(), q_mean, td_error.sum() / count]), priority
+        return {"loss": loss.detach(), "q_mean": q_mean, "td_error": td_error.sum() / count}, priority
 
     def states_at(self, states: tuple[torch.Tensor, ...], at: torch.Tensor) -> TensorDict:
         """The states ``[B, S, width]`` (one per state key) at positions ``at [B, S]``, flat ``[B * S]``."""

@@ -9,7 +9,7 @@ A group is ``group_size`` episodes started from the same reset seed. Each iterat
    Steps after a row's first episode, and the padding of groups that stopped early, learn nothing.
 3. **Advantages**: every step of a row's first episode gets ``(R - mean_group(R)) /
    (std_group(R) + adv_eps)``, where ``R`` is that episode's undiscounted return
-   (``advantages.group_relative``).
+   (``returns.group_relative``).
 4. **Epochs** of shuffled minibatches of those steps (the loop is ``OnPolicyAlgorithm``'s): PPO's
    clipped surrogate on these advantages
    (no value function, no per-minibatch advantage normalization), minus ``ent_coef`` x entropy,
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from shoal.algos.base import SCALAR, Collector
+from shoal.algos.base import SCALAR, Collector, Statistics
 from shoal.algos.losses import clipped_surrogate, kl_k3, policy_stats
-from shoal.algos.on_policy import Minibatch, OnPolicyAlgorithm, PolicyLearner, Statistics
+from shoal.algos.on_policy import Minibatch, OnPolicyAlgorithm, PolicyLearner
 from shoal.algos.returns import group_relative
 from shoal.buffers.rollout import FieldSpec
 from shoal.config import GRPOConfig
@@ -52,7 +52,7 @@ class GRPOAlgorithm(OnPolicyAlgorithm[GRPOConfig, ActorCriticPolicy]):
     config_class = GRPOConfig
     extras = ("sample_log_prob",)  # stored per step: the behaviour policy's log-prob (no value: no critic)
     STAT_NAMES = ("policy_loss", "entropy", "approx_kl", "clipfrac", "kl")
-    LEARN_KEYS = ("obs", "action", "sample_log_prob", "advantage", "ref_log_prob")
+    LEARN_KEYS = ("obs", "action", "sample_log_prob", "advantage")
 
     def __init__(self, config: GRPOConfig, env: EnvInfo):
         if env.rows_per_env > 1:
@@ -78,7 +78,14 @@ class GRPOAlgorithm(OnPolicyAlgorithm[GRPOConfig, ActorCriticPolicy]):
         """The frozen reference policy of the KL penalty (None when ``kl_coef`` is 0)."""
 
     def rollout_fields(self) -> dict[str, FieldSpec]:
-        return super().rollout_fields() | {"ref_log_prob": SCALAR}
+        fields = super().rollout_fields()
+        if self.config.kl_coef > 0:  # the reference policy's log-probabilities of the steps learnt from
+            fields["ref_log_prob"] = SCALAR
+        return fields
+
+    def learn_keys(self, rollout: TensorDict) -> tuple[str, ...]:
+        reference = ("ref_log_prob",) if self.reference is not None else ()
+        return (*super().learn_keys(rollout), *reference)
 
     def group_seeds(self, iteration: int) -> list[int]:
         """The reset seed of every env at iteration ``iteration``: one per group, drawn from
@@ -119,7 +126,9 @@ class GRPOAlgorithm(OnPolicyAlgorithm[GRPOConfig, ActorCriticPolicy]):
         return stats
 
     def advantages(self, learner: GRPOLearner, rollout: TensorDict) -> None:
-        """Already in the rollout: ``training_step`` computes them for the group statistics."""
+        """Nothing to do: ``training_step`` has written the group-relative advantages into the
+        rollout already, since the group statistics it reports need them whether or not the policy
+        is trained."""
 
     def group_stats(self, returns: torch.Tensor, first: torch.Tensor, done: torch.Tensor) -> dict[str, float]:
         """What the iteration's groups looked like: their mean return, the mean of their return
@@ -147,7 +156,8 @@ class GRPOAlgorithm(OnPolicyAlgorithm[GRPOConfig, ActorCriticPolicy]):
             log_prob, batch["sample_log_prob"], batch["advantage"], None, c.clip_coef
         )
         loss = policy_loss
-        if c.ent_coef and entropy is not None:
+        if c.ent_coef:
+            assert entropy is not None  # asked for with ent_coef
             loss = loss - c.ent_coef * entropy.mean()
         kl = torch.zeros((), device=log_prob.device)
         if self.reference is not None:
@@ -179,6 +189,11 @@ class GRPOAlgorithm(OnPolicyAlgorithm[GRPOConfig, ActorCriticPolicy]):
         return {**super().state_dict(), "iterations": self.iterations, "reference": reference}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "learners" not in state:  # written before GRPO learnt on the on-policy base
+            state = {
+                **state,
+                "learners": {self.config.policy_ids[0]: {k: state[k] for k in ("optimizer", "generator")}},
+            }
         super().load_state_dict(state)
         self.iterations = state["iterations"]
         if self.reference is not None:

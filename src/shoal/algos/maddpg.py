@@ -114,7 +114,7 @@ class MADDPGLearner(TargetActorLearner):
         super().__init__(policy, critic, config)
         self.team_actions = team_actions
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy, critic = self.policy, self.critic
         team: TensorDict = batch["team"]
         rows, agents = team.batch_size
@@ -130,7 +130,7 @@ class MADDPGLearner(TargetActorLearner):
             actor_loss = -critic.values(x, actions.flatten(1))[0].mean()
         self.step_actor(actor_loss)
         self.update_targets()
-        return torch.stack([critic_loss, actor_loss.detach(), q.mean()]), td_error
+        return {"critic_loss": critic_loss, "actor_loss": actor_loss.detach(), "q_mean": q.mean()}, td_error
 
     @torch.no_grad()
     def td_target(self, batch: TensorDict) -> torch.Tensor:

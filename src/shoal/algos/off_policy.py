@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict
 from typing_extensions import TypeVar
 
-from shoal.algos.base import Algorithm, Collector
+from shoal.algos.base import Algorithm, Collector, Statistics
 from shoal.algos.optim import AutogradOptimizer
 from shoal.algos.returns import importance_weights, n_step_returns
 from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
@@ -36,10 +36,10 @@ class Learner(Protocol):
     optimizers: list[AutogradOptimizer]
     """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One minibatch step on ``batch`` (``transitions``' fields) with importance
-        ``weights`` (None: uniform); returns the step's statistics (``STAT_NAMES`` order) and each
-        step's absolute TD error, the new priorities."""
+        ``weights`` (None: uniform); returns the step's statistics by name (``STAT_NAMES``) and
+        each step's absolute TD error, the new priorities."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -89,7 +89,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
     config_class = OffPolicyConfig
     extras: ClassVar[tuple[str, ...] | None] = ()  # the buffer keeps the env fields only
     STAT_NAMES: ClassVar[tuple[str, ...]] = ()
-    """The statistics each learner's ``learn`` returns, averaged over an iteration's steps."""
+    """The statistics each learner's ``learn`` returns by name, averaged over an iteration's steps."""
 
     def __init__(self, config: ConfigT, env: EnvInfo):
         super().__init__(config, env)
@@ -147,7 +147,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         c = self.config
-        totals: dict[str, torch.Tensor] = {}
+        device = torch.device(c.device)
+        totals = {pid: Statistics(self.STAT_NAMES, device) for pid in self.learners}
         collected = count = 0
         for _ in range(c.phases):
             self.before_phase(self.phase_progress(collected))
@@ -165,12 +166,12 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             beta = c.prioritized_replay_beta + (1.0 - c.prioritized_replay_beta) * self.phase_progress(collected)
             for _ in range(c.gradient_steps if c.gradient_steps > 0 else steps):
                 for pid, out in self.learn_step(beta):
-                    totals[pid] = totals[pid] + out if pid in totals else out
+                    totals[pid].add(out)
                 count += 1
         self.gradient_steps += count
         stats: dict[str, Any] = {"replay_size": len(self.replay), "num_gradient_steps": self.gradient_steps}
         single = len(self.policies) == 1
-        per_policy = {pid: dict(zip(self.STAT_NAMES, (total / count).tolist())) for pid, total in totals.items()}
+        per_policy = {pid: total.means() for pid, total in totals.items() if total.count}
         if single:
             return stats | next(iter(per_policy.values()), {})
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
@@ -180,7 +181,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         ``transitions`` with the configured n-step returns."""
         return transitions(self.replay, index, n_step=self.config.n_step, gamma=self.config.gamma)
 
-    def learn_step(self, beta: float) -> list[tuple[str, torch.Tensor]]:
+    def learn_step(self, beta: float) -> list[tuple[str, dict[str, torch.Tensor]]]:
         """One minibatch step of each trained policy, on steps of its own rows."""
         c = self.config
         out = []

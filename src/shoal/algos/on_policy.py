@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict
 from typing_extensions import TypeVar
 
-from shoal.algos.base import SCALAR, Algorithm, Collector
+from shoal.algos.base import SCALAR, Algorithm, Collector, Statistics
 from shoal.algos.losses import explained_variance, past_target_kl
 from shoal.algos.optim import AutogradOptimizer
 from shoal.algos.returns import gae, vtrace
@@ -31,6 +31,7 @@ from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.buffers.rollout import FieldSpec
 from shoal.config import OnPolicyConfig
 from shoal.envs.spaces import EnvInfo
+from shoal.errors import ConfigError
 from shoal.imports import import_spec
 from shoal.models.policy import ActorCriticPolicy
 
@@ -103,29 +104,6 @@ class Minibatch:
     """The optimizer steps after this minibatch's backward."""
 
 
-class Statistics:
-    """Named diagnostics summed over an epoch's tracked minibatches, on the learner's device."""
-
-    def __init__(self, names: tuple[str, ...], device: torch.device):
-        self.names = names
-        self.sums = torch.zeros(len(names), device=device)
-        self.count = 0
-
-    def reset(self) -> None:
-        self.sums.zero_()
-        self.count = 0
-
-    def add(self, values: dict[str, torch.Tensor]) -> None:
-        self.sums += torch.stack([values[name] for name in self.names])
-        self.count += 1
-
-    def mean(self, name: str) -> torch.Tensor:
-        return self.sums[self.names.index(name)] / max(self.count, 1)
-
-    def means(self) -> dict[str, float]:
-        return dict(zip(self.names, (self.sums / max(self.count, 1)).tolist()))
-
-
 class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, OptimizerT]):
     """Base of the on-policy learners: the rollout, the per-policy learners, the epoch loop."""
 
@@ -138,6 +116,11 @@ class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, O
     ``critic_obs`` whenever the env gives them)."""
 
     def __init__(self, config: ConfigT, env: EnvInfo):
+        if config.target_kl is not None and "approx_kl" not in self.STAT_NAMES:
+            raise ConfigError(
+                f"target_kl={config.target_kl} stops the epochs on the approximate KL, which {self.name} does "
+                f"not record (it records {list(self.STAT_NAMES)}); leave target_kl unset."
+            )
         super().__init__(config, env)
         self.buffer = self.make_buffer()
         self.learners: dict[str, PolicyLearner[ConfigT, PolicyT, OptimizerT]] = {
@@ -147,7 +130,7 @@ class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, O
                 self.policies[pid],
                 self.policy_configs[pid],
                 self.make_optimizer(self.policies[pid], self.policy_configs[pid]),
-                torch.Generator(config.device).manual_seed(config.seed + index),  # draws where the data is
+                torch.Generator().manual_seed(config.seed + index),  # on the CPU: a checkpoint resumes on any device
             )
             for index, pid in enumerate(config.policy_ids)
             if pid in self.trained_policy_ids
@@ -328,10 +311,9 @@ AdvantageFn = Callable[[TensorDict, float, float], torch.Tensor]
 """``(rollout [N, T+1], gamma, gae_lambda) -> advantages [N, T]``: what ``advantage_estimator`` names."""
 
 
-def _decisions(rollout: TensorDict) -> torch.Tensor | None:
-    """``valid`` of the rollout's steps, or None when every step is a decision (padding rows and
-    next-step resets exist only with some backends), so nothing needs folding."""
-    valid = rollout["valid"][:, :-1]
+def decisions(valid: torch.Tensor) -> torch.Tensor | None:
+    """``valid`` as the return functions take it: None when every step is a decision (padding rows
+    and next-step resets exist only with some backends), so nothing needs folding."""
     return None if bool(valid.all()) else valid
 
 
@@ -346,7 +328,7 @@ def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.T
         steps["final_value"],
         gamma=gamma,
         gae_lambda=gae_lambda,
-        valid_t=_decisions(rollout),
+        valid_t=decisions(steps["valid"]),
     )
 
 
@@ -364,7 +346,7 @@ def rollout_vtrace(rollout: TensorDict, gamma: float, gae_lambda: float) -> torc
         torch.ones_like(steps["reward"]),
         gamma=gamma,
         gae_lambda=gae_lambda,
-        valid_t=_decisions(rollout),
+        valid_t=decisions(steps["valid"]),
     )
 
 

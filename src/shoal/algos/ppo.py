@@ -22,13 +22,14 @@ of the rollout: ``algo=ppo`` hands those configurations to the segment learner
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict
 
+from shoal.algos.base import Statistics
 from shoal.algos.losses import PPOTerms, normalize_advantage, ppo_coefficients, ppo_loss, ppo_statistics
-from shoal.algos.on_policy import Minibatch, OnPolicyAlgorithm, PolicyLearner, Sampler, Statistics, advantage_estimator
+from shoal.algos.on_policy import Minibatch, OnPolicyAlgorithm, PolicyLearner, Sampler, advantage_estimator
 from shoal.algos.optim import AutogradOptimizer
 from shoal.algos.ppo_fused import FusedPPOStep, fused_unavailable
 from shoal.config import PPOConfig, TrainerConfig
@@ -36,13 +37,15 @@ from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
 from shoal.models.policy import ActorCriticPolicy
 
-PPOLearner = PolicyLearner[PPOConfig, ActorCriticPolicy, FusedPPOStep | AutogradOptimizer]
+Learner = PolicyLearner[PPOConfig, ActorCriticPolicy, FusedPPOStep | AutogradOptimizer]
 
 
 class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep | AutogradOptimizer]):
     name = "PPO"
     config_class = PPOConfig
     STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "approx_kl", "clipfrac")
+    LEARNS_FROM_SEGMENTS: ClassVar[bool] = False
+    """Whether the class learns from segments (the segment learner, ``ppo_segments.SegmentPPO``)."""
 
     @classmethod
     def implementation(cls, config: TrainerConfig) -> type[OnPolicyAlgorithm[Any, Any, Any]]:
@@ -55,10 +58,10 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
         return cls
 
     def __init__(self, config: PPOConfig, env: EnvInfo):
-        if reason := config.learns_from_segments:
+        if (reason := config.learns_from_segments) and not self.LEARNS_FROM_SEGMENTS:
             raise ConfigError(
-                f"{type(self).__name__} learns from single transitions, and {reason} learns from segments; "
-                f"subclass shoal.algos.SegmentPPO instead."
+                f"{type(self).__name__} learns from single transitions; {reason} needs the segment learner: "
+                f"subclass shoal.algos.SegmentPPO (algo=ppo picks it by itself)."
             )
         super().__init__(config, env)
 
@@ -70,17 +73,19 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
             return FusedPPOStep(policy, *step)
         return AutogradOptimizer(policy, *step, owner=policy.policy_id)
 
-    def advantages(self, learner: PPOLearner, rollout: TensorDict) -> None:
+    def advantages(self, learner: Learner, rollout: TensorDict) -> None:
         ppo_advantages(rollout, learner.config)
 
-    def sampler(self, learner: PPOLearner, rollout: TensorDict, select: torch.Tensor | None) -> Sampler:
+    def sampler(self, learner: Learner, rollout: TensorDict, select: torch.Tensor | None) -> Sampler:
         sampler = super().sampler(learner, rollout, select)
-        if learner.config.norm_adv and len(sampler) == 1:  # the same minibatch every epoch: normalize it once
+        # Advantages are normalized per minibatch (``norm_adv``): here when one minibatch covers the
+        # batch (the same one every epoch, so once), else as each is drawn (``minibatches``).
+        if learner.config.norm_adv and len(sampler) == 1:
             valid = sampler.data["valid"] if sampler.padded else None
             sampler.data["advantage"] = normalize_advantage(sampler.data["advantage"], valid)
         return sampler
 
-    def minibatches(self, learner: PPOLearner, sampler: Sampler) -> Iterator[Minibatch]:
+    def minibatches(self, learner: Learner, sampler: Sampler) -> Iterator[Minibatch]:
         """Shuffled transitions, each minibatch's advantages normalized (``norm_adv``)."""
         normalize = learner.config.norm_adv and len(sampler) > 1
         for minibatch in super().minibatches(learner, sampler):
@@ -88,7 +93,7 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
                 minibatch.data["advantage"] = normalize_advantage(minibatch.data["advantage"], minibatch.mask)
             yield minibatch
 
-    def step(self, learner: PPOLearner, minibatch: Minibatch, stats: Statistics | None) -> None:
+    def step(self, learner: Learner, minibatch: Minibatch, stats: Statistics | None) -> None:
         """Forward, PPO's loss, backward, clipped Adam step on one minibatch of transitions."""
         c, batch, mask = learner.config, minibatch.data, minibatch.mask
         need_entropy = stats is not None or c.ent_coef > 0
@@ -111,7 +116,7 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
         if stats is not None and terms is not None and entropy is not None:  # the step gives both when tracked
             stats.add(ppo_statistics(terms, entropy, mask, c.clip_coef))
 
-    def learn(self, learner: PPOLearner, rollout: TensorDict, select: torch.Tensor | None) -> dict[str, float]:
+    def learn(self, learner: Learner, rollout: TensorDict, select: torch.Tensor | None) -> dict[str, float]:
         if isinstance(learner.optimizer, FusedPPOStep) and (late := fused_unavailable(learner.policy, True)):
             raise ConfigError(
                 f"the policy changed after PPO chose its hand-fused learn step ({late}), which "

@@ -307,7 +307,9 @@ def ppo_loss_and_grad(
     pg_loss = (torch.maximum(surr, surr_clipped) * w).sum()
     v_loss = 0.5 * (v_err.square() * w).sum()
     loss = pg_loss + vf_coef * v_loss
-    if ent_coef and entropy is not None:
+    if ent_coef:
+        if entropy is None:
+            raise ValueError(f"ppo_loss_and_grad with ent_coef={ent_coef} needs the entropy; pass it, or ent_coef=0.")
         loss = loss - ent_coef * (entropy * w).sum()
     return PPOTerms(loss, pg_loss, v_loss, ratio), (grad_logp, grad_value, grad_ent)
 

@@ -27,10 +27,11 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict
 
-from shoal.algos.base import SCALAR
+from shoal.algos.base import SCALAR, Statistics
 from shoal.algos.losses import advantage_stats, normalize_advantage, ppo_coefficients, ppo_loss, ppo_statistics
-from shoal.algos.on_policy import Minibatch, OnPolicyAlgorithm, PolicyLearner, Sampler, Statistics
-from shoal.algos.ppo import PPOAlgorithm, ppo_advantages
+from shoal.algos.on_policy import Minibatch, Sampler, decisions
+from shoal.algos.optim import AutogradOptimizer
+from shoal.algos.ppo import Learner, PPOAlgorithm
 from shoal.algos.returns import importance_weights, vtrace
 from shoal.buffers import RolloutBuffer, SegmentSampler, transition_view
 from shoal.buffers.rollout import FieldSpec
@@ -38,15 +39,14 @@ from shoal.config import PPOConfig
 from shoal.models.policy import ActorCriticPolicy
 from shoal.models.recurrent import RecurrentActorCriticPolicy
 
-SegmentLearner = PolicyLearner[PPOConfig, ActorCriticPolicy]
-# what segments add: episode starts (recurrent resets) and what V-trace recomputes advantages from
-SEGMENT_KEYS = ("first", "reward", "terminated", "truncated", "final_value", "raw_reward")
+VTRACE_KEYS = ("reward", "terminated", "truncated", "final_value")  # what V-trace recomputes advantages from
 
 
-class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
-    name = "PPO"
-    config_class = PPOConfig
-    STAT_NAMES = PPOAlgorithm.STAT_NAMES
+class SegmentPPO(PPOAlgorithm):
+    """PPO's loss and advantages (inherited) on segments: this class replaces how minibatches are
+    drawn (``sampler``, ``minibatches``) and what one step does (``step``)."""
+
+    LEARNS_FROM_SEGMENTS = True
 
     def rollout_fields(self) -> dict[str, FieldSpec]:
         fields = super().rollout_fields()
@@ -60,20 +60,26 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
         initial = [policy.initial_state(1) for policy in self.policies.values()]
         return RolloutBuffer(self.env, c.rollout_capacity, self.rollout_fields(), c.device, c.segment_length, initial)
 
+    def make_optimizer(self, policy: ActorCriticPolicy, config: PPOConfig) -> AutogradOptimizer:
+        """Adam on autograd: segments replay through the model, which the hand-fused step does not."""
+        return AutogradOptimizer(policy, config.learning_rate, config.adam_eps, config.max_grad_norm, policy.policy_id)
+
     def learn_keys(self, rollout: TensorDict) -> tuple[str, ...]:
+        """Beside PPO's: episode starts (a recurrent core resets there), the env's own rewards (a
+        core that reads the previous one), and what V-trace recomputes advantages from."""
         present = rollout.keys()
-        return (*super().learn_keys(rollout), *(key for key in SEGMENT_KEYS if key in present))
+        keys = [*super().learn_keys(rollout), "first", *(["raw_reward"] if "raw_reward" in present else [])]
+        if self.config.advantage_estimator == "vtrace":
+            keys += VTRACE_KEYS
+        return tuple(keys)
 
-    def advantages(self, learner: SegmentLearner, rollout: TensorDict) -> None:
-        ppo_advantages(rollout, learner.config)
-
-    def sampler(self, learner: SegmentLearner, rollout: TensorDict, select: torch.Tensor | None) -> SegmentSampler:
+    def sampler(self, learner: Learner, rollout: TensorDict, select: torch.Tensor | None) -> SegmentSampler:
         c = learner.config
-        # the sampler reshapes the data: copy it once, with the values of the next steps alongside
-        data = transition_view(rollout.select(*self.learn_keys(rollout))).clone()
-        data["next_value"] = rollout["value"][:, 1:]
+        data = transition_view(rollout.select(*self.learn_keys(rollout))).clone()  # the sampler reshapes it
+        if c.advantage_estimator == "vtrace":  # bootstrapped at each segment's end from the next step's value
+            data["next_value"] = rollout["value"][:, 1:]
         starts = None if self.buffer.start_states is None else self.buffer.start_states[learner.index]
-        length = c.segment_length
+        length = self.segment_length(learner)
         sampler = SegmentSampler(
             data, length, max(1, c.sgd_minibatch_size // length), learner.generator, select, starts
         )
@@ -81,7 +87,15 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
             sampler.data["ratio"] = torch.ones_like(sampler.data["value"])  # as last seen (1: not yet), for priorities
         return sampler
 
-    def minibatches(self, learner: SegmentLearner, sampler: Sampler) -> Iterator[Minibatch]:
+    def segment_length(self, learner: Learner) -> int:
+        """Steps per segment: ``segment_length`` where whole segments are needed (a recurrent policy,
+        V-trace, prioritized segments), else 1: accumulation alone draws single transitions, as PPO
+        does (a segment sampler of one-step segments draws exactly what ``FlatSampler`` would)."""
+        c = learner.config
+        recurrent = isinstance(learner.policy, RecurrentActorCriticPolicy)
+        return c.segment_length if recurrent or c.advantage_estimator == "vtrace" or c.prio_alpha > 0 else 1
+
+    def minibatches(self, learner: Learner, sampler: Sampler) -> Iterator[Minibatch]:
         """One epoch of segments, shuffled or drawn by priority, in groups of
         ``accumulate_minibatches`` (one optimizer step each)."""
         assert isinstance(sampler, SegmentSampler)  # sampler() made it
@@ -94,7 +108,7 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
         )
         for group in iter(lambda: list(itertools.islice(drawn, c.accumulate_minibatches)), []):
             for minibatch in accumulated(group, c.norm_adv):
-                yield minibatch
+                yield minibatch  # the step runs here, before the generator resumes
                 if keep_ratios:  # the ratios the step saw, for the next epoch's priorities
                     at = slice(None) if minibatch.index is None else minibatch.index
                     segments["ratio"][at] = minibatch.data["ratio"]
@@ -115,7 +129,7 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
         return config.prio_beta0 + (1.0 - config.prio_beta0) * self.progress_end
 
     @torch.no_grad()
-    def priorities(self, learner: SegmentLearner, segments: TensorDict) -> torch.Tensor | None:
+    def priorities(self, learner: Learner, segments: TensorDict) -> torch.Tensor | None:
         """Each segment's summed absolute advantage (with V-trace, under the ratios it was last
         seen with); None without prioritized minibatches."""
         c = learner.config
@@ -126,7 +140,7 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
         priority: torch.Tensor = (segments["advantage"].abs() * segments["valid"]).sum(1)
         return priority
 
-    def step(self, learner: SegmentLearner, minibatch: Minibatch, stats: Statistics | None) -> None:
+    def step(self, learner: Learner, minibatch: Minibatch, stats: Statistics | None) -> None:
         """Forward (replaying a recurrent policy from each segment's start state), V-trace's fresh
         advantages, PPO's loss weighted by the minibatch's share, backward, and the optimizer step
         at the end of the accumulated group."""
@@ -146,6 +160,7 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
             advantage = advantage * minibatch.weights.unsqueeze(1)
         batch["advantage"] = advantage
         terms = ppo_loss(batch, log_prob=log_prob, value=value, entropy=entropy, mask=mask, **ppo_coefficients(c))
+        assert isinstance(learner.optimizer, AutogradOptimizer)  # make_optimizer's
         learner.optimizer.backward(terms.loss * minibatch.share)
         if minibatch.ends_step:
             learner.optimizer.step()
@@ -153,7 +168,7 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
             stats.add(ppo_statistics(terms, entropy, mask, c.clip_coef))
 
     def evaluate(
-        self, learner: SegmentLearner, minibatch: Minibatch, need_entropy: bool
+        self, learner: Learner, minibatch: Minibatch, need_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Log-probabilities, entropies and values ``[S, L]`` of the minibatch's steps under the
         current policy: replayed from each segment's start state for a recurrent policy, single
@@ -182,9 +197,6 @@ class SegmentPPO(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy]):
         shape = data.batch_size
         return log_prob.view(shape), None if entropy is None else entropy.view(shape), value.view(shape)
 
-    def describe(self) -> str:
-        return "batch layout:\n" + self.config.layout(self.env.rows_per_env).describe()
-
 
 def accumulated(group: list[Minibatch], normalize: bool) -> list[Minibatch]:
     """The minibatches of one optimizer step, each given its share of the step's valid steps and,
@@ -209,7 +221,6 @@ def segment_vtrace(segments: TensorDict, ratio: torch.Tensor, config: PPOConfig)
     """V-trace advantages of segments ``[S, L]`` with importance ratios ``ratio``, bootstrapped at
     each segment's end from the stored value of the step after it."""
     value = torch.cat((segments["value"], segments["next_value"][:, -1:]), dim=1)
-    valid = segments["valid"]
     return vtrace(
         segments["reward"],
         value,
@@ -221,5 +232,5 @@ def segment_vtrace(segments: TensorDict, ratio: torch.Tensor, config: PPOConfig)
         gae_lambda=config.gae_lambda,
         rho_clip=config.vtrace_rho_clip,
         c_clip=config.vtrace_c_clip,
-        valid_t=None if bool(valid.all()) else valid,
+        valid_t=decisions(segments["valid"]),
     )

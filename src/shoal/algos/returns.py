@@ -286,6 +286,8 @@ def _check_rollout(
     """``gae``'s and ``vtrace``'s arguments: ``[N, T]`` (``value_t`` ``[N, T+1]``), one float dtype, bool flags."""
     _check_matrix("reward_t", reward_t)
     n, t = reward_t.shape
+    if t < 1:
+        raise ValueError(f"reward_t has shape {(n, t)}, expected at least one step")
     if value_t.shape != (n, t + 1):
         raise ValueError(f"value_t has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
     _check_same_shape(

@@ -65,7 +65,7 @@ class SACLearner(ActorCriticLearner):
         action_dims = policy.center.shape[0]
         self.target_entropy = -float(action_dims) if config.target_entropy == "auto" else config.target_entropy
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy, critic = self.policy, self.critic
         x, next_x = policy.features(batch["obs"]), policy.features(batch["next_obs"])
         action, log_prob = policy.sample(x)
@@ -79,8 +79,8 @@ class SACLearner(ActorCriticLearner):
             actor_loss = (alpha * log_prob - critic.values(x, action).amin(0)).mean()
         self.step_actor(actor_loss)
         critic.target.update(self.config.tau)
-        stats = [critic_loss, actor_loss.detach(), alpha, q.mean(), -log_prob.detach().mean()]
-        return torch.stack(stats), td_error
+        stats = {"critic_loss": critic_loss, "actor_loss": actor_loss.detach(), "entropy_coeff": alpha}
+        return stats | {"q_mean": q.mean(), "entropy": -log_prob.detach().mean()}, td_error
 
     def alpha(self) -> torch.Tensor:
         """The entropy coefficient: learned, or as ``entropy_coeff`` fixes it."""

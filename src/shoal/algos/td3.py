@@ -54,7 +54,7 @@ class TD3Learner(TargetActorLearner):
         self.actor_loss = torch.zeros((), device=policy.center.device)
         """The latest actor step's loss (reported at every step; the actor steps every policy_delay)."""
 
-    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy, critic, c = self.policy, self.critic, self.config
         x, next_x = policy.features(batch["obs"]), policy.features(batch["next_obs"])
         target = self.td_target(batch, next_x)
@@ -66,7 +66,7 @@ class TD3Learner(TargetActorLearner):
             self.step_actor(actor_loss)
             self.update_targets()
             self.actor_loss = actor_loss.detach()
-        return torch.stack([critic_loss, self.actor_loss, q.mean()]), td_error
+        return {"critic_loss": critic_loss, "actor_loss": self.actor_loss, "q_mean": q.mean()}, td_error
 
     @torch.no_grad()
     def td_target(self, batch: TensorDict, next_x: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,9 @@ rows belong to a policy is a mask over the storage (``select``), not a copy made
 ``FlatSampler`` shuffles single transitions; ``SegmentSampler`` views the storage as
 ``[segments, segment_length]`` with each segment's stored start state (recurrent learning), and
 draws whole segments: shuffled, or by priority (with the probability of each drawn segment, from
-which the learner weighs it). A minibatch of several is a TensorDict of its own (a gathered copy),
-whose fields a learner may replace; a single minibatch covering everything is ``data`` itself.
+which the learner weighs it). A minibatch is a TensorDict of its own (a gathered copy, or a shallow
+copy of ``data`` when one minibatch covers it all): a learner may replace its fields without
+touching the storage or the next epoch's minibatches.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ class FlatSampler:
         if self.count == 1:
             yield None
             return
-        perm = torch.randperm(self.data.batch_size[0], generator=self.generator, device=self.data.device)
+        # drawn on the generator's device (the CPU), then moved to the data
+        perm = torch.randperm(self.data.batch_size[0], generator=self.generator).to(self.data.device)
         yield from perm.tensor_split(self.count)
 
     def __iter__(self) -> Iterator[TensorDict]:
         for index in self.indices():
-            yield self.data if index is None else self.data[index]
+            yield self.data.copy() if index is None else self.data[index]
 
 
 class SegmentSampler:
@@ -119,7 +121,7 @@ class SegmentSampler:
             if self.count == 1:
                 yield None, None
                 return
-            perm = torch.randperm(total, generator=self.generator, device=self.data.device)
+            perm = torch.randperm(total, generator=self.generator).to(self.data.device)
             for index in perm.tensor_split(self.count):
                 yield index, None
             return
@@ -129,11 +131,11 @@ class SegmentSampler:
         log_weight = alpha * priority.double().log()
         if not bool(log_weight.isfinite().any()):  # no segment stands out: draw uniformly
             log_weight = torch.zeros_like(log_weight)
-        prob = log_weight.softmax(0)
+        prob = log_weight.softmax(0).cpu()  # drawn on the generator's device (the CPU)
         size = -(-total // self.count)  # ceil: an epoch draws at least as many segments as it holds
         for _ in range(self.count):
             index = torch.multinomial(prob, size, replacement=True, generator=self.generator)
-            yield index, prob[index]
+            yield index.to(self.data.device), prob[index].to(self.data.device)
 
     def minibatch(self, index: torch.Tensor | None) -> tuple[TensorDict, TensorDict | None]:
         """The segments ``index`` names, ``[M, L]``, and their start states ``[M]`` (None when none are stored)."""

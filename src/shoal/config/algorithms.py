@@ -93,18 +93,11 @@ class PPOConfig(SurrogateConfig):
     }
 
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
-        *TrainerConfig.POLICY_KEYS,
+        *SurrogateConfig.POLICY_KEYS,
         "gae_lambda",
-        "adam_eps",
-        "clip_coef",
         "vf_clip_coef",
         "vf_coef",
-        "ent_coef",
-        "max_grad_norm",
         "norm_adv",
-        "target_kl",
-        "num_sgd_iter",
-        "sgd_minibatch_size",
     )
 
     @model_validator(mode="after")
@@ -136,11 +129,11 @@ class PPOConfig(SurrogateConfig):
     @property
     def learns_from_segments(self) -> str | None:
         """What in this config makes PPO learn from ``[segments, bptt_horizon]`` views of the rollout
-        (the segment learner) instead of single transitions; None: nothing does."""
+        (the segment learner) instead of single transitions; None: nothing does (``bptt_horizon``
+        alone does not: a feedforward model with GAE learns from shuffled transitions)."""
         reasons = {
             "a recurrent model_config core": self.recurrent,
             "advantage_estimator='vtrace'": self.advantage_estimator == "vtrace",
-            f"bptt_horizon={self.bptt_horizon}": self.bptt_horizon not in (None, 1),
             f"prio_alpha={self.prio_alpha}": self.prio_alpha > 0,
             f"accumulate_minibatches={self.accumulate_minibatches}": self.accumulate_minibatches > 1,
         }
