@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import workers
 
 TOTAL = 100_000
 # vf_coef=1.0 on shoal's 0.5 * squared error is SB3's vf_coef=0.5 on plain MSE: the same loss.
@@ -138,17 +138,7 @@ WORKERS = {
 
 # ----- driver -------------------------------------------------------------------------------------
 def spawn(kind: str, src: str | None = None, **args) -> dict:
-    env = None if src is None else {**os.environ, "PYTHONPATH": src}  # shoal from another checkout
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if out.returncode:
-        raise RuntimeError(f"{kind} worker failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return workers.spawn(__file__, kind, src, **args)
 
 
 def summarize(runs: list[dict]) -> dict:

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
+import workers
 from memory_cartpole import MODELS, SETTINGS
 
 SEGMENT_STEPS, MINIBATCH = 32, 256  # PPO's defaults behind SETTINGS: whole 32-step fragments
@@ -118,17 +117,7 @@ WORKERS = {
 
 # ----- driver -------------------------------------------------------------------------------------
 def spawn(kind: str, src: str | None = None, **args) -> dict:
-    env = None if src is None else {**os.environ, "PYTHONPATH": src}  # shoal from another checkout
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if out.returncode:
-        raise RuntimeError(f"{kind} worker failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return workers.spawn(__file__, kind, src, **args)
 
 
 def median(runs: list[dict], key: str) -> float | None:
