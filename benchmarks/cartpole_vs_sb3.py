@@ -158,9 +158,7 @@ def main() -> None:
     parser.add_argument("--baseline-src", help="another checkout's src directory, run beside this one")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        kind, payload = args.worker
-        print(json.dumps(WORKERS[kind](json.loads(payload))))
+    if workers.serve(args.worker, WORKERS):
         return
 
     rows: list[tuple[str, dict]] = []

@@ -26,7 +26,6 @@ the same machine in the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -133,9 +132,7 @@ def main() -> None:
     parser.add_argument("--baseline-src", help="another checkout's src directory, run beside this one")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        kind, payload = args.worker
-        print(json.dumps(WORKERS[kind](json.loads(payload))))
+    if workers.serve(args.worker, WORKERS):
         return
 
     sources = [("shoal", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])

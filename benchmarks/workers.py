@@ -23,3 +23,13 @@ def spawn(script: str, kind: str, src: str | None = None, **args) -> dict:
     if out.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def serve(worker: list[str] | None, workers: dict) -> bool:
+    """When the script was called as a worker (``--worker KIND ARGS``), run ``workers[KIND]`` on
+    the JSON ``ARGS``, print its JSON line and return True."""
+    if not worker:
+        return False
+    kind, payload = worker
+    print(json.dumps(workers[kind](json.loads(payload))))
+    return True

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from shoal.algos.on_policy import ESTIMATORS, rollout_vtrace
+from shoal.algos.on_policy import ESTIMATORS
 from shoal.algos.returns import gae, vtrace
 from tests.conftest import folded_decisions
 
@@ -261,7 +261,7 @@ def test_ratios_at_non_decision_steps_are_not_read():
 
 
 @pytest.mark.parametrize("all_valid", [False, True])
-def test_rollout_vtrace_reads_the_first_t_steps(all_valid):
+def test_the_vtrace_estimator_reads_the_first_t_steps(all_valid):
     n, t = 8, 10
     case = random_case(np.random.default_rng(8), n, t, masked=True)
     if all_valid:
@@ -285,10 +285,10 @@ def test_rollout_vtrace_reads_the_first_t_steps(all_valid):
     )
     # before any update the policy is the one that collected the rollout: every ratio is 1, so GAE's
     # advantages (the segment learner recomputes them with the current ratios for each minibatch)
-    assert ESTIMATORS["vtrace"] is rollout_vtrace
     ones = torch.ones(n, t, dtype=torch.float64)
-    assert torch.equal(rollout_vtrace(rollout, 0.9, 0.8), run_vtrace(case, 0.9, 0.8, 1.0, 1.0, ratio=ones))
-    torch.testing.assert_close(rollout_vtrace(rollout, 0.9, 0.8), run_gae(case, 0.9, 0.8))
+    estimate = ESTIMATORS["vtrace"](rollout, 0.9, 0.8)
+    torch.testing.assert_close(estimate, run_vtrace(case, 0.9, 0.8, 1.0, 1.0, ratio=ones))
+    assert torch.equal(estimate, run_gae(case, 0.9, 0.8))
 
 
 def test_vtrace_rejects_bad_shapes_and_clips():

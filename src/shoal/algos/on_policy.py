@@ -26,7 +26,7 @@ from typing_extensions import TypeVar
 from shoal.algos.base import SCALAR, Algorithm, Collector, Statistics
 from shoal.algos.losses import explained_variance, past_target_kl
 from shoal.algos.optim import AutogradOptimizer
-from shoal.algos.returns import gae, vtrace
+from shoal.algos.returns import gae
 from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.buffers.rollout import FieldSpec
 from shoal.config import OnPolicyConfig
@@ -332,25 +332,10 @@ def rollout_gae(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.T
     )
 
 
-def rollout_vtrace(rollout: TensorDict, gamma: float, gae_lambda: float) -> torch.Tensor:
-    """``returns.vtrace`` over a ``[N, T+1]`` rollout before any learning on it: its policy is the
-    one that collected it, so every ratio is 1 and the advantages are GAE's (the segment learner
-    recomputes them for each minibatch with the current ratios)."""
-    steps = rollout[:, :-1]
-    return vtrace(
-        steps["reward"],
-        rollout["value"],
-        steps["terminated"],
-        steps["truncated"],
-        steps["final_value"],
-        torch.ones_like(steps["reward"]),
-        gamma=gamma,
-        gae_lambda=gae_lambda,
-        valid_t=decisions(steps["valid"]),
-    )
-
-
-ESTIMATORS: dict[str, AdvantageFn] = {"gae": rollout_gae, "vtrace": rollout_vtrace}
+# Before any learning the policy is the one that collected the rollout: every importance ratio is 1,
+# where V-trace is GAE (to float rounding where steps fold); the segment learner recomputes V-trace
+# with the current ratios for each minibatch.
+ESTIMATORS: dict[str, AdvantageFn] = {"gae": rollout_gae, "vtrace": rollout_gae}
 """``advantage_estimator`` name -> estimator; a ``'package.module:function'`` of the same signature
 may be given instead."""
 

@@ -71,10 +71,14 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
         step = (config.learning_rate, config.adam_eps, config.max_grad_norm)
         if fused_unavailable(policy, config.fused_update) is None:
             return FusedPPOStep(policy, *step)
-        return AutogradOptimizer(policy, *step, owner=policy.policy_id)
+        return super().make_optimizer(policy, config)
 
     def advantages(self, learner: Learner, rollout: TensorDict) -> None:
-        ppo_advantages(rollout, learner.config)
+        """By the configured estimator over the whole rollout, and ``return = advantage + value``."""
+        c = learner.config
+        advantage = advantage_estimator(c.advantage_estimator)(rollout, c.gamma, c.gae_lambda)
+        rollout["advantage"][:, :-1] = advantage
+        rollout["return"][:, :-1] = advantage + rollout["value"][:, :-1]
 
     def sampler(self, learner: Learner, rollout: TensorDict, select: torch.Tensor | None) -> Sampler:
         sampler = super().sampler(learner, rollout, select)
@@ -126,11 +130,3 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
 
     def describe(self) -> str:
         return "batch layout:\n" + self.config.layout(self.env.rows_per_env).describe()
-
-
-def ppo_advantages(rollout: TensorDict, config: PPOConfig) -> None:
-    """``advantage`` by the configured estimator, and ``return = advantage + value``, into
-    ``rollout[:, :-1]``."""
-    advantage = advantage_estimator(config.advantage_estimator)(rollout, config.gamma, config.gae_lambda)
-    rollout["advantage"][:, :-1] = advantage
-    rollout["return"][:, :-1] = advantage + rollout["value"][:, :-1]
