@@ -54,10 +54,30 @@ def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
             pick = before.q_values(nxt)[0].argmax() if double_q else q_target.argmax()
             expected.append(batch["reward"][i] + batch["discount"][i] * q_target[pick])
         q = before.q_values(batch["obs"]).gather(1, batch["action"].unsqueeze(1)).squeeze(1)
-    stats, td_error = learner.learn(batch, None)
+    stats, td_error = learner.learn(learner.prepare(batch), None)
     torch.testing.assert_close(td_error, (q - torch.stack(expected)).abs())
     assert stats["loss"].item() == pytest.approx(torch.nn.functional.smooth_l1_loss(q, torch.stack(expected)).item())
     assert not torch.equal(weights_of(policy), weights_of(before)), "the step moved the network"
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_a_phase_drawn_at_once_is_its_minibatches_prepared_one_by_one(monkeypatch, double_q):
+    """The minibatches of a phase are drawn together and prepared a chunk at a time; each equals
+    the same rows gathered and prepared alone (the target network's values in one forward)."""
+    algo = shoal.DQN(double_q=double_q, **SMALL)
+    algo.train()
+    inner, learner = algo.algorithm, algo.algorithm.learners["default_policy"]
+    monkeypatch.setattr("shoal.algos.off_policy.GATHER_BYTES", 3 * 32 * inner.replay.row_bytes)  # 3 per gather
+    state = inner.generator.get_state()
+    minibatches = list(inner.drawn_ahead("default_policy", 7))
+    assert [len(m) for m in minibatches] == [32] * 7
+    inner.generator.set_state(state)
+    index = inner.replay.sample(7 * 32, inner.generator).split(32)
+    key = "next_q_target" if double_q else "target"
+    for got, rows in zip(minibatches, index):
+        alone = learner.prepare(inner.minibatch(rows))
+        torch.testing.assert_close(got[key], alone[key], rtol=1e-6, atol=1e-6)
+        assert torch.equal(got["obs"], alone["obs"]) and torch.equal(got["action"], alone["action"])
 
 
 def test_dueling_heads_combine_value_and_centred_advantages():

@@ -29,6 +29,24 @@ def test_stacked_mlp_equals_separate_mlps(activation, ref, rows, per_tower):
         assert torch.allclose(rollout_outs[k], outs[k], atol=1e-12)
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_one_tower_alone_is_that_towers_output_and_gradient(activation):
+    """``tower(x, k)`` (TD3's actor loss reads Q_1 alone) against ``forward(x)[k]``: the values, and
+    the gradients they send to the input and to the tower's parameters."""
+    torch.manual_seed(0)
+    net = StackedMLP(5, [7, 6], [1, 1], [1.0, 1.0], activation).double()
+    for k in range(2):
+        grads = []
+        for one in (lambda x: net.tower(x, k), lambda x: net(x)[k]):  # noqa: B023 (k is used at once)
+            x = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(k)).requires_grad_()
+            net.zero_grad()
+            out = one(x)
+            out.sum().backward()
+            grads.append((out.detach(), x.grad, *(p.grad.clone() for p in net.parameters() if p.grad is not None)))
+        for alone, whole in zip(*grads):
+            torch.testing.assert_close(alone, whole, rtol=1e-12, atol=1e-12)
+
+
 def test_stacked_mlp_init_is_orthogonal_per_tower():
     net = StackedMLP(5, [7, 6], [2, 1], [0.01, 1.0])
     w = net.weights[1][0]

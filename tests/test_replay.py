@@ -274,3 +274,15 @@ def test_bad_input_is_named() -> None:
     envs = FakeEnvs(1, next_step=False, seed=9)
     with pytest.raises(ValueError, match="rollout of 6 steps per row does not fit 6 replay columns"):
         buffer.add(*envs.rollout(6))
+
+
+def test_row_bytes_count_each_stored_field_and_the_next_observation() -> None:
+    """What a drawn step costs to gather, which sizes a phase's gathers: uint8 images, and a Dict
+    observation (stored flat as float32: 64 + 3 values)."""
+    discrete = action_spec(gym.spaces.Discrete(3))
+    box = ReplayBuffer(EnvInfo("box", obs_spec(gym.spaces.Box(0, 255, (84, 84), np.uint8)), discrete, 1, 1), 16)
+    space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (8, 8), np.uint8), "x": gym.spaces.Box(-1, 1, (3,))})
+    nested = ReplayBuffer(EnvInfo("dict", obs_spec(space), discrete, 1, 1), 16)
+    for buffer, obs_bytes in ((box, 84 * 84), (nested, (64 + 3) * 4)):
+        others = sum(t[0, 0].numel() * t.element_size() for k, t in buffer.storage.items(True, True) if "obs" not in k)
+        assert buffer.row_bytes == 2 * obs_bytes + others

@@ -55,6 +55,10 @@ class Critics:
         values: torch.Tensor = self.net(torch.cat([x, unit_action], 1))
         return values
 
+    def first(self, x: torch.Tensor, unit_action: torch.Tensor) -> torch.Tensor:
+        """The first critic's values ``[B]`` alone."""
+        return self.net.first(torch.cat([x, unit_action], 1))
+
     def learn(
         self, x: torch.Tensor, unit_action: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,6 +97,10 @@ class ActorCriticLearner:
         )
         self.optimizers = [self.critic.optimizer, self.actor_optimizer]
         """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
+
+    def prepare(self, batch: TensorDict) -> TensorDict:
+        """``batch`` as it is: every target here reads networks that change with each step."""
+        return batch
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One minibatch step (``Learner.learn``), the algorithm's own."""

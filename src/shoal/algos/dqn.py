@@ -138,15 +138,34 @@ class DQNLearner:
         )
         self.optimizers = [self.optimizer]
 
+    @torch.no_grad()
+    def prepare(self, batch: TensorDict) -> TensorDict:
+        """The target network's values of the next observations, for all of ``batch`` in one
+        forward (it holds through a phase: ``after_phase`` moves it): ``next_q_target``, and the
+        targets themselves (``target``) when the next action is the target network's own choice;
+        kept are only the fields ``learn`` reads (fewer to split into minibatches)."""
+        next_q = self.policy.q_values(batch["next_obs"], self.target.module)
+        if not self.config.double_q:
+            batch["target"] = q_target(batch, next_q, next_q)
+            return batch.select("obs", "action", "target")
+        batch["next_q_target"] = next_q
+        keys = ["obs", "action", "next_obs", "reward", "discount", "next_q_target"]
+        if "next_action_mask" in batch.keys():  # noqa: SIM118 (a TensorDict)
+            keys.append("next_action_mask")
+        return batch.select(*keys)
+
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy = self.policy
-        with torch.no_grad():
-            next_q = policy.q_values(batch["next_obs"], self.target.module)
-            chooser = policy.q_values(batch["next_obs"]) if self.config.double_q else next_q
-            target = q_target(batch, next_q, chooser)
+        if self.config.double_q:  # the next action is the online network's choice
+            with torch.no_grad():
+                target = q_target(batch, batch["next_q_target"], policy.q_values(batch["next_obs"]))
+        else:
+            target = batch["target"]
         q = taken(policy.q_values(batch["obs"]), batch["action"])
-        loss = F.smooth_l1_loss(q, target, reduction="none")
-        loss = loss.mean() if weights is None else (weights * loss).mean()
+        if weights is None:
+            loss = F.smooth_l1_loss(q, target)
+        else:
+            loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
         self.optimizer.backward(loss)
         self.optimizer.step()
         td_error = (q.detach() - target).abs()
@@ -167,6 +186,10 @@ class SequenceDQNLearner(DQNLearner):
     priority per sequence."""
 
     policy: RecurrentQPolicy
+
+    def prepare(self, batch: TensorDict) -> TensorDict:
+        """``batch`` as it is: the target network is unrolled with the online one in ``learn``."""
+        return batch
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         policy, burn_in = self.policy, self.config.replay_burn_in

@@ -15,6 +15,7 @@ pure functions of ``shoal.algos.returns``, called here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, Protocol
 
 import torch
@@ -29,12 +30,21 @@ from shoal.config import OffPolicyConfig
 from shoal.envs.spaces import EnvInfo
 from shoal.models.policy import Policy
 
+GATHER_BYTES = 32 << 20
+"""The most a phase's minibatches drawn at once are gathered in one go (the rest, later)."""
+
 
 class Learner(Protocol):
     """One trained policy's learning: its networks, targets and optimizers."""
 
     optimizers: list[AutogradOptimizer]
     """Every optimizer the learner steps; the algorithm sets their step size before each phase."""
+
+    def prepare(self, batch: TensorDict) -> TensorDict:
+        """``batch`` (``transitions``' fields of one or more minibatches) with what the learner
+        computes for all of them at once before stepping (DQN: the target network's values, which
+        hold through a phase), or as it is."""
+        ...
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One minibatch step on ``batch`` (``transitions``' fields) with importance
@@ -149,7 +159,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         c = self.config
         device = torch.device(c.device)
         totals = {pid: Statistics(self.STAT_NAMES, device) for pid in self.learners}
-        collected = count = 0
+        collected = 0
         for _ in range(c.phases):
             self.before_phase(self.phase_progress(collected))
             rollout = self.rollout.start_rollout()
@@ -164,11 +174,9 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             if self.timesteps < c.learning_starts or not self.learners:
                 continue
             beta = c.prioritized_replay_beta + (1.0 - c.prioritized_replay_beta) * self.phase_progress(collected)
-            for _ in range(c.gradient_steps if c.gradient_steps > 0 else steps):
-                for pid, out in self.learn_step(beta):
-                    totals[pid].add(out)
-                count += 1
-        self.gradient_steps += count
+            updates = c.gradient_steps if c.gradient_steps > 0 else steps
+            for pid, out in self.learn_from_replay(updates, beta).items():
+                totals[pid].merge(out)
         stats: dict[str, Any] = {"replay_size": len(self.replay), "num_gradient_steps": self.gradient_steps}
         single = len(self.policies) == 1
         per_policy = {pid: total.means() for pid, total in totals.items() if total.count}
@@ -180,6 +188,35 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         """What a learner learns from for the sampled steps at flat ``index``: by default their
         ``transitions`` with the configured n-step returns."""
         return transitions(self.replay, index, n_step=self.config.n_step, gamma=self.config.gamma)
+
+    def learn_from_replay(self, updates: int, beta: float) -> dict[str, Statistics]:
+        """A phase's ``updates`` minibatch steps of each trained policy (step by step, each policy
+        in turn), importance weights annealed to ``beta``; returns each policy's statistics."""
+        device = torch.device(self.config.device)
+        totals = {pid: Statistics(self.STAT_NAMES, device) for pid in self.learners}
+        if self.replay.draws_ahead:
+            minibatches = {pid: self.drawn_ahead(pid, updates) for pid in self.learners}
+            for _ in range(updates):
+                for pid, learner in self.learners.items():
+                    totals[pid].add(learner.learn(next(minibatches[pid]), None)[0])
+        else:
+            for _ in range(updates):
+                for pid, out in self.learn_step(beta):
+                    totals[pid].add(out)
+        self.gradient_steps += updates
+        return totals
+
+    def drawn_ahead(self, policy_id: str, updates: int) -> Iterator[TensorDict]:
+        """The minibatches of ``updates`` steps of one policy, drawn at once (from a uniform replay,
+        which nothing a step does changes) and gathered in chunks of about ``GATHER_BYTES``, each
+        chunk prepared by the learner as one batch: one call in place of one per minibatch."""
+        size, learner = self.config.sgd_minibatch_size, self.learners[policy_id]
+        index = self.replay.sample(updates * size, self.generator, self._owner[policy_id])
+        per_gather = size * max(1, GATHER_BYTES // (size * self.replay.row_bytes))
+        for first in range(0, len(index), per_gather):
+            prepared = learner.prepare(self.minibatch(index[first : first + per_gather]))
+            for start in range(0, len(prepared), size):
+                yield prepared[start : start + size]
 
     def learn_step(self, beta: float) -> list[tuple[str, dict[str, torch.Tensor]]]:
         """One minibatch step of each trained policy, on steps of its own rows."""
@@ -193,7 +230,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
                 prob = self.replay.probabilities(index, owner)
                 least = self.replay.min_probability(owner)  # weights <= 1, as in the paper
                 weights = importance_weights(prob, size=len(self.replay), beta=beta, min_prob=least)
-            stats, td_error = learner.learn(self.minibatch(index), weights)
+            stats, td_error = learner.learn(learner.prepare(self.minibatch(index)), weights)
             if isinstance(self.replay, PrioritizedReplayBuffer):
                 self.replay.update_priorities(index, td_error + c.prioritized_replay_eps, owner)
             out.append((pid, stats))

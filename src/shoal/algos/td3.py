@@ -62,7 +62,7 @@ class TD3Learner(TargetActorLearner):
         self.critic_steps += 1
         if self.critic_steps % c.policy_delay == 0:
             with critic.frozen():
-                actor_loss = -critic.values(x, policy.critic_action(x))[0].mean()  # Q_1 alone, as TD3 does
+                actor_loss = -critic.first(x, policy.critic_action(x)).mean()  # Q_1 alone, as TD3 does
             self.step_actor(actor_loss)
             self.update_targets()
             self.actor_loss = actor_loss.detach()

@@ -39,6 +39,8 @@ class SequenceReplayBuffer(ReplayBuffer):
     stored at its start (``initial_states``: each policy's ``initial_state(1)``, the layout of the
     state table; the stateful ones must share it)."""
 
+    draws_ahead = False  # a minibatch is sequences_for(B) whole windows, which a draw for k steps need not split into
+
     def __init__(
         self,
         env: EnvInfo,

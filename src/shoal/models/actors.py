@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -35,7 +35,10 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # keeps the Gaussian's std within what fl
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def default_init_(module: nn.Module) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def default_init_(module: ModuleT) -> ModuleT:
     """Re-initialize ``module``'s layers as torch initializes ``nn.Linear``: uniform within
     ``1 / sqrt(fan_in)`` (stacked towers too, whose weights are stored ``[k, in, out]``)."""
     for layer in module.modules():
@@ -69,6 +72,10 @@ class QTowers(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat(self.net(x), 1).T
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        """The first network's values ``[B]`` alone (``forward(x)[0]`` at 1/towers of the work)."""
+        return self.net.tower(x, 0).squeeze(-1)
 
 
 class ReplayActorPolicy(Policy):

@@ -101,6 +101,16 @@ class StackedMLP(nn.Module):
             h = act(torch.baddbmm(b, h, w))
         return tuple(head(h[k]) for k, head in enumerate(self.heads))
 
+    def tower(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Tower ``k``'s output alone, from ``[B, in]``: what ``forward(x)[k]`` gives, for a loss
+        that reads one tower (TD3's actor) at half the work."""
+        act = torch.tanh if self.activation == "tanh" else torch.relu
+        h = x
+        for w, b in zip(self.weights, self.biases):
+            h = act(torch.addmm(b[k], h, w[k]))
+        out: torch.Tensor = self.heads[k](h)
+        return out
+
 
 def orthogonal(rows: int, cols: int, gain: float) -> torch.Tensor:
     return nn.init.orthogonal_(torch.empty(rows, cols), gain=gain)
