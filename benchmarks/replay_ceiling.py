@@ -15,9 +15,10 @@ actor and targets every second step), three figures:
             ``learning_starts``, one fresh process per run, each seed
 
 Each row is one thread count (``--threads``; default one and all cores): the step rates in
-updates/s; "bound", the env-step rate the bare step allows if collecting cost nothing (updates/s
-times env steps per update); SPS of shoal (``torch_threads``) and of SB3 (``torch.set_num_threads``,
-left at torch's default on the whole machine), each the mean of the seeds.
+updates/s (the two paths timed in turns in one process, each the median of 5 rounds); "bound",
+the env-step rate the bare step allows if collecting cost nothing (updates/s times env steps per
+update); SPS of shoal (``torch_threads``) and of SB3 (``torch.set_num_threads``, left at torch's
+default on the whole machine), each the mean of the seeds.
 
     python benchmarks/replay_ceiling.py [--algos dqn sac td3] [--seeds 1 2 3] [--threads 1 2]
         [--skip-sb3] [--updates 600] [--src DIR]
@@ -32,6 +33,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 from workers import serve, spawn
 
@@ -96,48 +98,47 @@ SIZES = {"dqn": dict(obs=4, act=2, batch=64, phase=128), "sac": dict(obs=3, act=
 SIZES["td3"] = SIZES["sac"]
 
 
-def bare_rate(algo: str, updates: int) -> float:
-    """Updates/s of the bare step (see bare_steps.py), ``updates`` of them after a warm-up."""
+ROUNDS = 5  # the two step rates are timed in turns, each the median of its rounds
+
+
+def phase_runs(algo: str, threads: int) -> dict[str, Callable[[], None]]:
+    """One phase of minibatch steps on each path: the bare step (bare_steps.py) over random
+    transitions, and shoal's learner over a buffer filled by a short run."""
     from bare_steps import BARE
 
-    sizes = SIZES[algo]
-    step = BARE[algo](**sizes)
-    phase = sizes["phase"]
-    for _ in range(max(1, 50 // phase)):
-        step(phase)
-    phases = max(1, updates // phase)
-    start = time.perf_counter()
-    for _ in range(phases):
-        step(phase)
-    return phases * phase / (time.perf_counter() - start)
-
-
-def shoal_rate(algo: str, updates: int, threads: int) -> float:
-    """Updates/s of shoal's learner, phase by phase, over a buffer filled by a short run."""
     import shoal
 
-    task = TASKS[algo]
+    sizes, task = SIZES[algo], TASKS[algo]
+    step = BARE[algo](**sizes)
     trainer = shoal.Trainer(
         algo=algo, env=task["env"], seed=1, save_outputs=False, verbose=0, torch_threads=threads, **task["shoal"]
     )
     trainer.learn(task["warm"])
-    learner, phase = trainer.algorithm, SIZES[algo]["phase"]
-    learner.learn_from_replay(max(1, 50 // phase), beta=1.0)
-    phases = max(1, updates // phase)
-    start = time.perf_counter()
-    for _ in range(phases):
-        learner.learn_from_replay(phase, beta=1.0)
-    return phases * phase / (time.perf_counter() - start)
+    phase = sizes["phase"]
+    return {"bare": lambda: step(phase), "shoal": lambda: trainer.algorithm.learn_from_replay(phase, beta=1.0)}
 
 
 def step_rates(args: dict) -> dict:
+    """Updates/s of the bare step and of shoal's, in turns (``ROUNDS`` of ``updates / ROUNDS``
+    each after a warm-up), so that both see the machine as it is at the time."""
     import torch
 
     torch.set_num_threads(args["threads"])
     torch.manual_seed(0)
-    if args["path"] == "bare":
-        return {"rate": bare_rate(args["algo"], args["updates"])}
-    return {"rate": shoal_rate(args["algo"], args["updates"], args["threads"])}
+    runs = phase_runs(args["algo"], args["threads"])
+    phase = SIZES[args["algo"]]["phase"]
+    phases = max(1, args["updates"] // (phase * ROUNDS))
+    for run in runs.values():
+        for _ in range(max(1, 50 // phase)):
+            run()
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            for _ in range(phases):
+                run()
+            rates[name].append(phases * phase / (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in rates.items()}
 
 
 def shoal_sps(args: dict) -> dict:
@@ -188,9 +189,8 @@ def mean_sps(kind: str, algo: str, seeds: list[int], threads: int, src: str | No
 def row(algo: str, threads: int, args: argparse.Namespace, src: str | None, label: str) -> str:
     """One table row: the step rates at ``threads`` torch threads, and SPS with as many (SB3 at
     its default when that is the whole machine)."""
-    common = dict(algo=algo, threads=threads, updates=args.updates)
-    bare = spawn(__file__, "steps", path="bare", **common)["rate"]
-    learner = spawn(__file__, "steps", src, path="shoal", **common)["rate"]
+    rates = spawn(__file__, "steps", src, algo=algo, threads=threads, updates=args.updates)
+    bare, learner = rates["bare"], rates["shoal"]
     sps = mean_sps("shoal", algo, args.seeds, threads, src)
     sb3 = math.nan
     if not args.skip_sb3:

@@ -3,11 +3,17 @@
     training_step: phases until timesteps_per_iteration env steps are in, each:
         collect [N, T+1] (T = train_freq) -> replay.add -> after learning_starts:
         gradient_steps x (each trained policy: sample its rows -> transitions: the buffer's n-step
-        windows -> n_step_returns [-> importance_weights] -> learner.learn [-> priorities])
+        windows -> n_step_returns [-> importance_weights] -> learner.prepare -> learner.learn
+        [-> priorities])
+
+From a uniform replay a phase's minibatches are drawn and gathered at once, and ``prepare`` runs
+once per gathered chunk (``drawn_ahead``): nothing a step does changes what the others draw, and
+what a learner computes from networks that hold through the phase (DQN's target values) is then
+one forward instead of one per minibatch. A prioritized replay draws step by step.
 
 An algorithm subclasses ``OffPolicyAlgorithm`` with its learner (one per trained policy: the
-networks, targets and optimizers of one policy, and ``learn(batch, weights)``) and, when it
-needs them, hooks before each phase (DQN's epsilon) and after it (DQN's target updates).
+networks, targets and optimizers of one policy, ``prepare(batch)`` and ``learn(batch, weights)``)
+and, when it needs them, hooks before each phase (DQN's epsilon) and after it (DQN's target updates).
 Minibatches are drawn from the steps of the learner's own policy, so in multi-agent runs the one
 buffer serves as one buffer per policy. The buffer stores and gathers; the return math is the
 pure functions of ``shoal.algos.returns``, called here.
@@ -31,7 +37,7 @@ from shoal.envs.spaces import EnvInfo
 from shoal.models.policy import Policy
 
 GATHER_BYTES = 32 << 20
-"""The most a phase's minibatches drawn at once are gathered in one go (the rest, later)."""
+"""Bytes of drawn steps gathered in one go: a phase's draw larger than this is gathered in chunks."""
 
 
 class Learner(Protocol):
@@ -207,9 +213,9 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         return totals
 
     def drawn_ahead(self, policy_id: str, updates: int) -> Iterator[TensorDict]:
-        """The minibatches of ``updates`` steps of one policy, drawn at once (from a uniform replay,
-        which nothing a step does changes) and gathered in chunks of about ``GATHER_BYTES``, each
-        chunk prepared by the learner as one batch: one call in place of one per minibatch."""
+        """The minibatches of ``updates`` steps of one policy, drawn at once from a uniform replay
+        and gathered in chunks of about ``GATHER_BYTES``, each chunk prepared by the learner as one
+        batch (one ``prepare`` in place of one per minibatch)."""
         size, learner = self.config.sgd_minibatch_size, self.learners[policy_id]
         index = self.replay.sample(updates * size, self.generator, self._owner[policy_id])
         per_gather = size * max(1, GATHER_BYTES // (size * self.replay.row_bytes))
