@@ -37,37 +37,24 @@ from collections.abc import Callable
 
 from workers import serve, spawn
 
-# settings each library is given; shoal's keys, SB3's keyword arguments
+# settings each library is given; shoal's keys, SB3's keyword arguments (named the same in both,
+# but for the minibatch size, the network and double Q-learning, which SB3's DQN has not)
+DQN_CARTPOLE = dict(
+    train_freq=256,
+    gradient_steps=128,
+    learning_starts=1000,
+    buffer_size=100_000,
+    target_update_interval=10,
+    exploration_fraction=0.16,
+    exploration_final_eps=0.04,
+    gamma=0.99,
+    learning_rate=2.3e-3,
+)
 TASKS = {
     "dqn": {
         "env": "CartPole-v1",
-        "shoal": dict(
-            train_freq=256,
-            gradient_steps=128,
-            learning_starts=1000,
-            sgd_minibatch_size=64,
-            buffer_size=100_000,
-            target_update_interval=10,
-            exploration_fraction=0.16,
-            exploration_final_eps=0.04,
-            gamma=0.99,
-            learning_rate=2.3e-3,
-            double_q=False,
-            model_config={"hiddens": [256, 256]},
-        ),
-        "sb3": dict(
-            train_freq=256,
-            gradient_steps=128,
-            learning_starts=1000,
-            batch_size=64,
-            buffer_size=100_000,
-            target_update_interval=10,
-            exploration_fraction=0.16,
-            exploration_final_eps=0.04,
-            gamma=0.99,
-            learning_rate=2.3e-3,
-            policy_kwargs={"net_arch": [256, 256]},
-        ),
+        "shoal": dict(DQN_CARTPOLE, sgd_minibatch_size=64, double_q=False, model_config={"hiddens": [256, 256]}),
+        "sb3": dict(DQN_CARTPOLE, batch_size=64, policy_kwargs={"net_arch": [256, 256]}),
         "warm": 2048,
         "window": 10240,
         "iteration": 1024,
