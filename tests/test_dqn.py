@@ -69,7 +69,7 @@ def test_a_phase_drawn_at_once_is_its_minibatches_prepared_one_by_one(monkeypatc
     inner, learner = algo.algorithm, algo.algorithm.learners["default_policy"]
     monkeypatch.setattr("shoal.algos.off_policy.GATHER_BYTES", 3 * 32 * inner.replay.row_bytes)  # 3 per gather
     state = inner.generator.get_state()
-    minibatches = list(inner.drawn_ahead("default_policy", 7))
+    minibatches = list(inner.phase_minibatches("default_policy", 7))
     assert [len(m) for m in minibatches] == [32] * 7
     inner.generator.set_state(state)
     index = inner.replay.sample(7 * 32, inner.generator).split(32)
@@ -78,6 +78,24 @@ def test_a_phase_drawn_at_once_is_its_minibatches_prepared_one_by_one(monkeypatc
         alone = learner.prepare(inner.minibatch(rows))
         torch.testing.assert_close(got[key], alone[key], rtol=1e-6, atol=1e-6)
         assert torch.equal(got["obs"], alone["obs"]) and torch.equal(got["action"], alone["action"])
+
+
+def test_a_learner_without_prepare_is_named():
+    """A replay learner written before ``prepare`` existed is refused at once, by name."""
+
+    class OldLearner:
+        def __init__(self, policy, config):
+            self.optimizers = []
+
+        def learn(self, batch, weights):
+            raise AssertionError("never reached")
+
+    class OldDQN(shoal.algos.DQNAlgorithm):
+        def make_learner(self, policy_id, config):
+            return OldLearner(self.policies[policy_id], config)
+
+    with pytest.raises(TypeError, match=r"OldLearner, the learner of policy 'default_policy', has no prepare\(batch\)"):
+        OldDQN(DQNConfig(env="CartPole-v1"), shoal.Trainer(algo="dqn", **SMALL).algorithm.env)
 
 
 def test_dueling_heads_combine_value_and_centred_advantages():

@@ -142,8 +142,9 @@ class DQNLearner:
     def prepare(self, batch: TensorDict) -> TensorDict:
         """The target network's values of the next observations, for all of ``batch`` in one
         forward (it holds through a phase: ``after_phase`` moves it): ``next_q_target``, and the
-        targets themselves (``target``) when the next action is the target network's own choice;
-        kept are only the fields ``learn`` reads (fewer to split into minibatches)."""
+        targets themselves (``target``) when the next action is the target network's own choice,
+        written into ``batch``; returned are only the fields ``learn`` reads (fewer to split into
+        minibatches)."""
         next_q = self.policy.q_values(batch["next_obs"], self.target.module)
         if not self.config.double_q:
             batch["target"] = q_target(batch, next_q, next_q)
@@ -155,6 +156,7 @@ class DQNLearner:
         return batch.select(*keys)
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One minibatch step on ``batch`` as ``prepare`` left it (its target values in)."""
         policy = self.policy
         if self.config.double_q:  # the next action is the online network's choice
             with torch.no_grad():

@@ -7,7 +7,7 @@
         [-> priorities])
 
 From a uniform replay a phase's minibatches are drawn and gathered at once, and ``prepare`` runs
-once per gathered chunk (``drawn_ahead``): nothing a step does changes what the others draw, and
+once per gathered chunk (``phase_minibatches``): nothing a step does changes what the others draw, and
 what a learner computes from networks that hold through the phase (DQN's target values) is then
 one forward instead of one per minibatch. A prioritized replay draws step by step.
 
@@ -117,6 +117,13 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         self.learners: dict[str, LearnerT] = {
             pid: self.make_learner(pid, self.policy_configs[pid]) for pid in self.trained_policy_ids
         }
+        for pid, learner in self.learners.items():
+            if not callable(getattr(learner, "prepare", None)):
+                raise TypeError(
+                    f"{type(learner).__name__}, the learner of policy '{pid}', has no prepare(batch): a replay "
+                    "learner returns from it the batch its steps read (the batch as it is, when no network holds "
+                    "still through a phase); see shoal.algos.off_policy.Learner."
+                )
         ids = list(self.policies)
         self._owner = {pid: None if len(ids) == 1 else ids.index(pid) for pid in self.learners}
         # which rows each learner samples: a policy index into the stored policy_id (None: all rows)
@@ -200,8 +207,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         in turn), importance weights annealed to ``beta``; returns each policy's statistics."""
         device = torch.device(self.config.device)
         totals = {pid: Statistics(self.STAT_NAMES, device) for pid in self.learners}
-        if self.replay.draws_ahead:
-            minibatches = {pid: self.drawn_ahead(pid, updates) for pid in self.learners}
+        if self.replay.can_draw_ahead:
+            minibatches = {pid: self.phase_minibatches(pid, updates) for pid in self.learners}
             for _ in range(updates):
                 for pid, learner in self.learners.items():
                     totals[pid].add(learner.learn(next(minibatches[pid]), None)[0])
@@ -212,7 +219,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         self.gradient_steps += updates
         return totals
 
-    def drawn_ahead(self, policy_id: str, updates: int) -> Iterator[TensorDict]:
+    def phase_minibatches(self, policy_id: str, updates: int) -> Iterator[TensorDict]:
         """The minibatches of ``updates`` steps of one policy, drawn at once from a uniform replay
         and gathered in chunks of about ``GATHER_BYTES``, each chunk prepared by the learner as one
         batch (one ``prepare`` in place of one per minibatch)."""

@@ -28,7 +28,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """``ReplayBuffer`` whose ``sample`` draws by priority, with the ``probabilities`` the drawn
     steps had and ``update_priorities`` from their new TD errors."""
 
-    draws_ahead = False  # each step's TD errors move the priorities the next draws from
+    can_draw_ahead = False  # each step's TD errors move the priorities the next draws from
 
     def __init__(
         self,

@@ -99,7 +99,7 @@ class ReplayBuffer:
         self._final_next = 0  # the side table entry written next
         self._finals_kept = False  # same-step autoreset: final observations live in the side table
 
-    draws_ahead: bool = True
+    can_draw_ahead: bool = True
     """Minibatches of several steps may be drawn at once: the draws are uniform, and learning
     changes none of them (a prioritized buffer's do change)."""
 

@@ -39,7 +39,9 @@ class SequenceReplayBuffer(ReplayBuffer):
     stored at its start (``initial_states``: each policy's ``initial_state(1)``, the layout of the
     state table; the stateful ones must share it)."""
 
-    draws_ahead = False  # a minibatch is sequences_for(B) whole windows, which a draw for k steps need not split into
+    # sample(k * B) rounds up to sequences_for(k * B) windows, which need not split into k minibatches
+    # of sequences_for(B): a sequence minibatch is drawn per step
+    can_draw_ahead = False
 
     def __init__(
         self,

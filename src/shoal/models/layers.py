@@ -102,8 +102,9 @@ class StackedMLP(nn.Module):
         return tuple(head(h[k]) for k, head in enumerate(self.heads))
 
     def tower(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        """Tower ``k``'s output alone, from ``[B, in]``: what ``forward(x)[k]`` gives, for a loss
-        that reads one tower (TD3's actor) at half the work."""
+        """Tower ``k``'s output alone, from an input ``[B, in]`` that every tower sees: what
+        ``forward(x)[k]`` gives under autograd, for a loss that reads one tower (TD3's actor) at
+        a fraction of the work (without autograd ``forward``'s fast activations round differently)."""
         act = torch.tanh if self.activation == "tanh" else torch.relu
         h = x
         for w, b in zip(self.weights, self.biases):
