@@ -91,9 +91,11 @@ ROUNDS = 5  # the two step rates are timed in turns, each the median of its roun
 def phase_runs(algo: str, threads: int) -> dict[str, Callable[[], None]]:
     """One phase of minibatch steps on each path: the bare step (bare_steps.py) over random
     transitions, and shoal's learner over a buffer filled by a short run."""
+    import torch
     from bare_steps import BARE
 
     import shoal
+    from shoal.algos.base import Statistics
 
     sizes, task = SIZES[algo], TASKS[algo]
     step = BARE[algo](**sizes)
@@ -101,8 +103,9 @@ def phase_runs(algo: str, threads: int) -> dict[str, Callable[[], None]]:
         algo=algo, env=task["env"], seed=1, save_outputs=False, verbose=0, torch_threads=threads, **task["shoal"]
     )
     trainer.learn(task["warm"])
-    phase = sizes["phase"]
-    return {"bare": lambda: step(phase), "shoal": lambda: trainer.algorithm.learn_from_replay(phase, beta=1.0)}
+    phase, algorithm = sizes["phase"], trainer.algorithm
+    totals = {pid: Statistics(algorithm.STAT_NAMES, torch.device("cpu")) for pid in algorithm.learners}
+    return {"bare": lambda: step(phase), "shoal": lambda: algorithm.learn_from_replay(phase, 1.0, totals)}
 
 
 def step_rates(args: dict) -> dict:

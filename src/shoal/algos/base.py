@@ -119,11 +119,6 @@ class Statistics:
         self.sums += torch.stack([values[name] for name in self.names])
         self.count += 1
 
-    def merge(self, other: Statistics) -> None:
-        """Add ``other``'s steps (the same names) to these."""
-        self.sums += other.sums
-        self.count += other.count
-
     def mean(self, name: str) -> torch.Tensor:
         if name not in self.names:
             raise KeyError(f"no statistic {name!r}; the step records {self.names}")

@@ -187,9 +187,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             if self.timesteps < c.learning_starts or not self.learners:
                 continue
             beta = c.prioritized_replay_beta + (1.0 - c.prioritized_replay_beta) * self.phase_progress(collected)
-            updates = c.gradient_steps if c.gradient_steps > 0 else steps
-            for pid, out in self.learn_from_replay(updates, beta).items():
-                totals[pid].merge(out)
+            self.learn_from_replay(c.gradient_steps if c.gradient_steps > 0 else steps, beta, totals)
         stats: dict[str, Any] = {"replay_size": len(self.replay), "num_gradient_steps": self.gradient_steps}
         single = len(self.policies) == 1
         per_policy = {pid: total.means() for pid, total in totals.items() if total.count}
@@ -202,11 +200,10 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         ``transitions`` with the configured n-step returns."""
         return transitions(self.replay, index, n_step=self.config.n_step, gamma=self.config.gamma)
 
-    def learn_from_replay(self, updates: int, beta: float) -> dict[str, Statistics]:
+    def learn_from_replay(self, updates: int, beta: float, totals: dict[str, Statistics]) -> None:
         """A phase's ``updates`` minibatch steps of each trained policy (step by step, each policy
-        in turn), importance weights annealed to ``beta``; returns each policy's statistics."""
-        device = torch.device(self.config.device)
-        totals = {pid: Statistics(self.STAT_NAMES, device) for pid in self.learners}
+        in turn), importance weights annealed to ``beta``; each step's statistics are added to the
+        policy's ``totals``."""
         if self.replay.can_draw_ahead:
             minibatches = {pid: self.phase_minibatches(pid, updates) for pid in self.learners}
             for _ in range(updates):
@@ -217,7 +214,6 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
                 for pid, out in self.learn_step(beta):
                     totals[pid].add(out)
         self.gradient_steps += updates
-        return totals
 
     def phase_minibatches(self, policy_id: str, updates: int) -> Iterator[TensorDict]:
         """The minibatches of ``updates`` steps of one policy, drawn at once from a uniform replay

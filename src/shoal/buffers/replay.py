@@ -98,17 +98,14 @@ class ReplayBuffer:
         self.final_slot = torch.full((n, self.columns), -1, dtype=torch.long, device=device)  # entry of each step
         self._final_next = 0  # the side table entry written next
         self._finals_kept = False  # same-step autoreset: final observations live in the side table
+        step = self._flat[0]
+        leaves = [*step.values(True, True), *step.select("obs").values(True, True)]  # nested: Dict observations
+        self.row_bytes = sum(t.numel() * t.element_size() for t in leaves)
+        """Bytes of one sampled step as a learner reads it: its stored fields and its next observation."""
 
     can_draw_ahead: bool = True
     """Minibatches of several steps may be drawn at once: the draws are uniform, and learning
     changes none of them (a prioritized buffer's do change)."""
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one sampled step as a learner reads it: its stored fields and its next observation."""
-        step = self._flat[0]
-        leaves = [*step.values(True, True), *step.select("obs").values(True, True)]  # nested: Dict observations
-        return sum(t.numel() * t.element_size() for t in leaves)
 
     @property
     def capacity(self) -> int:
