@@ -1,9 +1,10 @@
 """PPO with ``normalize_actions`` on Pendulum-v1 and on the same task with actions in [0, 100].
 
-Three runs per seed, each with PPO's tuned Pendulum-v1 settings (``log_std_init`` included) and
-nothing else changed: Pendulum-v1 with ``normalize_actions=True``; "Pendulum 0-100", whose
-torque is read from a Box(0, 100) action (0 is -2, 100 is +2), with ``normalize_actions=True``;
-and Pendulum 0-100 without it, where the policy's Gaussian starts at 0 (full torque one way) with
+Three runs per seed, each with PPO's Pendulum-v1 settings for a plain Gaussian
+(``configs/examples/pendulum_gaussian.yaml``, ``log_std_init`` included) and nothing else
+changed: Pendulum-v1 with ``normalize_actions=True``; "Pendulum 0-100", whose torque is read from
+a Box(0, 100) action (0 is -2, 100 is +2), with ``normalize_actions=True``; and Pendulum 0-100
+without it, where the policy's Gaussian starts at 0 (full torque one way) with
 a spread of about 0.6 on a range of 100. The table gives the final 20-episode deterministic
 evaluation; a return of -200 counts as learned.
 
@@ -25,7 +26,7 @@ from shoal.bench import seed_sweep_args, sweep_seeds
 from shoal.config import load_yaml
 
 LEARNED = -200.0
-TUNED = Path(shoal.__file__).parent / "tuned" / "ppo" / "Pendulum-v1.yaml"
+TUNED = Path(shoal.__file__).parent / "tuned" / "examples" / "pendulum_gaussian.yaml"
 
 
 class Pendulum0To100(gym.ActionWrapper[Any, Any, Any]):

@@ -157,18 +157,19 @@ EXPECTED: dict[type[BaseModel], dict[str, Any]] = {
     },
 }
 # how many keys each class had; TrainerConfig now also declares the three learner keys every
-# algorithm shares (sgd_minibatch_size, max_grad_norm, adam_eps)
+# algorithm shares (sgd_minibatch_size, max_grad_norm, adam_eps), PPO and SAC have gSDE's two
+# (use_sde, sde_sample_freq), and the deterministic actors a noise_type
 KEY_COUNTS = {
     TrainerConfig: 59 + 3,
     SurrogateConfig: 66,
-    PPOConfig: 78,
+    PPOConfig: 78 + 2,
     GRPOConfig: 70,
     OffPolicyConfig: 73,
     DQNConfig: 82,
     ReplayActorCriticConfig: 73,
-    SACConfig: 76,
-    TD3Config: 77,
-    MADDPGConfig: 75,
+    SACConfig: 76 + 2,
+    TD3Config: 77 + 1,
+    MADDPGConfig: 75 + 1,
 }
 ALIASES = {
     TrainerConfig: {"minibatch_size": "sgd_minibatch_size"},
@@ -183,7 +184,7 @@ def shoal_configs() -> list[type[BaseModel]]:
     found, todo = [TrainerConfig], [TrainerConfig]
     while todo:
         for sub in todo.pop().__subclasses__():
-            if sub.__module__.startswith("shoal."):
+            if sub.__module__.startswith("shoal.") and sub not in found:  # a class with two bases is met twice
                 found.append(sub)
                 todo.append(sub)
     return found

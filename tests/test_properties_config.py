@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import shoal
 from shoal.algos.ppo import PPOAlgorithm
 from shoal.config import PPOConfig
+from shoal.config.sampling import LONGEST_COMPLETE_EPISODE
 from shoal.models.catalog import ModelConfig
 from tests.test_properties_math import divisors
 
@@ -125,6 +126,7 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "clip_rewards": st.none() | st.booleans() | st.floats(0, 100, exclude_min=True, allow_subnormal=False),
     "central_critic": st.just(None),  # needs a multi-agent env: a ConfigError on CartPole (tested below)
     "advantage_estimator": st.sampled_from(["gae", "vtrace", "shoal.algos.on_policy:rollout_gae"]),
+    "use_sde": st.just(False),  # Box actions only: a ConfigError on CartPole (tested below)
     "info_keys": st.lists(st.sampled_from(["x", "is_success"]), max_size=2, unique=True),  # CartPole gives neither
 }
 JOINT = {  # drawn together in `valid_configs`
@@ -207,6 +209,8 @@ def valid_configs(draw) -> dict[str, Any]:
     if cfg.get("vectorization_mode") is not None:  # horizons, info_keys, restarts need envs shoal makes itself
         for key in ("horizon", "soft_horizon", "no_done_at_end", "info_keys", "restart_failed_envs"):
             cfg.pop(key, None)
+    if cfg.get("batch_mode") == "complete_episodes" and (cfg.get("horizon") or 0) > LONGEST_COMPLETE_EPISODE:
+        cfg["horizon"] = draw(st.integers(1, 1000))  # room for two episodes per row must fit (tested below)
     if cfg.get("batch_mode") == "complete_episodes":  # whole episodes give rows of varying length
         plain = PPOConfig.build(**FIXED | cfg | {"batch_mode": "truncate_episodes"})
         if plain.recurrent or plain.advantage_estimator == "vtrace" or bptt > 1 or plain.prio_alpha:
@@ -457,7 +461,10 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
             st.sampled_from(
                 [
                     ("ppo2", r"unknown algo 'ppo2'\. Did you mean 'ppo'\?"),
-                    ("sac2", r"unknown algo 'sac2'\. Did you mean 'sac'\? Known: ppo, grpo, dqn, sac, td3, maddpg"),
+                    (
+                        "sac2",
+                        r"unknown algo 'sac2'\. Did you mean 'sac'\? Known: ppo, grpo, dqn, pqn, sac, td3, maddpg",
+                    ),
                     ("impala", r"unknown algo 'impala'\. Known: ppo"),
                     ("no_such_module:Algo", r"algo 'no_such_module:Algo' cannot be imported"),
                     (5, r"algo must be an algorithm name .* got 5"),
@@ -485,6 +492,16 @@ def inconsistent_configs(draw) -> tuple[dict[str, Any], str]:
                 [
                     ({"soft_horizon": True}, r"soft_horizon=True cuts episodes at the horizon; set horizon=H too"),
                     ({"batch_mode": "complete_episodes", "prio_alpha": 0.5}, r"the segment learner .* prio_alpha"),
+                    ({"use_sde": True}, r"use_sde=True explores Box actions; 'CartPole-v1' acts in Discrete"),
+                    (
+                        {"batch_mode": "complete_episodes", "horizon": LONGEST_COMPLETE_EPISODE + 1},
+                        r"episodes here may last 100001 steps .* up to 100,000 fit",
+                    ),
+                    ({"max_restarts_per_hour": 2**63 - 1}, r"max_restarts_per_hour"),
+                    (
+                        {"use_sde": True, "model_config": {"core": "gru"}},
+                        r"use_sde=True reads the actor's last hidden layer.* a recurrent core",
+                    ),
                 ]
             )
         )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algos.returns import gae, group_relative, importance_weights, n_step_returns, vtrace
+from shoal.algos.returns import gae, group_relative, importance_weights, n_step_returns, q_lambda_returns, vtrace
 
 N, T = 4, 3  # rows and steps of every valid call below
 
@@ -36,6 +36,17 @@ def _calls() -> dict[str, tuple[Callable[..., Any], dict[str, torch.Tensor], dic
     }
     return {
         "gae": (gae, rollout, {"gamma": 0.9, "gae_lambda": 0.95, "valid_t": torch.ones(N, T, dtype=torch.bool)}),
+        "q_lambda_returns": (
+            q_lambda_returns,
+            {
+                "reward_t": rollout["reward_t"],
+                "q_max_t": rollout["value_t"],
+                "terminated_t": rollout["terminated_t"],
+                "truncated_t": rollout["truncated_t"],
+                "final_q_max_t": rollout["final_value_t"],
+            },
+            {"gamma": 0.9, "q_lambda": 0.95, "valid_t": torch.ones(N, T, dtype=torch.bool)},
+        ),
         "vtrace": (
             vtrace,
             rollout | {"ratio_t": _float(N, T)},

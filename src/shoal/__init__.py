@@ -9,7 +9,16 @@ if TYPE_CHECKING:
     from shoal.algos import Algorithm, Trajectory, register_algorithm
     from shoal.collect.episodes import Episode
     from shoal.collect.policies import EpisodeStart
-    from shoal.config import DQNConfig, GRPOConfig, MADDPGConfig, PPOConfig, SACConfig, TD3Config, TrainerConfig
+    from shoal.config import (
+        DQNConfig,
+        GRPOConfig,
+        MADDPGConfig,
+        PPOConfig,
+        PQNConfig,
+        SACConfig,
+        TD3Config,
+        TrainerConfig,
+    )
     from shoal.envs import register_env
     from shoal.envs.multi_agent import MultiAgentEnv
     from shoal.envs.native import AgentEnv
@@ -18,7 +27,7 @@ if TYPE_CHECKING:
     from shoal.experiments import run_experiments
     from shoal.models.policy import ActorCriticPolicy, Policy
     from shoal.models.recurrent import RecurrentActorCriticPolicy
-    from shoal.presets import DQN, GRPO, MADDPG, PPO, SAC, TD3
+    from shoal.presets import DQN, GRPO, MADDPG, PPO, PQN, SAC, TD3
     from shoal.train import Trainer
     from shoal.train.callbacks import Callback
     from shoal.train.checkpoint import CheckpointError
@@ -38,6 +47,7 @@ _MODULE_OF = {
     "GRPOConfig": "shoal.config",
     "MADDPGConfig": "shoal.config",
     "PPOConfig": "shoal.config",
+    "PQNConfig": "shoal.config",
     "SACConfig": "shoal.config",
     "TD3Config": "shoal.config",
     "TrainerConfig": "shoal.config",
@@ -58,6 +68,7 @@ _MODULE_OF = {
     "GRPO": "shoal.presets",
     "MADDPG": "shoal.presets",
     "PPO": "shoal.presets",
+    "PQN": "shoal.presets",
     "SAC": "shoal.presets",
     "TD3": "shoal.presets",
     "Trainer": "shoal.train",
@@ -85,6 +96,7 @@ __all__ = [
     "GRPO",
     "MADDPG",
     "PPO",
+    "PQN",
     "SAC",
     "TD3",
     "ActorCriticPolicy",
@@ -103,6 +115,7 @@ __all__ = [
     "MultiAgentEnv",
     "OutputError",
     "PPOConfig",
+    "PQNConfig",
     "Policy",
     "RecurrentActorCriticPolicy",
     "SACConfig",

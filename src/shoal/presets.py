@@ -1,5 +1,5 @@
 """The algorithms users construct by name: ``shoal.PPO(env=...)`` is ``shoal.Trainer(algo="ppo", env=...)``,
-and likewise ``shoal.GRPO``, ``shoal.DQN``, ``shoal.SAC``, ``shoal.TD3`` and ``shoal.MADDPG``."""
+and likewise ``shoal.GRPO``, ``shoal.DQN``, ``shoal.PQN``, ``shoal.SAC``, ``shoal.TD3`` and ``shoal.MADDPG``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ class DQN(Trainer):
     """
 
     algo = "dqn"
+
+
+class PQN(Trainer):
+    """Parallel Q-learning for Discrete actions: a LayerNorm Q-network learned on-policy from many
+    envs with Q(lambda) returns, no replay buffer and no target network.
+
+    >>> algo = shoal.PQN(env="CartPole-v1", seed=1)
+    >>> algo.learn(100_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "pqn"
 
 
 class SAC(Trainer):

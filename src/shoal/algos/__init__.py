@@ -9,6 +9,7 @@ from shoal.algos.off_policy import OffPolicyAlgorithm
 from shoal.algos.on_policy import OnPolicyAlgorithm
 from shoal.algos.ppo import PPOAlgorithm
 from shoal.algos.ppo_segments import SegmentPPO
+from shoal.algos.pqn import PQNAlgorithm
 from shoal.algos.registry import ALGORITHMS, algorithm_class, register_algorithm
 from shoal.algos.returns import gae
 from shoal.algos.sac import SACAlgorithm
@@ -23,6 +24,7 @@ __all__ = [
     "OffPolicyAlgorithm",
     "OnPolicyAlgorithm",
     "PPOAlgorithm",
+    "PQNAlgorithm",
     "SACAlgorithm",
     "SegmentPPO",
     "TD3Algorithm",

@@ -229,6 +229,8 @@ class Algorithm(Generic[ConfigT, PolicyT]):
                 f"has {rollout.batch_size[1]}: build its RolloutBuffer with config.rollout_capacity."
             )
         self.collected = True
+        for policy in self.policies.values():
+            policy.start_collection()
         steps = collector.collect(rollout, start_states, until_done, whole)
         if self.trajectory_hooks or type(self).postprocess_trajectory is not Algorithm.postprocess_trajectory:
             valid = rollout["valid"][:, :-1]

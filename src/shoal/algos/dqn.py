@@ -87,9 +87,7 @@ class DQNAlgorithm(OffPolicyAlgorithm[DQNConfig, QPolicy, "DQNLearner"]):
         return DQNLearner(policy, config)
 
     def before_phase(self, progress: float) -> None:
-        c = self.config
-        share = min(progress / c.exploration_fraction, 1.0) if c.exploration_fraction else 1.0
-        self.epsilon = c.exploration_initial_eps + share * (c.exploration_final_eps - c.exploration_initial_eps)
+        self.epsilon = self.config.epsilon(progress)
         for policy in self.policies.values():
             policy.epsilon = self.epsilon
         super().before_phase(progress)

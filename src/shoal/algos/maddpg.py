@@ -67,7 +67,7 @@ class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearne
         normalizer = obs_normalizers(config, self.env)[0]
         if self.env.act_spec.kind == "discrete":
             return GumbelSoftmaxPolicy(actor, self.action_width, normalizer, config.gumbel_temperature)
-        return DeterministicPolicy(actor, self.env.act_spec, normalizer, config.exploration_noise)
+        return DeterministicPolicy(actor, self.env.act_spec, normalizer, config.exploration_noise, config.noise_type)
 
     def critic(self, policy_id: str) -> QTowers:
         """One Q-network over the team's observation features, the learning agent's slot and the team's actions."""

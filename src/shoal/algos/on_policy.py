@@ -8,7 +8,8 @@
 An algorithm subclasses ``OnPolicyAlgorithm`` and writes ``advantages`` (the estimate its loss
 reads) and ``step`` (one minibatch: loss, backward, optimizer); a sampler other than shuffled
 single transitions overrides ``sampler`` and ``minibatches``. PPO (``ppo.py``), the segment
-learner (``ppo_segments.py``), GRPO (``grpo.py``) and ``examples/reinforce.py`` are built so.
+learner (``ppo_segments.py``), GRPO (``grpo.py``), PQN (``pqn.py``) and ``examples/reinforce.py``
+are built so.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from shoal.config import OnPolicyConfig
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError
 from shoal.imports import import_spec
-from shoal.models.policy import ActorCriticPolicy
+from shoal.models.policy import ActorCriticPolicy, Policy
 
 if TYPE_CHECKING:
     from shoal.collect import Truncations
 
 ConfigT = TypeVar("ConfigT", bound=OnPolicyConfig, default=OnPolicyConfig)
-PolicyT = TypeVar("PolicyT", bound=ActorCriticPolicy, default=ActorCriticPolicy)
+PolicyT = TypeVar("PolicyT", bound=Policy, default=ActorCriticPolicy)
 
 
 class Sampler(Protocol):
@@ -123,6 +124,8 @@ class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, O
             )
         super().__init__(config, env)
         self.buffer = self.make_buffer()
+        if "final_value" in self.buffer.rollout.keys():  # noqa: SIM118 (a TensorDict)
+            self.check_values()
         self.learners: dict[str, PolicyLearner[ConfigT, PolicyT, OptimizerT]] = {
             pid: PolicyLearner(
                 pid,
@@ -136,6 +139,16 @@ class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, O
             if pid in self.trained_policy_ids
         }
         """Policy id -> its learner, for each trained policy."""
+
+    def check_values(self) -> None:
+        """Every policy can value an observation, as bootstrapping a truncated episode asks: said
+        when the algorithm is built rather than at the first truncation, hours in."""
+        for pid, policy in self.policies.items():
+            if type(policy).value is Policy.value:
+                raise ConfigError(
+                    f"{self.name} bootstraps truncated episodes with the policy's value(obs, critic_obs, state), which "
+                    f"policy '{pid}' ({type(policy).__name__}) does not implement."
+                )
 
     # ----- what an algorithm provides --------------------------------------------------------
     def rollout_fields(self) -> dict[str, FieldSpec]:

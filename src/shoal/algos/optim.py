@@ -16,7 +16,9 @@ from shoal.errors import TrainingDiverged
 class AutogradOptimizer:
     """Adam on autograd (any model, hooks and all): gradients of the minibatches of one optimizer
     step add up (``backward``), then one clip of their global norm and one Adam step (``step``).
-    With several data-parallel ranks the gradients are averaged over them first.
+    With several data-parallel ranks the gradients are averaged over them first. ``rectified``
+    takes RAdam's step instead of Adam's (Liu et al. 2020: no large steps while the second-moment
+    estimate is young).
 
     A step whose loss or gradient norm is not finite is not taken: it raises ``TrainingDiverged``
     naming ``owner`` (the policy id, and which of its networks), so the parameters stay as they
@@ -30,11 +32,16 @@ class AutogradOptimizer:
         max_grad_norm: float | None,
         owner: str = "",
         part: str = "",
+        rectified: bool = False,
     ):
         self.max_grad_norm = max_grad_norm
         self.owner, self.part = owner, part
         self.params = [p for p in (params.parameters() if isinstance(params, nn.Module) else params) if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True)
+        self.optimizer: torch.optim.Optimizer
+        if rectified:  # torch has no fused RAdam; foreach is its fastest
+            self.optimizer = torch.optim.RAdam(self.params, lr=lr, eps=eps, foreach=True)
+        else:
+            self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True)
         self._fresh = True  # the next backward starts a new optimizer step
         self._loss = torch.zeros((), device=self.params[0].device)  # this step's losses, summed
 

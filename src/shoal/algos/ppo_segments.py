@@ -55,9 +55,13 @@ class SegmentPPO(PPOAlgorithm):
         return fields
 
     def make_buffer(self) -> RolloutBuffer:
-        """The rollout, with each recurrent policy's state stored at every segment start."""
+        """The rollout, with each recurrent policy's state stored at every segment start (a state
+        only carried from step to step, as gSDE's noise, is not replayed)."""
         c = self.config
-        initial = [policy.initial_state(1) for policy in self.policies.values()]
+        initial = [
+            policy.initial_state(1) if isinstance(policy, RecurrentActorCriticPolicy) else TensorDict({}, [1])
+            for policy in self.policies.values()
+        ]
         return RolloutBuffer(self.env, c.rollout_capacity, self.rollout_fields(), c.device, c.segment_length, initial)
 
     def make_optimizer(self, policy: ActorCriticPolicy, config: PPOConfig) -> AutogradOptimizer:

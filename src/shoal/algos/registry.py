@@ -9,6 +9,7 @@ from shoal.algos.dqn import DQNAlgorithm
 from shoal.algos.grpo import GRPOAlgorithm
 from shoal.algos.maddpg import MADDPGAlgorithm
 from shoal.algos.ppo import PPOAlgorithm
+from shoal.algos.pqn import PQNAlgorithm
 from shoal.algos.sac import SACAlgorithm
 from shoal.algos.td3 import TD3Algorithm
 from shoal.errors import ConfigError, did_you_mean
@@ -18,6 +19,7 @@ ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {
     "ppo": PPOAlgorithm,
     "grpo": GRPOAlgorithm,
     "dqn": DQNAlgorithm,
+    "pqn": PQNAlgorithm,
     "sac": SACAlgorithm,
     "td3": TD3Algorithm,
     "maddpg": MADDPGAlgorithm,

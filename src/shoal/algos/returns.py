@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["gae", "group_relative", "importance_weights", "n_step_returns", "vtrace"]
+__all__ = ["gae", "group_relative", "importance_weights", "n_step_returns", "q_lambda_returns", "vtrace"]
 
 
 def gae(
@@ -63,6 +63,52 @@ def gae(
         reward_t, value_t, terminated_t, truncated_t, final_value_t, gamma, gae_lambda, valid_t
     )
     return _backward_scan(delta, carry).masked_fill_(~valid_t, 0.0)
+
+
+def q_lambda_returns(
+    reward_t: torch.Tensor,
+    q_max_t: torch.Tensor,
+    terminated_t: torch.Tensor,
+    truncated_t: torch.Tensor,
+    final_q_max_t: torch.Tensor,
+    *,
+    gamma: float,
+    q_lambda: float,
+    valid_t: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Q(lambda) returns over a rollout (Peng's form, as PQN learns from, Gallici et al. 2025):
+
+        G_t = r_t + gamma * ((1 - lambda) * max_a Q(s_t+1, a) + lambda * G_t+1)
+
+    cut at every done: a terminated step's return is its reward, a truncated step's bootstraps
+    from ``final_q_max_t`` (the greedy value of the episode's true last observation); the last step
+    bootstraps from ``q_max_t[:, T]``. Subtracting ``max_a Q(s_t, a)`` from both sides turns the
+    recursion into GAE's over the greedy values, so this is ``gae`` on them plus those values.
+
+    Args:
+      reward_t: ``[N, T]`` float, the reward of the transition taken at step t.
+      q_max_t: ``[N, T+1]`` float, ``max_a Q(s_t, a)`` (over the legal actions) of the observation at step t.
+      terminated_t, truncated_t, final_q_max_t, valid_t: as for ``gae``.
+      gamma: the discount.
+      q_lambda: the trace decay: 0 gives one-step Q-learning targets, 1 Monte Carlo returns.
+
+    Returns:
+      ``[N, T]`` returns (``q_max_t`` itself at non-decision steps, which every loss masks out).
+    """
+    _check_rollout(
+        reward_t, q_max_t, terminated_t, truncated_t, final_q_max_t, valid_t=valid_t, names=("q_max_t", "final_q_max_t")
+    )
+    advantage = gae(
+        reward_t,
+        q_max_t,
+        terminated_t,
+        truncated_t,
+        final_q_max_t,
+        gamma=gamma,
+        gae_lambda=q_lambda,
+        valid_t=valid_t,
+    )
+    return advantage + q_max_t[:, :-1]
 
 
 def vtrace(
@@ -282,24 +328,27 @@ def _check_rollout(
     *,
     ratio_t: torch.Tensor | None = None,
     valid_t: torch.Tensor | None = None,
+    names: tuple[str, str] = ("value_t", "final_value_t"),
 ) -> None:
-    """``gae``'s and ``vtrace``'s arguments: ``[N, T]`` (``value_t`` ``[N, T+1]``), one float dtype, bool flags."""
+    """``gae``'s and ``vtrace``'s arguments: ``[N, T]`` (``value_t`` ``[N, T+1]``), one float dtype,
+    bool flags; ``names``: what the caller calls ``value_t`` and ``final_value_t``."""
     _check_matrix("reward_t", reward_t)
     n, t = reward_t.shape
     if t < 1:
         raise ValueError(f"reward_t has shape {(n, t)}, expected at least one step")
+    value_name, final_name = names
     if value_t.shape != (n, t + 1):
-        raise ValueError(f"value_t has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
+        raise ValueError(f"{value_name} has shape {tuple(value_t.shape)}, expected {(n, t + 1)} for reward_t {(n, t)}")
     _check_same_shape(
         (n, t),
         "reward_t",
         terminated_t=terminated_t,
         truncated_t=truncated_t,
-        final_value_t=final_value_t,
         ratio_t=ratio_t,
         valid_t=valid_t,
+        **{final_name: final_value_t},
     )
-    floats = {"reward_t": reward_t, "value_t": value_t, "final_value_t": final_value_t}
+    floats = {"reward_t": reward_t, value_name: value_t, final_name: final_value_t}
     if ratio_t is not None:
         floats["ratio_t"] = ratio_t
     _check_dtypes(floats, {"terminated_t": terminated_t, "truncated_t": truncated_t, "valid_t": valid_t})

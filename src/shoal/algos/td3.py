@@ -34,7 +34,7 @@ class TD3Algorithm(ReplayActorCritic[TD3Config, DeterministicPolicy, "TD3Learner
 
     def make_policy(self, policy_id: str, config: TD3Config) -> DeterministicPolicy:
         """A deterministic tanh actor exploring with the policy's ``exploration_noise``."""
-        policy = build_bounded_policy(config, self.env, self.HIDDENS, config.exploration_noise)
+        policy = build_bounded_policy(config, self.env, self.HIDDENS, config.exploration_noise, config.noise_type)
         assert isinstance(policy, DeterministicPolicy)  # the builder's actor with exploration noise
         return policy
 

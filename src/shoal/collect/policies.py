@@ -164,7 +164,7 @@ class PolicyMap:
             action, extras, next_state = self.modules[0].act(
                 obs, state, first, action_mask, deterministic=deterministic, out=out, critic_obs=critic_obs
             )
-            if self.stateful and advance:
+            if self.stateful and advance and next_state is not state:  # a policy may update its rows in place
                 state.update_(next_state)
             return action, extras
         actions: torch.Tensor | None = None

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field, model_validator
 
 from shoal.config.base import nearest
+from shoal.config.exploration import EpsilonGreedyConfig
 from shoal.config.layout import BatchLayout
+from shoal.config.sde import StateDependentExplorationConfig
 from shoal.config.trainer import TrainerConfig
 from shoal.envs.horizon import declared_episode_steps
 from shoal.errors import ConfigError, did_you_mean
@@ -49,7 +51,7 @@ class SurrogateConfig(OnPolicyConfig):
     MINIBATCH_DIVIDES_BATCH: ClassVar[bool] = True
 
 
-class PPOConfig(SurrogateConfig):
+class PPOConfig(SurrogateConfig, StateDependentExplorationConfig):
     """PPO's keys (and those it shares with GRPO, `SurrogateConfig`). Defaults solve CartPole-v1 in well under 100k
     steps (rl-baselines3-zoo's CartPole settings)."""
 
@@ -268,3 +270,39 @@ class GRPOConfig(SurrogateConfig):
             declared = declared_episode_steps(self.env, self.env_config) or 500
             self.rollout_fragment_length = min(declared, self.horizon or declared)
         super()._fill_rollout_shape()
+
+
+class PQNConfig(OnPolicyConfig, EpsilonGreedyConfig):
+    """PQN's keys (and the exploration keys of `EpsilonGreedyConfig`). Parallel Q-learning learns a Q-network on
+    each iteration's rollout of many envs, as PPO learns its policy: Q(lambda) returns, then epochs of shuffled
+    minibatches, with no replay buffer and no target network. Defaults are PQN's published CartPole-v1 settings
+    (purejaxql `pqn_cartpole.yaml`): 32 envs x 64 steps, 4 epochs of 16 minibatches, RAdam at 1e-4 decaying
+    linearly, epsilon from 1 to 0.2 over the first 20%, rewards x 0.1, and a 2 x 256 ReLU Q-network with
+    LayerNorm."""
+
+    q_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
+    """The trace decay of the Q(lambda) returns: 0 gives one-step Q-learning targets, 1 Monte Carlo returns."""
+    reward_scale: float = Field(default=0.1, gt=0.0)
+    """Rewards are multiplied by this in the returns the Q-network learns (its values are in the scaled units)."""
+    optimizer: Literal["adam", "radam"] = "radam"
+    """`radam`: rectified Adam (Liu et al. 2020), as PQN learns; `adam`: plain Adam."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "num_envs": 32,
+        "rollout_fragment_length": 64,
+        "num_sgd_iter": 4,
+        "sgd_minibatch_size": 128,
+        "learning_rate": 1e-4,
+        "max_grad_norm": 10.0,
+        "adam_eps": 1e-8,
+        "gamma": 0.99,
+        "exploration_fraction": 0.2,
+        "exploration_final_eps": 0.2,
+        "total_timesteps": 500_000,
+    }
+    NOTES: ClassVar[dict[str, str]] = {
+        "sgd_minibatch_size": "PQN: each epoch's transitions are split into near-equal minibatches of about this size.",
+        "ent_coef": "PQN: unused (its policy is epsilon-greedy).",
+        "target_kl": "PQN: must stay unset (it records no KL).",
+    }
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OnPolicyConfig.POLICY_KEYS, "q_lambda")

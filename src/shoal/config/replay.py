@@ -7,6 +7,7 @@ from typing import Any, ClassVar, cast
 from pydantic import Field, model_validator
 
 from shoal.buffers.sequence import window_columns
+from shoal.config.exploration import EpsilonGreedyConfig
 from shoal.config.trainer import TrainerConfig
 from shoal.errors import ConfigError
 
@@ -90,24 +91,18 @@ class OffPolicyConfig(TrainerConfig):
             )
 
 
-class DQNConfig(OffPolicyConfig):
-    """DQN's keys (and the replay keys of `OffPolicyConfig`). Defaults are rl-baselines3-zoo's CartPole-v1
-    settings, which solve it within 50k steps: one env, 256-step phases each followed by 128 minibatch steps of 64,
-    a 2-layer 256-unit ReLU Q-network, epsilon from 1 to 0.04 over the first 16% of the run; plus double Q-learning,
-    which those settings lack (with it 5 of 5 seeds end at 500 on CartPole-v1, without it 4 of 5)."""
+class DQNConfig(OffPolicyConfig, EpsilonGreedyConfig):
+    """DQN's keys (and the replay keys of `OffPolicyConfig`, the exploration keys of `EpsilonGreedyConfig`).
+    Defaults are rl-baselines3-zoo's CartPole-v1 settings, which solve it within 50k steps: one env, 256-step phases
+    each followed by 128 minibatch steps of 64, a 2-layer 256-unit ReLU Q-network, epsilon from 1 to 0.04 over the
+    first 16% of the run; plus double Q-learning, which those settings lack (with it 5 of 5 seeds end at 500 on
+    CartPole-v1, without it 4 of 5)."""
 
     double_q: bool = True
     """Double DQN: the online network picks the next action and the target network values it (van Hasselt et al.
     2016); False: the target network's max (Stable-Baselines3's DQN)."""
     dueling: bool = False
     """Dueling heads: `Q = V + A - mean(A)` from the model's value and action outputs (Wang et al. 2016)."""
-    exploration_fraction: float = Field(default=0.16, ge=0.0, le=1.0)
-    """Share of each `learn()` call over which epsilon falls linearly from `exploration_initial_eps` to
-    `exploration_final_eps`."""
-    exploration_initial_eps: float = Field(default=1.0, ge=0.0, le=1.0)
-    """The probability of a random action at the start."""
-    exploration_final_eps: float = Field(default=0.04, ge=0.0, le=1.0)
-    """The probability of a random action once the exploration fraction has passed."""
     target_update_interval: int = Field(default=10, ge=1)
     """Env steps between target network updates (several due in one phase compound into one update with
     `1 - (1 - tau) ** k`)."""

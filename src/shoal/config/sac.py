@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from shoal.config.replay import OffPolicyConfig
+from shoal.config.sde import StateDependentExplorationConfig
 from shoal.errors import ConfigError
 
 
@@ -31,7 +32,7 @@ class ReplayActorCriticConfig(OffPolicyConfig):
         return self
 
 
-class SACConfig(ReplayActorCriticConfig):
+class SACConfig(ReplayActorCriticConfig, StateDependentExplorationConfig):
     """SAC's keys (and the replay keys of `OffPolicyConfig`). Defaults are Stable-Baselines3's: a 2-layer 256-unit
     ReLU actor and twin critics, step size 3e-4, the entropy coefficient tuned toward an entropy of
     `-action_dims`."""
@@ -58,9 +59,14 @@ class DeterministicActorConfig(ReplayActorCriticConfig):
     """Keys TD3 and MADDPG share: their actors are deterministic (DDPG's), and explore with Gaussian noise."""
 
     exploration_noise: float = Field(default=0.1, ge=0.0)
-    """Std of the Gaussian noise added to the actor's Box actions when collecting, as a share of the half range."""
+    """Scale of the noise added to the actor's Box actions when collecting, as a share of the half range: the
+    Gaussian's std, or the Ornstein-Uhlenbeck process's sigma."""
+    noise_type: Literal["normal", "ornstein-uhlenbeck"] = "normal"
+    """`normal`: Gaussian noise drawn afresh at every step; `ornstein-uhlenbeck`: each agent row's noise follows an
+    Ornstein-Uhlenbeck process from 0 at each episode start (theta 0.15, dt 0.01, as Stable-Baselines3's), so
+    successive pushes are correlated (rl-baselines3-zoo's `noise_type`)."""
 
-    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "exploration_noise")
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "exploration_noise", "noise_type")
 
 
 class TD3Config(DeterministicActorConfig):

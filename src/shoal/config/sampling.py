@@ -23,6 +23,10 @@ def check_sampling(c: TrainerConfig) -> None:
     _check_episode_rules(c)
 
 
+LONGEST_COMPLETE_EPISODE = 100_000
+"""The longest episode ``batch_mode='complete_episodes'`` sizes its storage for (two per agent row)."""
+
+
 def _check_clipping_and_episodes(c: TrainerConfig) -> None:
     if isinstance(c.clip_rewards, float) and not c.clip_rewards > 0:
         raise ConfigError(
@@ -38,6 +42,13 @@ def _check_clipping_and_episodes(c: TrainerConfig) -> None:
         raise ConfigError(
             f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "
             f"batch_mode='truncate_episodes'."
+        )
+    longest = c.longest_episode
+    if c.batch_mode == "complete_episodes" and longest is not None and longest > LONGEST_COMPLETE_EPISODE:
+        raise ConfigError(
+            f"batch_mode='complete_episodes' keeps room for two whole episodes in every agent row, and episodes "
+            f"here may last {longest} steps (horizon or the env's limit); up to {LONGEST_COMPLETE_EPISODE:,} fit. "
+            f"Set a shorter horizon, or use batch_mode='truncate_episodes'."
         )
 
 

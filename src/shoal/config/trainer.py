@@ -182,8 +182,9 @@ class TrainerConfig(ConfigModel):
     stopping the run: the step under way is lost (a Ray worker samples its fragment again), its envs' episodes are
     left out of the metrics, and `num_worker_restarts` counts it (`num_workers` > 0: worker processes of
     single-agent Gymnasium envs, or Ray rollout workers)."""
-    max_restarts_per_hour: int = Field(default=100, ge=1)
-    """More env and worker restarts than this within an hour stop the run: they are failing, not flaky."""
+    max_restarts_per_hour: int = Field(default=100, ge=1, le=1_000_000)
+    """More env and worker restarts than this within an hour stop the run: they are failing, not flaky (at most
+    1,000,000)."""
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     """`truncate_episodes`: each iteration takes `rollout_fragment_length` steps of every env, cutting episodes where
     it ends (the learner bootstraps there); `complete_episodes`: each env runs on past its fragment to its episode's

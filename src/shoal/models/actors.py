@@ -24,9 +24,11 @@ from torch import nn
 from shoal.envs.spaces import ActionSpec, EnvInfo
 from shoal.errors import ConfigError
 from shoal.models.catalog import obs_normalizers
+from shoal.models.distributions import DiagGaussian
 from shoal.models.layers import ACTIVATION_MODULES, StackedMLP
 from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import Policy
+from shoal.models.sde import HeldNoise, StateDependentNoise, sde_log_scale, sde_noise
 
 if TYPE_CHECKING:  # shoal.config imports the catalog, which this module imports
     from shoal.config import TrainerConfig
@@ -55,11 +57,15 @@ def default_init_(module: ModuleT) -> ModuleT:
 
 def feedforward(in_dim: int, hiddens: list[int], out_dim: int, activation: str) -> nn.Sequential:
     """An MLP ``in_dim -> hiddens -> out_dim`` with torch's default init."""
-    sizes = [in_dim, *hiddens]
+    return nn.Sequential(*hidden_layers(in_dim, hiddens, activation), nn.Linear([in_dim, *hiddens][-1], out_dim))
+
+
+def hidden_layers(in_dim: int, hiddens: list[int], activation: str) -> nn.Sequential:
+    """The hidden layers ``in_dim -> hiddens``, each followed by its activation, with torch's default init."""
     layers: list[nn.Module] = []
-    for fan_in, fan_out in itertools.pairwise(sizes):
+    for fan_in, fan_out in itertools.pairwise([in_dim, *hiddens]):
         layers += [nn.Linear(fan_in, fan_out), ACTIVATION_MODULES[activation]()]
-    return nn.Sequential(*layers, nn.Linear(sizes[-1], out_dim))
+    return nn.Sequential(*layers)
 
 
 class QTowers(nn.Module):
@@ -85,7 +91,7 @@ class ReplayActorPolicy(Policy):
     the actor's output becomes an action, and how critics read stored actions (``critic_input``);
     MADDPG's actors also give their own actions as critics read them (``critic_action``)."""
 
-    synced_attributes = ("random_actions",)
+    synced_attributes: tuple[str, ...] = ("random_actions",)
 
     def __init__(self, actor: nn.Module, obs_normalizer: ObsNormalizer | None):
         super().__init__()
@@ -188,9 +194,7 @@ class SquashedGaussianPolicy(BoundedActorPolicy):
         noise = torch.randn_like(mean)
         pre_tanh = mean + log_std.exp() * noise
         log_prob = -(0.5 * noise.square() + log_std + LOG_SQRT_2PI).sum(-1)
-        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), exact without tanh's rounding near +-1
-        log_prob = log_prob - 2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh)).sum(-1)
-        return torch.tanh(pre_tanh), log_prob
+        return squashed(pre_tanh, log_prob)
 
     def unit_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
         if deterministic:
@@ -198,13 +202,122 @@ class SquashedGaussianPolicy(BoundedActorPolicy):
         return self.sample(x)[0]
 
 
-class DeterministicPolicy(BoundedActorPolicy):
-    """TD3's actor: ``tanh(actor(obs))``, explored with Gaussian noise of std ``noise`` (in unit
-    actions: a share of the half range), clipped to the bounds."""
+def squashed(pre_tanh: torch.Tensor, log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tanh(pre_tanh)`` and the log-probability ``log_prob`` of ``pre_tanh`` moved through it."""
+    # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), exact without tanh's rounding near +-1
+    log_prob = log_prob - 2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh)).sum(-1)
+    return torch.tanh(pre_tanh), log_prob
 
-    def __init__(self, actor: nn.Module, action: ActionSpec, obs_normalizer: ObsNormalizer | None, noise: float):
+
+class SDESquashedGaussianPolicy(HeldNoise, SquashedGaussianPolicy):
+    """SAC's actor exploring with gSDE (``shoal.models.sde``): ``actor`` is the hidden layers, whose
+    output ``f(s)`` feeds the mean head (clipped to ``[-MEAN_CLIP, MEAN_CLIP]`` before the tanh, as
+    Stable-Baselines3's gSDE actor) and the noise ``f(s) @ W``. Collecting, each agent row keeps its
+    ``W`` as gSDE holds it; learning draws one ``W`` per sample, reparameterized, so the gradient
+    reaches the std matrix and the features."""
+
+    synced_attributes = ("random_actions", "noise_epoch")
+    MEAN_CLIP = 2.0
+
+    def __init__(
+        self,
+        trunk: nn.Module,
+        features: int,
+        action: ActionSpec,
+        obs_normalizer: ObsNormalizer | None,
+        log_std_init: float,
+        sample_freq: int,
+    ):
+        super().__init__(trunk, action, obs_normalizer)
+        self.mean_head = nn.Linear(features, action.shape[0])
+        self.sde = StateDependentNoise(features, action.shape[0], log_std_init, sample_freq)
+
+    def mean_and_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.actor(x)
+        return self.mean_head(features).clamp(-self.MEAN_CLIP, self.MEAN_CLIP), features
+
+    def sample(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, features = self.mean_and_features(x)
+        log_std = self.sde.log_std
+        pre_tanh = mean + features @ (torch.randn_like(log_std) * log_std.exp())  # one matrix for the batch
+        log_prob, _ = DiagGaussian.log_prob_entropy(mean, sde_log_scale(features, log_std), pre_tanh, False)
+        return squashed(pre_tanh, log_prob)
+
+    def unit_action(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        if deterministic:
+            return torch.tanh(self.mean_and_features(x)[0])
+        return self.sample(x)[0]
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: TensorDict,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
+        """Each row's held noise on its mean (uniform random actions before learning starts, the
+        mean with ``deterministic``); no extras."""
+        if action_mask is not None or deterministic or self.random_actions:
+            return super().act(obs, state, first, action_mask, deterministic=deterministic, out=out)
+        mean, features = self.mean_and_features(self.features(obs))
+        unit = torch.tanh(mean + sde_noise(features, self.sde.matrices(state)))
+        return self.to_env(unit), out if out is not None else TensorDict({}, batch_size=[len(obs)]), state
+
+
+class DeterministicPolicy(BoundedActorPolicy):
+    """TD3's actor: ``tanh(actor(obs))``, explored with noise of scale ``noise`` (in unit actions: a
+    share of the half range), clipped to the bounds.
+
+    ``noise_type="normal"``: Gaussian noise of std ``noise``, drawn afresh at every step.
+    ``"ornstein-uhlenbeck"``: each agent row's noise follows an Ornstein-Uhlenbeck process,
+    ``x <- x - OU_THETA * x * OU_DT + noise * sqrt(OU_DT) * N(0, 1)`` (Stable-Baselines3's constants),
+    from 0 at each episode start, so successive pushes are correlated, as physical control tasks
+    with momentum reward (Lillicrap et al. 2016). Each row's ``x`` is its policy state, which the
+    collector carries."""
+
+    OU_THETA, OU_DT = 0.15, 1e-2
+
+    def __init__(
+        self,
+        actor: nn.Module,
+        action: ActionSpec,
+        obs_normalizer: ObsNormalizer | None,
+        noise: float,
+        noise_type: str = "normal",
+    ):
         super().__init__(actor, action, obs_normalizer)
         self.noise = noise
+        self.correlated = noise_type == "ornstein-uhlenbeck"
+
+    def initial_state(self, rows: int) -> TensorDict:
+        if not self.correlated:
+            return super().initial_state(rows)
+        device = self.center.device
+        return TensorDict({"ou_noise": torch.zeros(rows, *self.center.shape, device=device)}, [rows], device=device)
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: TensorDict,
+        first: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        deterministic: bool = False,
+        out: TensorDict | None = None,
+        critic_obs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
+        """With Ornstein-Uhlenbeck noise, each row's process steps once (restarting from 0 where
+        ``first``) and is added to the mean action; otherwise as ``ReplayActorPolicy.act``."""
+        if not self.correlated or action_mask is not None or deterministic or self.random_actions:
+            return super().act(obs, state, first, action_mask, deterministic=deterministic, out=out)
+        x = state["ou_noise"].masked_fill_(first.unsqueeze(1), 0.0)
+        x.add_(x, alpha=-self.OU_THETA * self.OU_DT).add_(torch.randn_like(x), alpha=self.noise * self.OU_DT**0.5)
+        unit = (self.mean_action(self.features(obs)) + x).clamp_(-1.0, 1.0)
+        return self.to_env(unit), out if out is not None else TensorDict({}, batch_size=[len(obs)]), state
 
     def mean_action(self, x: torch.Tensor, actor: nn.Module | None = None) -> torch.Tensor:
         """Unit actions for the features ``x`` by ``actor`` (default: the policy's own; the learner
@@ -278,9 +391,13 @@ def network_sizes(
 
 
 def build_bounded_policy(
-    config: TrainerConfig, env: EnvInfo, defaults: tuple[int, ...], noise: float | None = None
+    config: TrainerConfig,
+    env: EnvInfo,
+    defaults: tuple[int, ...],
+    noise: float | None = None,
+    noise_type: str = "normal",
 ) -> BoundedActorPolicy:
-    """SAC's squashed Gaussian actor, or with an exploration ``noise`` TD3's deterministic one."""
+    """SAC's squashed Gaussian actor, or with an exploration ``noise`` (of ``noise_type``) TD3's deterministic one."""
     hiddens, activation = network_sizes(config, env, defaults)
     if env.act_spec.kind != "continuous":
         raise ConfigError(
@@ -289,9 +406,14 @@ def build_bounded_policy(
         )
     obs_dim, act_dim = int(np.prod(env.obs_spec.shape)), env.act_spec.shape[0]
     normalizer = obs_normalizers(config, env)[0]
+    if noise is None and getattr(config, "use_sde", False):
+        trunk = hidden_layers(obs_dim, hiddens, activation)  # its output is gSDE's features
+        sample_freq = cast(int, getattr(config, "sde_sample_freq", -1))
+        return SDESquashedGaussianPolicy(trunk, hiddens[-1], env.act_spec, normalizer, config.log_std_init, sample_freq)
     if noise is None:
         return SquashedGaussianPolicy(feedforward(obs_dim, hiddens, 2 * act_dim, activation), env.act_spec, normalizer)
-    return DeterministicPolicy(feedforward(obs_dim, hiddens, act_dim, activation), env.act_spec, normalizer, noise)
+    actor = feedforward(obs_dim, hiddens, act_dim, activation)
+    return DeterministicPolicy(actor, env.act_spec, normalizer, noise, noise_type)
 
 
 def build_critic(config: TrainerConfig, env: EnvInfo, defaults: tuple[int, ...], towers: int = 2) -> QTowers:

@@ -19,7 +19,7 @@ observations and says exactly what does not fit.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +38,7 @@ from shoal.models.normalize import ObsNormalizer
 from shoal.models.policy import ActorCriticPolicy
 from shoal.models.qpolicy import QPolicy, RecurrentQPolicy
 from shoal.models.recurrent import RecurrentActorCriticPolicy, RecurrentModel
+from shoal.models.sde import SDEActorCriticPolicy
 
 if TYPE_CHECKING:  # shoal.config imports this module
     from shoal.config import TrainerConfig
@@ -65,6 +66,10 @@ class ModelConfig(BaseModel):
     recurrent core, the critic's copy has a core of its own too."""
     channels: Literal["first", "last"] | None = None
     """Where an image's channels are; None: detected from the shape (first when the first dim is the smallest)."""
+    layer_norm: bool | None = None
+    """A LayerNorm between each hidden layer and its activation (the Q-network of `algo=pqn`, where it is on by
+    default); with separate actor and critic (`shared_trunk` false) each trunk is a plain MLP rather than the
+    stacked towers. None: off, except for PQN."""
     core: Literal["lstm", "gru"] | None = None
     """A recurrent core after the encoder and hidden layers (one per trunk: see `shared_trunk`); None: feedforward."""
     core_size: int | None = Field(default=None, ge=1)
@@ -169,7 +174,7 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
     if cfg.core is None:
         if env.critic_dim and (image or shared):
             raise ConfigError("central_critic needs model='mlp' with separate actor and critic (shared_trunk false).")
-        if not image and not shared:
+        if not image and not shared and not cfg.layer_norm:
             return MLPModel(int(np.prod(env.obs_spec.shape)), num_outputs, hiddens, activation, env.critic_dim)
     # model='mlp' reads any observation flat (images too); 'cnn' encodes it by its structure
     encoder_space = space if image else gym.spaces.Box(-np.inf, np.inf, (int(np.prod(env.obs_spec.shape)),))
@@ -184,6 +189,7 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
             hiddens,
             activation,
             shared,
+            bool(cfg.layer_norm),
         )
     except ValueError as e:  # the encoder's checks of conv_filters and channels against the image
         raise ConfigError(f"model={kind!r} with model_config={model_config} does not fit '{env.name}': {e}") from None
@@ -206,7 +212,9 @@ def recurrent_model(
             f"central_critic is not supported with a recurrent core (model_config.core={cfg.core!r}); drop one of them."
         )
     encoders = [make_encoder(space, cfg.conv_filters, cfg.channels) for _ in range(1 if shared else 2)]
-    trunks = [nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation)) for encoder in encoders]
+    trunks = [
+        nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation, bool(cfg.layer_norm))) for encoder in encoders
+    ]
     return RecurrentModel(
         trunks,
         hiddens[-1] if hiddens else encoders[0].out_dim,
@@ -278,9 +286,32 @@ def build_policy(config: TrainerConfig, env: EnvInfo) -> ActorCriticPolicy:
         )
     model = build_model(config.model, config.model_options, env, num_outputs)
     normalizer, critic_normalizer = obs_normalizers(config, env)
+    if getattr(config, "use_sde", False):
+        features = sde_features(model, env)
+        sample_freq = cast(int, getattr(config, "sde_sample_freq", -1))
+        return SDEActorCriticPolicy(
+            model, env.act_spec, features, normalizer, critic_normalizer, config.log_std_init, sample_freq
+        )
     if isinstance(model, RecurrentModel):
         return RecurrentActorCriticPolicy(model, env.act_spec, normalizer, config.log_std_init)
     return ActorCriticPolicy(model, env.act_spec, normalizer, critic_normalizer, config.log_std_init)
+
+
+def sde_features(model: nn.Module, env: EnvInfo) -> int:
+    """The width of the features gSDE's noise reads (the actor's last hidden layer); the model
+    and the actions must suit it."""
+    if env.act_spec.kind != "continuous":
+        raise ConfigError(
+            f"use_sde=True explores Box actions; '{env.name}' acts in {env.act_spec.space}. Leave use_sde false."
+        )
+    if isinstance(model, MLPModel):
+        return int(model.weights[-1].shape[-1])
+    if isinstance(model, EncoderModel):
+        return model.policy_head.in_features
+    raise ConfigError(
+        f"use_sde=True reads the actor's last hidden layer, which the built-in feedforward models expose; got "
+        f"{type(model).__name__}. Use model='mlp' or 'cnn', or leave use_sde false."
+    )
 
 
 def obs_normalizers(config: TrainerConfig, env: EnvInfo) -> tuple[ObsNormalizer | None, ObsNormalizer | None]:
@@ -303,10 +334,13 @@ def obs_normalizers(config: TrainerConfig, env: EnvInfo) -> tuple[ObsNormalizer 
 Q_NETWORK_DEFAULTS = {"shared_trunk": True, "hiddens": [256, 256], "activation": "relu"}
 
 
-def build_q_policy(config: TrainerConfig, env: EnvInfo, dueling: bool) -> QPolicy:
+def build_q_policy(
+    config: TrainerConfig, env: EnvInfo, dueling: bool, defaults: dict[str, Any] | None = None
+) -> QPolicy:
     """The Q-network policy of one policy (``config`` has its overrides): ``model`` with one output
-    per action; built-in models take ``Q_NETWORK_DEFAULTS`` for the ``model_config`` keys not given,
-    and a recurrent core (``core``) makes it a ``RecurrentQPolicy``."""
+    per action; built-in models take ``Q_NETWORK_DEFAULTS`` (updated with the algorithm's
+    ``defaults``) for the ``model_config`` keys not given, and a recurrent core (``core``) makes it
+    a ``RecurrentQPolicy``."""
     spec = env.act_spec
     if spec.kind != "discrete":
         raise ConfigError(
@@ -320,7 +354,7 @@ def build_q_policy(config: TrainerConfig, env: EnvInfo, dueling: bool) -> QPolic
     built_in = isinstance(config.model, str) and config.model in BUILT_IN
     options = config.model_options
     if built_in:
-        options = ({"shared_trunk": True} if config.model == "cnn" else Q_NETWORK_DEFAULTS) | options
+        options = ({"shared_trunk": True} if config.model == "cnn" else Q_NETWORK_DEFAULTS) | (defaults or {}) | options
     model = build_model(config.model, options, env, spec.nvec[0])
     if built_in:  # torch's default layer init, see Q_NETWORK_DEFAULTS (a recurrent core keeps its own)
         for layer in model.modules():

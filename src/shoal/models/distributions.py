@@ -117,7 +117,8 @@ class MultiCategorical:
 
 
 class DiagGaussian:
-    """A Box action from ``mean [B, d]`` and a state-independent ``log_std [d]``."""
+    """A Box action from ``mean [B, d]`` and a state-independent ``log_std [d]`` (or one per row,
+    ``[B, d]``, as gSDE's)."""
 
     def __init__(self, dim: int):
         self.param_dim = dim
@@ -133,14 +134,17 @@ class DiagGaussian:
         noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
         return mean + noise * log_std.exp(), self.log_density(noise, log_std)
 
-    def entropy(self, log_std: torch.Tensor, batch: int) -> torch.Tensor:
+    @staticmethod
+    def entropy(log_std: torch.Tensor, batch: int) -> torch.Tensor:
         return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1).expand(batch)
 
+    @staticmethod
     def log_prob_entropy(
-        self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor, entropy: bool = True
+        mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor, entropy: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         z = (action - mean) * (-log_std).exp()
-        return self.log_density(z, log_std), self.entropy(log_std, mean.shape[0]) if entropy else None
+        logp = DiagGaussian.log_density(z, log_std)
+        return logp, DiagGaussian.entropy(log_std, mean.shape[0]) if entropy else None
 
 
 def make_distribution(spec: ActionSpec) -> Categorical | MultiCategorical | DiagGaussian:

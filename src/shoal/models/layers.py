@@ -95,11 +95,18 @@ class StackedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not torch.is_grad_enabled():  # the rollout: no graph, the fast activations
             return stacked_forward(x, self.activation, len(self.weights), self.flat_params)[0]
+        return self.forward_hidden(x)[0]
+
+    def forward_hidden(self, x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The towers' outputs and their last hidden layer ``[k, B, h]`` (gSDE's features)."""
+        if not torch.is_grad_enabled():
+            outs, hidden = stacked_forward(x, self.activation, len(self.weights), self.flat_params)
+            return outs, hidden[-1]
         act = torch.tanh if self.activation == "tanh" else torch.relu
         h = per_tower(x, len(self.heads))
         for w, b in zip(self.weights, self.biases):
             h = act(torch.baddbmm(b, h, w))
-        return tuple(head(h[k]) for k, head in enumerate(self.heads))
+        return tuple(head(h[k]) for k, head in enumerate(self.heads)), h
 
     def tower(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """Tower ``k``'s output alone, from an input ``[B, in]`` that every tower sees: what
@@ -126,9 +133,13 @@ def linear_head(in_dim: int, out_dim: int, gain: float) -> nn.Linear:
     return layer
 
 
-def mlp(in_dim: int, hiddens: list[int], activation: str) -> nn.Sequential:
-    """Plain hidden layers (orthogonal init, gain sqrt(2)) for networks outside the stacked towers."""
+def mlp(in_dim: int, hiddens: list[int], activation: str, layer_norm: bool = False) -> nn.Sequential:
+    """Plain hidden layers (orthogonal init, gain sqrt(2)) for networks outside the stacked towers;
+    ``layer_norm`` puts a LayerNorm between each layer and its activation."""
     layers: list[nn.Module] = []
     for fan_in, fan_out in zip([in_dim, *hiddens[:-1]], hiddens):
-        layers += [linear_head(fan_in, fan_out, math.sqrt(2)), ACTIVATION_MODULES[activation]()]
+        layers.append(linear_head(fan_in, fan_out, math.sqrt(2)))
+        if layer_norm:
+            layers.append(nn.LayerNorm(fan_out))
+        layers.append(ACTIVATION_MODULES[activation]())
     return nn.Sequential(*layers)

@@ -53,21 +53,34 @@ class MLPModel(StackedMLP):
         params, value = super().forward(self.inputs(obs, critic_obs))
         return params, value.squeeze(-1)
 
+    def forward_features(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward``'s outputs and the actor's last hidden layer ``[B, h]`` (gSDE's features)."""
+        (params, value), hidden = self.forward_hidden(self.inputs(obs, critic_obs))
+        return params, value.squeeze(-1), hidden[0]
+
 
 class EncoderModel(nn.Module):
     """``encoder -> MLP -> heads``. ``shared``: one encoder and trunk feed both heads (the usual
     choice for pixels, where the encoder is most of the compute); otherwise actor and critic each
-    get their own copy."""
+    get their own copy. ``layer_norm`` normalizes each hidden layer before its activation."""
 
     def __init__(
-        self, make_encoder: Callable[[], Encoder], num_outputs: int, hiddens: list[int], activation: str, shared: bool
+        self,
+        make_encoder: Callable[[], Encoder],
+        num_outputs: int,
+        hiddens: list[int],
+        activation: str,
+        shared: bool,
+        layer_norm: bool = False,
     ):
         super().__init__()
         self.shared = shared
 
         def trunk() -> nn.Sequential:
             encoder = make_encoder()
-            return nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation))
+            return nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation, layer_norm))
 
         self.actor = trunk()
         self.critic = None if shared else trunk()
@@ -75,6 +88,13 @@ class EncoderModel(nn.Module):
         self.value_head = linear_head(hiddens[-1], 1, VALUE_GAIN)
 
     def forward(self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        policy, value, _ = self.forward_features(obs)
+        return policy, value
+
+    def forward_features(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward``'s outputs and the actor trunk's output ``[B, h]`` (gSDE's features)."""
         features = self.actor(obs)
         value_features = features if self.critic is None else self.critic(obs)
-        return self.policy_head(features), self.value_head(value_features).squeeze(-1)
+        return self.policy_head(features), self.value_head(value_features).squeeze(-1), features

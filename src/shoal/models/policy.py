@@ -70,6 +70,10 @@ class Policy(nn.Module):
         if critic_obs is not None and self.critic_normalizer is not None:
             self.critic_normalizer.stats.update(critic_obs, across_ranks=True)
 
+    def start_collection(self) -> None:
+        """Called before each collection the algorithm starts (a rollout, a replay phase): a policy
+        whose exploration is held across steps (gSDE) draws anew. Does nothing by default."""
+
     def initial_state(self, rows: int) -> TensorDict:
         """The state of ``rows`` agent rows at an episode start (empty: feedforward)."""
         return TensorDict({}, batch_size=[rows])
@@ -89,6 +93,13 @@ class Policy(nn.Module):
         the most likely actions with ``deterministic``, the extras written into ``out`` when given,
         and ``critic_obs`` the centralized critic's input where the policy has one."""
         raise NotImplementedError
+
+    def value(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None, state: TensorDict | None = None
+    ) -> torch.Tensor:
+        """Values ``[B]`` of raw observations, which on-policy learners bootstrap truncated episodes
+        with; ``state`` is read by recurrent policies only. A policy without one cannot learn on-policy."""
+        raise NotImplementedError(f"{type(self).__name__} has no value(obs, critic_obs, state)")
 
 
 class ActorCriticPolicy(Policy):

@@ -19,8 +19,12 @@ class QPolicy(Policy):
     its outputs are the Q-values, or with ``dueling`` the advantages ``A`` that combine with the
     value ``V`` into ``Q = V + A - mean(A)`` (Wang et al. 2016). The algorithm sets ``epsilon``
     from its exploration schedule; ``deterministic`` acting (evaluation) is greedy.
+
+    Its one extra is ``value``, the greedy value ``max_a Q(obs, a)`` over the legal actions, which
+    an on-policy Q-learner (PQN) stores per step to build its returns; replay learners store none.
     """
 
+    extras = ("value",)
     synced_attributes = ("epsilon",)
 
     def __init__(
@@ -54,9 +58,32 @@ class QPolicy(Policy):
         out: TensorDict | None = None,
         critic_obs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, TensorDict, TensorDict]:
-        """Epsilon-greedy actions within ``action_mask``; no extras, and the state passes through."""
-        action = self.explore(greedy(self.q_values(obs), action_mask), action_mask, deterministic)
-        return action, out if out is not None else TensorDict({}, batch_size=[len(obs)]), state
+        """Epsilon-greedy actions within ``action_mask``, and the greedy value when ``out`` asks for
+        it; the state passes through."""
+        action, extras = self.choose(self.q_values(obs), action_mask, deterministic, out)
+        return action, extras, state
+
+    def value(
+        self, obs: torch.Tensor, critic_obs: torch.Tensor | None = None, state: TensorDict | None = None
+    ) -> torch.Tensor:
+        """The greedy value ``max_a Q(obs, a)`` ``[B]`` of raw observations, over every action (the
+        on-policy base bootstraps truncated episodes with it; their last action mask is not kept)."""
+        return self.q_values(obs).amax(-1)
+
+    def choose(
+        self, q: torch.Tensor, action_mask: torch.Tensor | None, deterministic: bool, out: TensorDict | None
+    ) -> tuple[torch.Tensor, TensorDict]:
+        """Epsilon-greedy actions on the Q-values ``q`` ``[B, n]``, and the extras: ``value`` written
+        into ``out`` when it holds that field, or returned in a new TensorDict without ``out``."""
+        masked = q if action_mask is None else q.masked_fill(~action_mask, -torch.inf)
+        best, action = masked.max(-1)
+        if action_mask is not None:  # a row with no legal action (another agent's turn): its max over all actions
+            best = torch.where(action_mask.any(-1), best, q.amax(-1))
+        if out is None:
+            out = TensorDict({"value": best}, batch_size=[len(q)])
+        elif "value" in out.keys():  # noqa: SIM118 (a TensorDict)
+            out["value"].copy_(best)
+        return self.explore(action, action_mask, deterministic), out
 
     def explore(self, action: torch.Tensor, action_mask: torch.Tensor | None, deterministic: bool) -> torch.Tensor:
         """``action``, replaced in each row with probability ``epsilon`` by a uniformly random legal one."""
@@ -104,9 +131,9 @@ class RecurrentQPolicy(QPolicy):
         """Epsilon-greedy actions after one step of the core from ``state`` (zeros where ``first``);
         returns the next state as a new TensorDict."""
         outputs, value, nxt = self.model(self.normalize(obs)[0], state, first)
-        action = self.explore(greedy(self.combine(outputs, value), action_mask), action_mask, deterministic)
+        action, extras = self.choose(self.combine(outputs, value), action_mask, deterministic, out)
         next_state = TensorDict(dict(zip(self.model.state_keys, nxt)), batch_size=state.batch_size)
-        return action, out if out is not None else TensorDict({}, batch_size=[len(obs)]), next_state
+        return action, extras, next_state
 
     def unroll(
         self,
