@@ -231,7 +231,11 @@ def test_sac_with_gsde_trains_and_td3_has_no_such_key():
 # ----- Ornstein-Uhlenbeck noise of the deterministic actors ---------------------------------------
 def test_ornstein_uhlenbeck_noise_follows_the_reference_recursion_and_restarts_with_each_episode():
     algo = shoal.TD3(
-        env="Pendulum-v1", noise_type="ornstein-uhlenbeck", exploration_noise=0.5, model_config={"hiddens": [4]}, **QUIET
+        env="Pendulum-v1",
+        noise_type="ornstein-uhlenbeck",
+        exploration_noise=0.5,
+        model_config={"hiddens": [4]},
+        **QUIET,
     )
     policy = algo.get_policy()
     obs, rows = torch.randn(4, 3), 4
@@ -258,7 +262,11 @@ def test_ornstein_uhlenbeck_noise_follows_the_reference_recursion_and_restarts_w
 
 def test_ornstein_uhlenbeck_noise_is_correlated_and_has_the_stationary_spread():
     algo = shoal.TD3(
-        env="Pendulum-v1", noise_type="ornstein-uhlenbeck", exploration_noise=0.5, model_config={"hiddens": [4]}, **QUIET
+        env="Pendulum-v1",
+        noise_type="ornstein-uhlenbeck",
+        exploration_noise=0.5,
+        model_config={"hiddens": [4]},
+        **QUIET,
     )
     policy = algo.get_policy()
     rows = 4000
