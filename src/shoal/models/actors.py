@@ -91,7 +91,7 @@ class ReplayActorPolicy(Policy):
     the actor's output becomes an action, and how critics read stored actions (``critic_input``);
     MADDPG's actors also give their own actions as critics read them (``critic_action``)."""
 
-    synced_attributes: tuple[str, ...] = ("random_actions",)
+    synced_attributes = ("random_actions",)
 
     def __init__(self, actor: nn.Module, obs_normalizer: ObsNormalizer | None):
         super().__init__()
@@ -216,7 +216,6 @@ class SDESquashedGaussianPolicy(HeldNoise, SquashedGaussianPolicy):
     ``W`` as gSDE holds it; learning draws one ``W`` per sample, reparameterized, so the gradient
     reaches the std matrix and the features."""
 
-    synced_attributes = ("random_actions", "noise_epoch")
     MEAN_CLIP = 2.0
 
     def __init__(

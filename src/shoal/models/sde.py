@@ -14,8 +14,9 @@ that scale (``log_scale``). PPO's learner, like Stable-Baselines3's, takes ``f(s
 there; SAC's lets the gradient reach the features.
 
 The per-row matrices live in the policy's per-row state, which the collector carries from step
-to step through every backend (as a recurrent core's); a policy acting in another process learns
-that a new collection started from ``noise_epoch``, sent with the weights.
+to step through every backend (as a recurrent core's). The count of collections is a buffer, so
+a policy acting in another process learns that a new one started from the weights it is sent,
+and a checkpoint resumes with it.
 """
 
 from __future__ import annotations
@@ -102,18 +103,9 @@ class StateDependentNoise(nn.Module):
 
 class HeldNoise:
     """What a gSDE policy adds to the policy contract: its rows' matrices as per-row state, and a
-    new draw at each collection (``noise_epoch`` travels with the weights to copies elsewhere)."""
+    new draw at each collection."""
 
     sde: StateDependentNoise
-
-    @property
-    def noise_epoch(self) -> int:
-        """The collection under way."""
-        return int(self.sde.epoch)
-
-    @noise_epoch.setter
-    def noise_epoch(self, value: int) -> None:
-        self.sde.epoch.fill_(value)
 
     def start_collection(self) -> None:
         self.sde.epoch += 1
@@ -125,8 +117,6 @@ class HeldNoise:
 class SDEActorCriticPolicy(HeldNoise, ActorCriticPolicy):
     """An actor-critic for Box actions that explores with gSDE (see the module docstring): the
     model's mean action plus ``f(s) @ W``. The deterministic action is the mean."""
-
-    synced_attributes = ("noise_epoch",)
 
     def __init__(
         self,
