@@ -158,6 +158,31 @@ def test_a_resumed_gsde_run_draws_as_an_unbroken_one(tmp_path, algo):
     assert_resume_is_bit_identical(trainer, kw, tmp_path, keys, iterations=3, split=1)
 
 
+def test_each_policy_draws_matrices_for_its_own_rows_of_a_multi_agent_env():
+    """Two policies on two-agent envs: the several-policy path acts on index copies of the state
+    and writes them back, so each policy's table holds matrices for its own rows only, and every
+    collection draws them anew."""
+    algo = shoal.PPO(
+        env="pettingzoo:mpe2.simple_spread_v3",
+        env_config={"continuous_actions": True, "N": 2},
+        policies=["agent_0", "agent_1"],
+        use_sde=True,
+        num_envs=2,
+        rollout_fragment_length=16,
+        sgd_minibatch_size=16,
+        tuned=False,
+        **QUIET,
+    )
+    tables = algo.collector.policies.states
+    algo.train()
+    first = [table["sde_noise"].clone() for table in tables]
+    algo.train()
+    for p, (table, before) in enumerate(zip(tables, first)):
+        mine = torch.arange(4) % 2 == p  # env-major rows: agent_0, agent_1 of env 0, then of env 1
+        assert bool((before[mine] != 0).all()) and bool((before[~mine] == 0).all())
+        assert not (table["sde_noise"][mine] == before[mine]).all(1).any()
+
+
 def test_ppo_with_gsde_learns_on_autograd_and_moves_the_std_matrix():
     algo = shoal.PPO(
         env="Pendulum-v1",
