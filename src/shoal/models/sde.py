@@ -30,7 +30,7 @@ from torch import nn
 from shoal.envs.spaces import ActionSpec
 from shoal.models.distributions import DiagGaussian
 from shoal.models.normalize import ObsNormalizer
-from shoal.models.policy import ActorCriticPolicy
+from shoal.models.policy import BOX_MASK_ERROR, ActorCriticPolicy
 
 VARIANCE_FLOOR = 1e-6
 """Added to each action dimension's variance: features that are all 0 leave a finite log-probability."""
@@ -153,7 +153,7 @@ class SDEActorCriticPolicy(HeldNoise, ActorCriticPolicy):
         """The mean plus each row's state-dependent noise (the mean alone with ``deterministic``,
         which leaves the rows' matrices as they are); extras as ``ActorCriticPolicy``'s."""
         if action_mask is not None:
-            raise ValueError("action_mask is only supported for Discrete and MultiDiscrete actions, not Box (gSDE)")
+            raise ValueError(BOX_MASK_ERROR)
         mean, value, features = self.forward_features(obs, critic_obs)
         action = mean if deterministic else mean + sde_noise(features, self.sde.matrices(state))
         logp, _ = DiagGaussian.log_prob_entropy(mean, sde_log_scale(features, self.sde.log_std), action, False)
