@@ -12,7 +12,7 @@ import pytest
 
 from shoal.benchmark import load_references, load_suite, run_suite
 from shoal.benchmark.references import Reference, References
-from shoal.benchmark.report import collect_rows, markdown_table, write_report
+from shoal.benchmark.report import collect_rows, env_family, markdown_table, write_report
 from shoal.benchmark.runner import LOCK, RESULT, SPEC, RunSpec, Suite, _read_summary
 from shoal.errors import ConfigError
 
@@ -46,26 +46,58 @@ def test_table_rows_judge_each_algo_and_env_over_its_seeds(tmp_path):
     for spec, ret in zip(specs, (500.0, 480.0, 490.0, -90.0)):  # the last dqn seed has not finished
         finish(tmp_path, spec, ret, seconds=20.0)
     suite = Suite(specs, {"dqn/Acrobot-v1": "fewer seeds on purpose"})
-    rows = collect_rows(suite, tmp_path)
-    lines = markdown_table(rows, REFS, suite.notes).splitlines()
+    table, notes = markdown_table(collect_rows(suite, tmp_path), REFS, suite.notes)
+    lines = table.splitlines()
     assert lines[0] == "| env | algo | steps | return | seeds | wall time | SPS | reference | vs reference |"
-    assert lines[2] == "| CartPole-v1 | ppo | 50k | 490.0 ± 8.2 | 3 | 20 s | 2,500 | 500 @ 100k (zoo) | 98%: meets |"
-    assert lines[3].startswith("| Acrobot-v1 | dqn | 50k | -90.0 | 1 of 2 |")
-    assert lines[3].endswith("| 97%: short: fewer seeds on purpose; 1 seed(s) unfinished |")
+    assert lines[2] == "| **classic control** | | | | | | | | |"
+    assert lines[3] == "| CartPole-v1 | ppo | 50k | 490.0 ± 8.2 | 3 | 20 s | 2,500 | 500 @ 100k (zoo) | 98%: meets |"
+    assert lines[4].startswith("| Acrobot-v1 | dqn | 50k | -90.0 | 1 of 2 |")
+    assert lines[4].endswith("| 97%: short (note 1) |")
+    assert notes == ["dqn on Acrobot-v1: fewer seeds on purpose; 1 seed(s) unfinished."]
 
     finish(tmp_path, RunSpec("ppo", "CartPole-v1", 4), 500.0, steps=100_800)  # a last iteration past 100k
-    rows = collect_rows(Suite([RunSpec("ppo", "CartPole-v1", 4)]), tmp_path)
-    assert markdown_table(rows, REFS, {}).splitlines()[2].endswith("| 100%: meets |")
+    table, notes = markdown_table(collect_rows(Suite([RunSpec("ppo", "CartPole-v1", 4)]), tmp_path), REFS, {})
+    assert table.splitlines()[3].endswith("| 100%: meets |") and notes == []
 
 
-def test_rows_over_the_reference_budget_or_below_it_say_why(tmp_path):
+def test_rows_over_the_reference_budget_or_below_it_cite_a_note_that_says_why(tmp_path):
     finish(tmp_path, RunSpec("ppo", "CartPole-v1", 1), 500.0, steps=200_000)
     finish(tmp_path, RunSpec("dqn", "Acrobot-v1", 1), -300.0)
-    suite = Suite([RunSpec("ppo", "CartPole-v1", 1), RunSpec("dqn", "Acrobot-v1", 1), RunSpec("sac", "Foo-v0", 1)])
-    table = markdown_table(collect_rows(suite, tmp_path), REFS, {})
-    assert "100%: short: a budget of 200k, more than the reference's 100k" in table
-    assert "47%: short: below 90%" in table  # 47.6% rounds down: 89.6% would not meet 90%
+    finish(tmp_path, RunSpec("td3", "Pendulum-v1", 1), -0.04)
+    suite = Suite([RunSpec(a, e, 1) for a, e in (("ppo", "CartPole-v1"), ("dqn", "Acrobot-v1"), ("sac", "Foo-v0"))])
+    suite.runs.append(RunSpec("td3", "Pendulum-v1", 1))
+    table, notes = markdown_table(collect_rows(suite, tmp_path), REFS, {"td3/Pendulum-v1": "a note"})
+    assert "| 100%: short (note 1) |" in table and "| 47%: short (note 2) |" in table  # 47.6%: 89.6% misses 90%
+    assert "| Pendulum-v1 | td3 | 50k | 0.0 | 1 |" in table  # -0.04 shows as 0.0, not -0.0
+    assert "| no reference (note 3) |" in table
     assert "| Foo-v0 | sac | - | - | 0 of 1 | - | - | - | not run |" in table
+    assert notes == [
+        "ppo on CartPole-v1: a budget of 200k, more than the reference's 100k.",
+        "dqn on Acrobot-v1: below 90% of the reference.",
+        "td3 on Pendulum-v1: a note.",
+    ]
+
+
+def test_rows_are_grouped_by_env_family_in_a_fixed_order(tmp_path):
+    envs = ["MinAtar/Breakout-v1", "BipedalWalker-v3", "CartPole-v1", "LunarLander-v3", "Pendulum-v1", "Foo-v0"]
+    suite = Suite([RunSpec("ppo", env, 1) for env in envs] + [RunSpec("dqn", "CartPole-v1", 1)])
+    rows = collect_rows(suite, tmp_path)
+    assert [(r.env, r.algo) for r in rows] == [
+        ("CartPole-v1", "ppo"),
+        ("CartPole-v1", "dqn"),
+        ("Pendulum-v1", "ppo"),
+        ("BipedalWalker-v3", "ppo"),
+        ("LunarLander-v3", "ppo"),
+        ("MinAtar/Breakout-v1", "ppo"),
+        ("Foo-v0", "ppo"),
+    ]
+    headings = [line for line in markdown_table(rows, REFS, {})[0].splitlines() if line.startswith("| **")]
+    assert [h.split("**")[1] for h in headings] == ["classic control", "Box2D", "MinAtar", "other"]
+    assert [env_family(e) for e in ("HalfCheetah-v5", "ALE/Pong-v5", "vmas:balance")] == [
+        "MuJoCo",
+        "Atari",
+        "multi-agent",
+    ]
 
 
 def test_report_files_carry_the_command_that_regenerates_them(tmp_path):
@@ -73,6 +105,11 @@ def test_report_files_carry_the_command_that_regenerates_them(tmp_path):
     finish(tmp_path, spec, 500.0)
     md, _ = write_report(Suite([spec]), tmp_path, REFS, "shoal benchmark --algo ppo --env CartPole-v1")
     assert "```bash\nshoal benchmark --algo ppo --env CartPole-v1\n```" in md.read_text()
+    finish(tmp_path, RunSpec("dqn", "Acrobot-v1", 1), -300.0)
+    md, _ = write_report(Suite([spec, RunSpec("dqn", "Acrobot-v1", 1)]), tmp_path, REFS, "shoal benchmark")
+    assert md.read_text().endswith(
+        "| 47%: short (note 1) |\n\nNotes:\n\n1. dqn on Acrobot-v1: below 90% of the reference.\n"
+    )
 
 
 def test_suite_file_runs_are_filtered_and_take_the_seeds_and_budget_given(tmp_path):

@@ -96,7 +96,8 @@ class Row:
 
 
 def collect_rows(suite: Suite, out: Path) -> list[Row]:
-    """The finished runs' summaries, grouped by (env, algo) in the suite's order."""
+    """The finished runs' summaries, one row per (env, algo): grouped by env family (``FAMILIES``),
+    then in the order the suite first lists each env and each algo on it."""
     from shoal.benchmark.runner import RESULT
 
     rows: dict[tuple[str, str], Row] = {}
@@ -112,27 +113,62 @@ def collect_rows(suite: Suite, out: Path) -> list[Row]:
         config = yaml.safe_load((spec.directory(out) / "config.yaml").read_text()) or {}
         row.budgets.append(int(config.get("total_timesteps", summary["timesteps_total"])))
         row.seconds.append(float(summary["time_total_s"]))
-    return list(rows.values())
+    env_order = {env: i for i, env in enumerate(dict.fromkeys(env for env, _ in rows))}
+    families = {env: FAMILIES.index(env_family(env)) for env in env_order}
+    return sorted(
+        rows.values(), key=lambda row: (families[row.env], env_order[row.env])
+    )  # stable: algos keep their order
 
 
-def table_cells(row: Row, references: References, notes: dict[str, str]) -> list[str]:
-    """The cells of ``row`` in ``COLUMNS`` order."""
+FAMILIES = ("classic control", "Box2D", "MuJoCo", "MinAtar", "Atari", "multi-agent", "other")
+"""The table's groups of envs, in its order."""
+
+_FAMILY_MODULES = {"classic_control": "classic control", "box2d": "Box2D", "mujoco": "MuJoCo"}
+
+
+def env_family(env: str) -> str:
+    """Which of ``FAMILIES`` an env id belongs to: by its prefix, else by the gymnasium package that
+    registers it."""
+    if env.startswith("MinAtar/"):
+        return "MinAtar"
+    if env.startswith("ALE/"):
+        return "Atari"
+    if env.startswith(("pettingzoo:", "vmas:")):
+        return "multi-agent"
+    import gymnasium
+
+    try:
+        entry_point = gymnasium.spec(env).entry_point
+    except gymnasium.error.Error:  # not registered (yet): an env of a package not imported here
+        return "other"
+    module = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", "")
+    parts = module.split(":")[0].split(".")
+    if parts[:2] == ["gymnasium", "envs"] and len(parts) > 2:
+        return _FAMILY_MODULES.get(parts[2], "other")
+    return "other"
+
+
+def table_cells(row: Row, references: References, reason: str | None = None) -> list[str]:
+    """The cells of ``row`` in ``COLUMNS`` order; ``reason`` stands for the row's reasons, which
+    ``row_reasons`` gives (a note's marker, as in ``markdown_table``)."""
+    tail = f" ({reason})" if reason else ""
     if not row.returns:
         return [row.env, row.algo, "-", "-", f"0 of {row.seeds}", "-", "-", _reference(row, references), "not run"]
     steps = float(np.mean(row.steps))
     sps = float(np.mean([s / t for s, t in zip(row.steps, row.seconds)]))
-    spread = f" ± {np.std(row.returns):.1f}" if len(row.returns) > 1 else ""
+    spread = f" ± {_tenths(float(np.std(row.returns)))}" if len(row.returns) > 1 else ""
+    score = references.score(row.algo, row.env, row.mean)
     return [
         row.env,
         row.algo,
         _count(steps),
-        f"{row.mean:.1f}{spread}",
+        f"{_tenths(row.mean)}{spread}",
         f"{len(row.returns)}" if len(row.returns) == row.seeds else f"{len(row.returns)} of {row.seeds}",
         _duration(float(np.mean(row.seconds))),
         f"{sps:,.0f}",
         _reference(row, references),
-        _verdict(row, max(row.budgets), references, notes.get(f"{row.algo}/{row.env}")),
-    ]
+        ("no reference" if score is None else f"{math.floor(100 * score)}%: {_verdict(row, references)}") + tail,
+    ]  # 89.6% shows as 89%: it does not meet 90%
 
 
 def _reference(row: Row, references: References) -> str:
@@ -140,23 +176,35 @@ def _reference(row: Row, references: References) -> str:
     return "-" if ref is None else f"{ref.value:g} @ {_count(ref.steps)} ({ref.source})"
 
 
-def _verdict(row: Row, budget: int, references: References, note: str | None) -> str:
-    """Whether the row meets its reference: 90% of it (``SHARE``) on a budget no larger than the
-    reference's steps, every seed finished; else why not."""
-    score = references.score(row.algo, row.env, row.mean)
-    if score is None:
-        return note or "no published reference"
+def _verdict(row: Row, references: References) -> str:
+    """``meets`` when the row reaches 90% of its reference (``SHARE``) on a budget no larger than
+    the reference's steps, every seed finished; else ``short``."""
     ref = references.published[(row.algo, row.env)]
+    score = references.score(row.algo, row.env, row.mean)
+    meets = score is not None and score >= SHARE and max(row.budgets) <= ref.steps and len(row.returns) == row.seeds
+    return "meets" if meets else "short"
+
+
+def row_reasons(row: Row, references: References, note: str | None) -> str | None:
+    """Why a row is as it is, in words (None: it meets its reference and has no note): the suite's
+    note, a budget past the reference's steps, unfinished seeds, a return below 90%."""
     reasons = [note] if note else []
-    if budget > ref.steps:
-        reasons.append(f"a budget of {_count(budget)}, more than the reference's {_count(ref.steps)}")
-    if len(row.returns) < row.seeds:
-        reasons.append(f"{row.seeds - len(row.returns)} seed(s) unfinished")
-    meets = score >= SHARE and budget <= ref.steps and len(row.returns) == row.seeds
-    verdict = f"{math.floor(100 * score)}%: {'meets' if meets else 'short'}"  # 89.6% is not 90%
-    if score < SHARE:
-        reasons.append(f"below {100 * SHARE:.0f}%")
-    return f"{verdict}: {'; '.join(reasons)}" if reasons else verdict
+    ref = references.published.get((row.algo, row.env))
+    if row.returns and ref is not None:
+        if max(row.budgets) > ref.steps:
+            reasons.append(f"a budget of {_count(max(row.budgets))}, more than the reference's {_count(ref.steps)}")
+        if len(row.returns) < row.seeds:
+            reasons.append(f"{row.seeds - len(row.returns)} seed(s) unfinished")
+        score = references.score(row.algo, row.env, row.mean)
+        if score is not None and score < SHARE:
+            reasons.append(f"below {100 * SHARE:.0f}% of the reference")
+    elif row.returns:
+        reasons = reasons or ["no published reference"]
+    return "; ".join(reasons) or None
+
+
+def _tenths(value: float) -> str:
+    return f"{round(value, 1) + 0.0:.1f}"  # -0.04 rounds to -0.0; adding 0.0 makes it 0.0
 
 
 def _count(steps: float) -> str:
@@ -173,23 +221,41 @@ def _duration(seconds: float) -> str:
     )
 
 
-def markdown_table(rows: list[Row], references: References, notes: dict[str, str]) -> str:
+def markdown_table(rows: list[Row], references: References, notes: dict[str, str]) -> tuple[str, list[str]]:
+    """The table, a bold row heading each env family, and its notes: each row that has reasons
+    (``row_reasons``) cites a numbered note (``note 3``) instead of holding them, so no cell runs
+    long. Returns the table and the notes' texts, note 1 first."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    texts: list[str] = []
+    family = None
     for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in table_cells(row, references, notes)) + " |")
-    return "\n".join(lines) + "\n"
+        if env_family(row.env) != family:
+            family = env_family(row.env)
+            lines.append(f"| **{family}** |" + " |" * (len(COLUMNS) - 1))
+        reason = row_reasons(row, references, notes.get(f"{row.algo}/{row.env}"))
+        if reason is not None:
+            texts.append(f"{row.algo} on {row.env}: {reason}.")
+        marker = None if reason is None else f"note {len(texts)}"
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in table_cells(row, references, marker)) + " |")
+    return "\n".join(lines) + "\n", texts
+
+
+def notes_list(texts: list[str]) -> str:
+    """The notes ``markdown_table`` returned, as a numbered markdown list."""
+    return "".join(f"{i}. {text}\n" for i, text in enumerate(texts, 1))
 
 
 def write_report(suite: Suite, out: Path, references: References, command: str) -> tuple[Path, Path | None]:
     """Write ``benchmark.md`` (headed by the ``command`` that regenerates it) and, with
     matplotlib installed, ``benchmark.png``; returns their paths."""
-    rows = collect_rows(suite, out)
+    table, texts = markdown_table(collect_rows(suite, out), references, suite.notes)
     text = (
         "Final return: mean over seeds of each run's deterministic evaluation after training; ± is the\n"
         "population std over seeds. Steps: env steps run, whose last iteration may pass the budget\n"
         "asked for (1.02M for 1M); the verdict compares that budget with the reference's steps.\n"
         "Wall time: training time per run; SPS: env steps per second of training.\n"
-        f"Regenerate with:\n\n```bash\n{command}\n```\n\n{markdown_table(rows, references, suite.notes)}"
+        f"Regenerate with:\n\n```bash\n{command}\n```\n\n{table}"
+        + (f"\nNotes:\n\n{notes_list(texts)}" if texts else "")
     )
     md = out / "benchmark.md"
     with refused_writes("the benchmark table", md):
