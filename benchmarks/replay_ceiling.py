@@ -92,20 +92,25 @@ def phase_runs(algo: str, threads: int) -> dict[str, Callable[[], None]]:
     """One phase of minibatch steps on each path: the bare step (bare_steps.py) over random
     transitions, and shoal's learner over a buffer filled by a short run."""
     import torch
-    from bare_steps import BARE
+    from bare_steps import BARE, dqn_written_out
 
     import shoal
     from shoal.algos.base import Statistics
 
     sizes, task = SIZES[algo], TASKS[algo]
+    phase = sizes["phase"]
     step = BARE[algo](**sizes)
+    runs = {"bare": lambda: step(phase)}
+    if algo == "dqn":  # and the bare step with its backward written out: a lower bound on a hand-made one
+        written_out = dqn_written_out(**sizes)
+        runs["written out"] = lambda: written_out(phase)
     trainer = shoal.Trainer(
         algo=algo, env=task["env"], seed=1, save_outputs=False, verbose=0, torch_threads=threads, **task["shoal"]
     )
     trainer.learn(task["warm"])
-    phase, algorithm = sizes["phase"], trainer.algorithm
+    algorithm = trainer.algorithm
     totals = {pid: Statistics(algorithm.STAT_NAMES, torch.device("cpu")) for pid in algorithm.learners}
-    return {"bare": lambda: step(phase), "shoal": lambda: algorithm.learn_from_replay(phase, 1.0, totals)}
+    return runs | {"shoal": lambda: algorithm.learn_from_replay(phase, 1.0, totals)}
 
 
 def step_rates(args: dict) -> dict:
@@ -176,20 +181,29 @@ def mean_sps(kind: str, algo: str, seeds: list[int], threads: int, src: str | No
     return statistics.mean(runs)
 
 
-def row(algo: str, threads: int, args: argparse.Namespace, src: str | None, label: str) -> str:
+def row(algo: str, threads: int, args: argparse.Namespace, src: str | None, label: str) -> tuple[str, str | None]:
     """One table row: the step rates at ``threads`` torch threads, and SPS with as many (SB3 at
-    its default when that is the whole machine)."""
+    its default when that is the whole machine); for DQN also a line on the written-out step."""
     rates = spawn(__file__, "steps", src, algo=algo, threads=threads, updates=args.updates)
     bare, learner = rates["bare"], rates["shoal"]
     sps = mean_sps("shoal", algo, args.seeds, threads, src)
     sb3 = math.nan
     if not args.skip_sb3:
         sb3 = mean_sps("sb3", algo, args.seeds, 0 if threads == os.cpu_count() else threads, None)
-    bound = bare * TASKS[algo]["steps_per_update"]
+    per_update = TASKS[algo]["steps_per_update"]
+    bound = bare * per_update
+    line = None
+    if "written out" in rates:
+        fast = rates["written out"]
+        line = (
+            f"{algo}{label} at {threads} thread(s): the bare step with its backward written out runs "
+            f"{fast:,.0f} updates/s ({fast / bare:.2f}x the bare step); its bound, {fast * per_update:,.0f} SPS, "
+            f"is {fast * per_update / sb3:.2f}x SB3's SPS"
+        )
     return (
         f"| {algo}{label} | {threads} | {bare:,.0f} | {learner:,.0f} | {learner / bare:.2f} | {bound:,.0f} "
         f"| {sps:,.0f} | {sps / bound:.2f} | {sb3:,.0f} | {sps / sb3:.2f}x |"
-    )
+    ), line
 
 
 def main() -> int:
@@ -211,10 +225,14 @@ def main() -> int:
     )
     print("|---|" + "---|" * 9)
     trees = [("", None)] + ([(" (--src)", args.src)] if args.src else [])
+    lines = []
     for algo in args.algos:
         for count in threads:
             for label, src in trees:
-                print(row(algo, count, args, src, label), flush=True)
+                table_row, line = row(algo, count, args, src, label)
+                print(table_row, flush=True)
+                lines += [line] if line else []
+    print("\n".join(["", *lines]) if lines else "")
     return 0
 
 

@@ -26,9 +26,11 @@ SMALL = dict(
 )
 
 
-@pytest.mark.parametrize("double_q", [True, False])
-def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
-    algo = shoal.DQN(double_q=double_q, dueling=True, **SMALL)
+@pytest.mark.parametrize("double_q, alpha", [(True, 0.0), (False, 0.0), (True, 0.9), (False, 0.5)])
+def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q, alpha):
+    """With ``advantage_learning`` alpha the target is lowered by alpha times the target network's
+    action gap at s (Bellemare et al. 2016)."""
+    algo = shoal.DQN(double_q=double_q, dueling=True, advantage_learning=alpha, **SMALL)
     learner = algo.algorithm.learners["default_policy"]
     policy = algo.get_policy()
     generator = torch.Generator().manual_seed(0)
@@ -52,7 +54,9 @@ def test_the_learner_minimizes_huber_loss_to_the_bootstrapped_target(double_q):
             nxt = batch["next_obs"][i : i + 1]
             q_target = before.q_values(nxt, learner.target.module)[0]
             pick = before.q_values(nxt)[0].argmax() if double_q else q_target.argmax()
-            expected.append(batch["reward"][i] + batch["discount"][i] * q_target[pick])
+            here = before.q_values(batch["obs"][i : i + 1], learner.target.module)[0]
+            gap = here.max() - here[batch["action"][i]]
+            expected.append(batch["reward"][i] + batch["discount"][i] * q_target[pick] - alpha * gap)
         q = before.q_values(batch["obs"]).gather(1, batch["action"].unsqueeze(1)).squeeze(1)
     stats, td_error = learner.learn(learner.prepare(batch), None)
     torch.testing.assert_close(td_error, (q - torch.stack(expected)).abs())
@@ -149,6 +153,28 @@ def test_masked_actions_are_never_taken_greedy_or_random():
     assert set(action[0::2].tolist()) == {1, 2} and set(action[1::2].tolist()) == {0, 2}
 
 
+def test_advantage_learnings_gap_is_over_the_legal_actions():
+    """The action gap of advantage learning is taken from the best legal action at s: an illegal
+    action of higher value does not widen it."""
+    algo = shoal.DQN(env="pettingzoo:pettingzoo.classic.connect_four_v3", advantage_learning=0.5, **QUIET)
+    learner = algo.algorithm.learners["default_policy"]
+    policy = algo.get_policy()
+    generator = torch.Generator().manual_seed(1)
+    obs = torch.rand(6, *algo.algorithm.env.obs_spec.shape, generator=generator).round()
+    mask = torch.rand(6, 7, generator=generator) > 0.4
+    mask[:, 0] = True
+    batch = TensorDict(
+        {"obs": obs, "action": torch.zeros(6, dtype=torch.long), "reward": torch.zeros(6), "next_obs": obs,
+         "discount": torch.zeros(6), "action_mask": mask},
+        batch_size=[6],
+    )  # fmt: skip
+    with torch.no_grad():
+        q = policy.q_values(obs, learner.target.module)
+        gap = q.masked_fill(~mask, -torch.inf).amax(1) - q[:, 0]
+    prepared = learner.prepare(batch.clone())
+    torch.testing.assert_close(prepared["reward"], -0.5 * gap)
+
+
 def test_config_errors_name_the_key_and_the_fix():
     with pytest.raises(ConfigError, match="Discrete actions; 'Pendulum-v1' acts in Box"):
         shoal.DQN(env="Pendulum-v1", **QUIET)
@@ -161,6 +187,10 @@ def test_config_errors_name_the_key_and_the_fix():
     with pytest.raises(ConfigError, match=r"buffer_size=300 holds 300 steps .* try buffer_size="):
         shoal.DQN(buffer_size=300, train_freq=300, **QUIET)
     assert DQNConfig.build(train_freq=8, minibatch_size=16).rollout_fragment_length == 8
+    with pytest.raises(ConfigError, match="advantage_learning=0.5 is for feedforward Q-networks"):
+        DQNConfig.build(advantage_learning=0.5, model_config={"core": "lstm"})
+    with pytest.raises(ConfigError, match="advantage_learning"):
+        DQNConfig.build(advantage_learning=1.0)
 
 
 def test_each_policy_learns_from_its_own_rows():

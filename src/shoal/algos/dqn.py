@@ -7,7 +7,11 @@ Each trained policy's learner minimizes the Huber loss between ``Q(s, a)`` and t
 
 over minibatches from the replay buffer, where ``R_n`` is the n-step discounted reward sum and
 ``discount`` is ``gamma ** n`` (0 after a terminal step; see ``off_policy.transitions``). The next
-action is chosen among the legal actions when the env masks them. The target network is a copy
+action is chosen among the legal actions when the env masks them. With ``advantage_learning``
+``alpha > 0`` the target is advantage learning's (Bellemare et al. 2016, "Increasing the Action
+Gap"): ``y - alpha * (max_b Q_target(s, b) - Q_target(s, a))``, which lowers the value of every
+action but the greedy one, so that the greedy choice in a state is not flipped by errors smaller
+than the gap (the max over the legal actions). The target network is a copy
 of the Q-network, moved toward it by ``tau`` every ``target_update_interval`` env steps; the
 policy acts epsilon-greedily with epsilon annealed linearly over ``exploration_fraction`` of each
 ``learn()`` call.
@@ -144,6 +148,11 @@ class DQNLearner:
         written into ``batch``; returned are only the fields ``learn`` reads (fewer to split into
         minibatches)."""
         next_q = self.policy.q_values(batch["next_obs"], self.target.module)
+        alpha = self.config.advantage_learning
+        if alpha:  # the target's own action gap at s, subtracted from the reward sum
+            q = self.policy.q_values(batch["obs"], self.target.module)
+            best = taken(q, greedy(q, batch.get("action_mask", None)))
+            batch["reward"] = batch["reward"] - alpha * (best - taken(q, batch["action"]))
         if not self.config.double_q:
             batch["target"] = q_target(batch, next_q, next_q)
             return batch.select("obs", "action", "target")

@@ -103,6 +103,10 @@ class DQNConfig(OffPolicyConfig, EpsilonGreedyConfig):
     2016); False: the target network's max (Stable-Baselines3's DQN)."""
     dueling: bool = False
     """Dueling heads: `Q = V + A - mean(A)` from the model's value and action outputs (Wang et al. 2016)."""
+    advantage_learning: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Advantage learning's alpha (Bellemare et al. 2016): the target of `Q(s, a)` is lowered by `alpha` times the
+    target network's action gap `max_b Q(s, b) - Q(s, a)`, which widens the gap between the greedy action and the
+    others so that small value errors do not flip the greedy choice; 0: plain DQN. Feedforward Q-networks only."""
     target_update_interval: int = Field(default=10, ge=1)
     """Env steps between target network updates (several due in one phase compound into one update with
     `1 - (1 - tau) ** k`)."""
@@ -127,10 +131,15 @@ class DQNConfig(OffPolicyConfig, EpsilonGreedyConfig):
         "gradient_steps": 128,
         "sgd_minibatch_size": 64,
     }
-    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "double_q", "dueling")
+    POLICY_KEYS: ClassVar[tuple[str, ...]] = (*OffPolicyConfig.POLICY_KEYS, "double_q", "dueling", "advantage_learning")
 
     @model_validator(mode="after")
     def _check_sequences(self) -> DQNConfig:
+        if self.advantage_learning and self.recurrent:
+            raise ConfigError(
+                f"advantage_learning={self.advantage_learning} is for feedforward Q-networks; recurrent DQN replays "
+                f"sequences without it. Drop advantage_learning, or the model_config core."
+            )
         length, burn_in = self.replay_sequence_length, self.replay_burn_in
         if burn_in >= length and self.recurrent:  # the sequence keys are read with a recurrent core only
             raise ConfigError(
