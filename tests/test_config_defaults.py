@@ -96,6 +96,7 @@ EXPECTED: dict[type[BaseModel], dict[str, Any]] = {
         "lr_schedule": "constant",
         "adam_eps": 1e-08,
         "buffer_size": 100000,
+        "advantage_learning": 0.0,
     },
     ReplayActorCriticConfig: {
         "rollout_fragment_length": 1,
@@ -165,7 +166,7 @@ KEY_COUNTS = {
     PPOConfig: 78 + 2,
     GRPOConfig: 70,
     OffPolicyConfig: 73,
-    DQNConfig: 82,
+    DQNConfig: 82 + 1,
     ReplayActorCriticConfig: 73,
     SACConfig: 76 + 2,
     TD3Config: 77 + 1,

@@ -187,8 +187,6 @@ def test_config_errors_name_the_key_and_the_fix():
     with pytest.raises(ConfigError, match=r"buffer_size=300 holds 300 steps .* try buffer_size="):
         shoal.DQN(buffer_size=300, train_freq=300, **QUIET)
     assert DQNConfig.build(train_freq=8, minibatch_size=16).rollout_fragment_length == 8
-    with pytest.raises(ConfigError, match="advantage_learning=0.5 is for feedforward Q-networks"):
-        DQNConfig.build(advantage_learning=0.5, model_config={"core": "lstm"})
     with pytest.raises(ConfigError, match="advantage_learning"):
         DQNConfig.build(advantage_learning=1.0)
 

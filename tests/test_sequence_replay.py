@@ -199,12 +199,15 @@ def test_burn_in_steps_get_no_gradient():
     assert obs.grad[:, burn_in:].abs().sum(2).gt(0).float().mean() > 0.5
 
 
-@pytest.mark.parametrize(("double_q", "dueling", "weighted"), [(True, True, True), (False, False, False)])
-def test_the_sequence_learner_against_a_step_by_step_computation(double_q, dueling, weighted):
+@pytest.mark.parametrize(
+    ("double_q", "dueling", "weighted", "alpha"), [(True, True, True, 0.9), (False, False, False, 0.0)]
+)
+def test_the_sequence_learner_against_a_step_by_step_computation(double_q, dueling, weighted, alpha):
     """One step at a time from each stored start state (zeroed at episode starts): the learned
     steps' Q-values, their targets (the next observation valued from the state after the last
-    step summed), the weighted masked Huber loss and each sequence's eta-mixed priority."""
-    algo = _filled(double_q=double_q, dueling=dueling, n_step=2, replay_priority_eta=0.7)
+    step summed, less ``advantage_learning`` times the target core's action gap at the step), the
+    weighted masked Huber loss and each sequence's eta-mixed priority."""
+    algo = _filled(double_q=double_q, dueling=dueling, n_step=2, replay_priority_eta=0.7, advantage_learning=alpha)
     learner = algo.algorithm.learners["default_policy"]
     policy, replay = algo.get_policy(), algo.algorithm.replay
     with torch.no_grad():  # the target network apart from the online one
@@ -231,8 +234,12 @@ def test_the_sequence_learner_against_a_step_by_step_computation(double_q, dueli
                 chooser = before.q_values(next_obs, None, states["online"][at])[0] if double_q else next_q
                 discount = float(batch["discount"][b, t])
                 target = batch["reward"][b, t] + (discount * next_q[chooser.argmax()] if discount else 0.0)
+                obs, first = batch["obs"][b, t : t + 1], batch["first"][b, t]
+                target_state = states["target"][t - 1] if t else batch["start_state"][b : b + 1]
+                here = before.q_values(obs, learner.target.module, _reset(target_state, first))[0]
+                target = target - alpha * (here.max() - here[batch["action"][b, t]])
                 step_state = states["online"][t - 1] if t else batch["start_state"][b : b + 1]
-                q = before.q_values(batch["obs"][b, t : t + 1], None, _reset(step_state, batch["first"][b, t]))[0]
+                q = before.q_values(obs, None, _reset(step_state, first))[0]
                 q = q[batch["action"][b, t]]
                 huber.append(F.smooth_l1_loss(q, target) * (1.0 if weights is None else weights[b]))
                 mask.append(bool(batch["mask"][b, t]))

@@ -217,6 +217,10 @@ class SequenceDQNLearner(DQNLearner):
             if self.config.double_q:
                 chooser = policy.q_values(next_obs, None, self.states_at(states, at)).view(*at.shape, -1)
             target = q_target(learned, next_q, chooser)
+            if self.config.advantage_learning:  # the target core's own action gap at each learned step
+                here = policy.q_of(target_states, target_model)
+                gap = taken(here, greedy(here, learned.get("action_mask", None))) - taken(here, learned["action"])
+                target = target - self.config.advantage_learning * gap
         q = taken(policy.q_of(states), learned["action"])
         mask = learned["mask"]
         count = mask.sum().clamp(min=1)

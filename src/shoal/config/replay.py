@@ -106,7 +106,7 @@ class DQNConfig(OffPolicyConfig, EpsilonGreedyConfig):
     advantage_learning: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Advantage learning's alpha (Bellemare et al. 2016): the target of `Q(s, a)` is lowered by `alpha` times the
     target network's action gap `max_b Q(s, b) - Q(s, a)`, which widens the gap between the greedy action and the
-    others so that small value errors do not flip the greedy choice; 0: plain DQN. Feedforward Q-networks only."""
+    others so that small value errors do not flip the greedy choice; 0: plain DQN."""
     target_update_interval: int = Field(default=10, ge=1)
     """Env steps between target network updates (several due in one phase compound into one update with
     `1 - (1 - tau) ** k`)."""
@@ -135,11 +135,6 @@ class DQNConfig(OffPolicyConfig, EpsilonGreedyConfig):
 
     @model_validator(mode="after")
     def _check_sequences(self) -> DQNConfig:
-        if self.advantage_learning and self.recurrent:
-            raise ConfigError(
-                f"advantage_learning={self.advantage_learning} is for feedforward Q-networks; recurrent DQN replays "
-                f"sequences without it. Drop advantage_learning, or the model_config core."
-            )
         length, burn_in = self.replay_sequence_length, self.replay_burn_in
         if burn_in >= length and self.recurrent:  # the sequence keys are read with a recurrent core only
             raise ConfigError(

@@ -157,9 +157,10 @@ class RecurrentQPolicy(QPolicy):
             )
         return model.unroll(obs[:, burn_in:], start_state, first[:, burn_in:])
 
-    def q_of(self, states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Q-values ``[..., n]`` read from states the core reached (``unroll``'s)."""
-        return self.combine(*self.model.heads(states[0]))
+    def q_of(self, states: tuple[torch.Tensor, ...], model: RecurrentModel | None = None) -> torch.Tensor:
+        """Q-values ``[..., n]`` read from states the core of ``model`` (default: the policy's own)
+        reached (``unroll``'s)."""
+        return self.combine(*(self.model if model is None else model).heads(states[0]))
 
 
 def greedy(q: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
