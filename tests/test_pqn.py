@@ -191,8 +191,8 @@ def test_resume_is_bit_identical(tmp_path):
 
 @pytest.mark.slow
 def test_pqn_learns_cartpole_at_its_tuned_budget():
-    """The tuned config (PQN's CartPole settings, step size 1e-3 for 50k steps, numpy-vectorized envs)."""
-    algo = shoal.PQN(env="CartPole-v1", seed=2, **QUIET)
+    """The tuned config (PQN's CartPole settings, step size 2e-3 for 50k steps, numpy-vectorized envs)."""
+    algo = shoal.PQN(env="CartPole-v1", seed=1, **QUIET)
     assert algo.config.vectorization_mode == "vector_entry_point"
     assert algo.config.total_timesteps == 50_000
     algo.learn(algo.config.total_timesteps)
