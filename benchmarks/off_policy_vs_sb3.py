@@ -37,6 +37,7 @@ import json, sys, time, torch, shoal
 from shoal.config import load_yaml
 s = json.loads(sys.argv[1])
 settings = {**(load_yaml(s["config"]) if "config" in s else {}), "env": s["env"], "seed": s["seed"], **s["set"]}
+settings.setdefault("tuned", False)  # the settings named here, not a tuned config beneath them
 for key in ("algo", "total_timesteps"):  # the task names them
     settings.pop(key, None)
 algo = shoal.Trainer(algo=s["algo"], save_outputs=False, verbose=0, timesteps_per_iteration=s["iteration"], **settings)

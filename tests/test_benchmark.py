@@ -71,6 +71,9 @@ def test_rows_over_the_reference_budget_or_below_it_cite_a_note_that_says_why(tm
     assert "| Pendulum-v1 | td3 | 50k | 0.0 | 1 |" in table  # -0.04 shows as 0.0, not -0.0
     assert "| no reference (note 3) |" in table
     assert "| Foo-v0 | sac | - | - | 0 of 1 | - | - | - | not run |" in table
+    unrun = collect_rows(Suite([RunSpec("sac", "Foo-v0", 1)]), tmp_path)
+    unrun_table, unrun_notes = markdown_table(unrun, REFS, {"sac/Foo-v0": "later"})
+    assert unrun_table.rstrip().endswith("| not run (note 1) |") and unrun_notes == ["sac on Foo-v0: later."]
     assert notes == [
         "ppo on CartPole-v1: a budget of 200k, more than the reference's 100k.",
         "dqn on Acrobot-v1: below 90% of the reference.",
@@ -93,11 +96,8 @@ def test_rows_are_grouped_by_env_family_in_a_fixed_order(tmp_path):
     ]
     headings = [line for line in markdown_table(rows, REFS, {})[0].splitlines() if line.startswith("| **")]
     assert [h.split("**")[1] for h in headings] == ["classic control", "Box2D", "MinAtar", "other"]
-    assert [env_family(e) for e in ("HalfCheetah-v5", "ALE/Pong-v5", "vmas:balance")] == [
-        "MuJoCo",
-        "Atari",
-        "multi-agent",
-    ]
+    families = [env_family(e) for e in ("HalfCheetah-v5", "ALE/Pong-v5", "ale_py:ALE/Pong-v5", "vmas:balance")]
+    assert families == ["MuJoCo", "Atari", "Atari", "multi-agent"]
 
 
 def test_report_files_carry_the_command_that_regenerates_them(tmp_path):

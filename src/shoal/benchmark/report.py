@@ -129,16 +129,17 @@ _FAMILY_MODULES = {"classic_control": "classic control", "box2d": "Box2D", "mujo
 def env_family(env: str) -> str:
     """Which of ``FAMILIES`` an env id belongs to: by its prefix, else by the gymnasium package that
     registers it."""
-    if env.startswith("MinAtar/"):
-        return "MinAtar"
-    if env.startswith("ALE/"):
-        return "Atari"
     if env.startswith(("pettingzoo:", "vmas:")):
         return "multi-agent"
+    name = env.split(":")[-1]  # gymnasium's "module:EnvId" form imports the module first
+    if name.startswith("MinAtar/"):
+        return "MinAtar"
+    if name.startswith("ALE/"):
+        return "Atari"
     import gymnasium
 
     try:
-        entry_point = gymnasium.spec(env).entry_point
+        entry_point = gymnasium.spec(name).entry_point
     except gymnasium.error.Error:  # not registered (yet): an env of a package not imported here
         return "other"
     module = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", "")
@@ -153,7 +154,17 @@ def table_cells(row: Row, references: References, reason: str | None = None) -> 
     ``row_reasons`` gives (a note's marker, as in ``markdown_table``)."""
     tail = f" ({reason})" if reason else ""
     if not row.returns:
-        return [row.env, row.algo, "-", "-", f"0 of {row.seeds}", "-", "-", _reference(row, references), "not run"]
+        return [
+            row.env,
+            row.algo,
+            "-",
+            "-",
+            f"0 of {row.seeds}",
+            "-",
+            "-",
+            _reference(row, references),
+            "not run" + tail,
+        ]
     steps = float(np.mean(row.steps))
     sps = float(np.mean([s / t for s, t in zip(row.steps, row.seconds)]))
     spread = f" ± {_tenths(float(np.std(row.returns)))}" if len(row.returns) > 1 else ""
