@@ -169,33 +169,6 @@ def test_every_algorithm_samples_through_ray_workers(ray_cluster, algo, settings
             assert all(bool(value[:, 1:].abs().sum() > 0) for value in states.values(True, True))
 
 
-@pytest.mark.slow
-def test_gsde_rows_hold_their_own_matrices_on_ray_workers_and_draw_anew_each_collection(ray_cluster):
-    """PPO with gSDE on two Ray workers, its weights held still (a step size of 1e-30): the noise
-    of each stored action is its features times one matrix per row through the whole collection
-    (an exact least-squares fit over the row's 32 steps), the matrices differ between rows, and
-    the next collection draws new ones: each row's noise state travels with the worker."""
-    settings = dict(env="Pendulum-v1", use_sde=True, sde_sample_freq=-1, model_config={"hiddens": [2]})
-    common = dict(backend="ray", num_workers=2, num_envs=4, seed=3, save_outputs=False, verbose=0, tuned=False)
-    with shoal.Trainer(
-        algo="ppo", learning_rate=1e-30, rollout_fragment_length=32, sgd_minibatch_size=64, **settings, **common
-    ) as trainer:
-        policy = trainer.algorithm.policies["default_policy"]
-        fits = []
-        for _ in range(2):
-            trainer.train()
-            rollout = trainer.algorithm.buffer.rollout[:, :-1]
-            with torch.no_grad():
-                mean, _, features = policy.forward_features(rollout["obs"].flatten(0, 1))
-            noise = (rollout["action"].flatten(0, 1) - mean).view(4, 32, -1)
-            features = features.view(4, 32, -1)
-            matrices = torch.linalg.lstsq(features, noise).solution  # [rows, features, act]
-            torch.testing.assert_close(features @ matrices, noise, atol=1e-4, rtol=1e-4)
-            fits.append(matrices)
-        assert all(not torch.allclose(fits[0][i], fits[0][j]) for i in range(4) for j in range(i))
-        assert not torch.allclose(fits[0], fits[1], atol=1e-3)
-
-
 def test_a_worker_acts_with_the_weights_and_attributes_it_is_sent():
     """The actor's body, here in process: each sample loads the driver's weights and the attributes
     acting reads (DQN's exploration rate), and env i starts from the seed a local run gives it."""

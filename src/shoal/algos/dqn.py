@@ -151,8 +151,7 @@ class DQNLearner:
         alpha = self.config.advantage_learning
         if alpha:  # the target's own action gap at s, subtracted from the reward sum
             q = self.policy.q_values(batch["obs"], self.target.module)
-            best = taken(q, greedy(q, batch.get("action_mask", None)))
-            batch["reward"] = batch["reward"] - alpha * (best - taken(q, batch["action"]))
+            batch["reward"] = batch["reward"] - alpha * action_gap(q, batch["action"], batch.get("action_mask", None))
         if not self.config.double_q:
             batch["target"] = q_target(batch, next_q, next_q)
             return batch.select("obs", "action", "target")
@@ -219,7 +218,7 @@ class SequenceDQNLearner(DQNLearner):
             target = q_target(learned, next_q, chooser)
             if self.config.advantage_learning:  # the target core's own action gap at each learned step
                 here = policy.q_of(target_states, target_model)
-                gap = taken(here, greedy(here, learned.get("action_mask", None))) - taken(here, learned["action"])
+                gap = action_gap(here, learned["action"], learned.get("action_mask", None))
                 target = target - self.config.advantage_learning * gap
         q = taken(policy.q_of(states), learned["action"])
         mask = learned["mask"]
@@ -245,6 +244,12 @@ def q_target(batch: TensorDict, next_q: torch.Tensor, chooser: torch.Tensor) -> 
     """``R_n + discount * next_q[argmax chooser]``, the argmax over the legal next actions
     (``next_action_mask`` when the env masks them)."""
     return bootstrapped(batch, taken(next_q, greedy(chooser, batch.get("next_action_mask", None))))
+
+
+def action_gap(q: torch.Tensor, action: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
+    """How far ``action`` falls below the best legal action in Q-values ``q`` ``[..., n]``
+    (advantage learning's gap, >= 0)."""
+    return taken(q, greedy(q, action_mask)) - taken(q, action)
 
 
 def taken(q: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
