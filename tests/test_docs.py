@@ -9,7 +9,8 @@ is capped at ``BUDGET`` env steps and every evaluation at ``EPISODES`` episodes,
 working directory (runs/ goes there, ``configs/`` is linked in, and ``examples`` imports as from
 the repository root). Python blocks run in-process; each line of a bash block must be a
 ``shoal ...`` command and runs through ``shoal.cli.main`` (exit code 0 expected). A ``yaml``
-block with ``title="NAME"`` on its fence line is written to ``NAME`` before the page's blocks run.
+block with ``title="NAME"`` on its fence line is written to ``NAME`` before the page's blocks and
+error transcripts run.
 
 Error transcripts: a ``text`` block under ``<!-- cli-errors -->`` holds ``$ shoal ...`` lines, each
 followed by the error line it prints; each command is run and its ``shoal: error:`` line compared
@@ -141,16 +142,17 @@ def test_an_unmarked_or_misplaced_block_is_reported():
     assert marker_problems("<!-- not-runnable: -->\n```bash\nmake\n```\n", "page.md")  # a reason is required
 
 
+def page_files(blocks: list[Block]) -> dict[str, str]:
+    """The page's ```yaml title="NAME" blocks: written to NAME before its blocks and transcripts run."""
+    titles = [(block, re.search(r'title="([^"]+)"', block.info)) for block in blocks if block.lang == "yaml"]
+    return {title[1]: block.code for block, title in titles if title}
+
+
 def runnable_blocks() -> list:
     params = []
     for path in MARKED_FILES:
-        text = path.read_text()
-        blocks = code_blocks(text, str(path.relative_to(ROOT)))
-        files = {}  # ```yaml title="NAME" blocks: written to NAME before the page's blocks run
-        for block in blocks:
-            title = re.search(r'title="([^"]+)"', block.info)
-            if block.lang == "yaml" and title:
-                files[title[1]] = block.code
+        blocks = code_blocks(path.read_text(), str(path.relative_to(ROOT)))
+        files = page_files(blocks)
         for block in blocks:
             if block.marker == RUNNABLE:
                 params.append(pytest.param(block.lang, block.code, block.where, files, id=block.where))
@@ -208,7 +210,8 @@ def test_runnable_block(lang, code, where, files, small_budget):
 def cli_error_cases() -> list:
     cases = []
     for path in MARKED_FILES:
-        for block in code_blocks(path.read_text(), str(path.relative_to(ROOT))):
+        blocks = code_blocks(path.read_text(), str(path.relative_to(ROOT)))
+        for block in blocks:
             if block.marker != CLI_ERRORS:
                 continue
             lines = block.code.splitlines()
@@ -217,13 +220,16 @@ def cli_error_cases() -> list:
                 if line.startswith("$ "):
                     shown = lines[i + 1] if i + 1 < len(lines) else ""
                     assert shown.startswith("shoal: error: "), f"{block.where}: `{line}` shows no error line under it"
-                    cases.append(pytest.param(line[2:], shown, block.where, id=f"{block.where} {line[2:]}"))
+                    case = (line[2:], shown, block.where, page_files(blocks))
+                    cases.append(pytest.param(*case, id=f"{block.where} {line[2:]}"))
     return cases
 
 
-@pytest.mark.parametrize(("command", "shown", "where"), cli_error_cases())
-def test_error_transcript_is_what_the_command_prints(command, shown, where, capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize(("command", "shown", "where", "files"), cli_error_cases())
+def test_error_transcript_is_what_the_command_prints(command, shown, where, files, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    for name, content in files.items():
+        Path(name).write_text(content)
     assert run_shoal(command, where) == 2, f"{where}: `{command}` did not fail with exit code 2"
     printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shoal: error: ")]
     assert len(printed) == 1, f"{where}: `{command}` printed {printed}"

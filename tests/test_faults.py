@@ -188,29 +188,47 @@ def test_weights_that_are_not_finite_are_never_saved(tmp_path):
     assert [p.name for p in checkpoints.iterdir()] == ["checkpoint_000001"] and not (tmp_path / "by_hand").exists()
 
 
-def _training_with_slow_checkpoints(run: Path, marker: Path, slow: tuple[int, ...]) -> subprocess.Popen:
+def _training_with_slow_checkpoints(
+    run: Path, marker: Path, slow: tuple[int, ...], torch_error: bool = False, slow_pruning: bool = False
+) -> subprocess.Popen:
     """`shoal train` whose checkpoint writes number ``slow`` (1: the first) take 8 s after writing
-    part of the file, and say (``marker``) when one is under way."""
+    part of the file, and say (``marker``) when one is under way. ``torch_error``: an interrupt
+    during that write surfaces as torch's zip writer reports it, a RuntimeError. ``slow_pruning``:
+    the pruning after those writes takes the 8 s instead (an interrupt lands between the two)."""
     script = f"""
         import sys, time, pathlib, torch
         import shoal.train.checkpoint as ckpt
+        import shoal.train.lineage as lineage
         from shoal.cli import main
-        real_save, calls = torch.save, []
+        real_save, real_rotate, calls, paused = torch.save, lineage.rotate, [], []
+        def pause():
+            pathlib.Path({str(marker)!r}).write_text("writing")
+            time.sleep(8)
+            pathlib.Path({str(marker)!r}).unlink()
         def slow_save(obj, f):
             calls.append(1)
-            if len(calls) not in {slow!r}:
+            if len(calls) not in {slow!r} or {slow_pruning!r}:
                 return real_save(obj, f)
             f.write(b"PK" + b"x" * 1000)
             f.flush()
-            pathlib.Path({str(marker)!r}).write_text("writing")
-            time.sleep(8)
+            try:
+                pause()
+            except KeyboardInterrupt:
+                if {torch_error!r}:
+                    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1002 vs 900")
+                raise
             f.seek(0)
             f.truncate()
             real_save(obj, f)
-            pathlib.Path({str(marker)!r}).unlink()
+        def slow_rotate(*args):
+            if {slow_pruning!r} and len(calls) in {slow!r} and not paused:
+                paused.append(1)
+                pause()
+            real_rotate(*args)
         ckpt.torch.save = slow_save
+        lineage.rotate = slow_rotate
         sys.exit(main(["train", "CartPole-v1", "seed=1", "total_timesteps=100000000", "checkpoint_interval=5",
-                       "verbose=0", "--run-dir", {str(run)!r}]))
+                       "keep_checkpoints=2", "verbose=0", "--run-dir", {str(run)!r}]))
     """
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, "-c", textwrap.dedent(script)]
@@ -224,19 +242,44 @@ def _wait_for(condition, timeout=120.0):
         time.sleep(0.02)
 
 
-@pytest.mark.slow
-def test_a_second_ctrl_c_during_the_last_checkpoint_exits_at_once_and_leaves_no_partial_one(tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "writing"
-    proc = _training_with_slow_checkpoints(run, marker, slow=(2,))
-    _wait_for(lambda: (run / "checkpoints" / "checkpoint_000005").is_dir() and not marker.exists())
-    proc.send_signal(signal.SIGINT)  # stop after this iteration: the last checkpoint starts
+def _interrupted_twice(proc: subprocess.Popen, marker: Path) -> str:
+    """Ctrl-C (the run stops after this iteration: the last checkpoint starts), then Ctrl-C again
+    once that write is under way; the run must end at once (not after the 8 s write), with exit
+    130 and one message. Returns that message."""
+    proc.send_signal(signal.SIGINT)
     _wait_for(marker.exists)
     proc.send_signal(signal.SIGINT)
     started = time.time()
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and time.time() - started < 6.5, err  # not after the 8 s write
+    assert proc.returncode == 130 and time.time() - started < 6.5, err
+    assert "Traceback" not in err, err
+    (message,) = [line for line in err.splitlines() if line.startswith("shoal:") and "writing to" not in line]
+    return message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("torch_error", [False, True], ids=["interrupt", "torch-writer-error"])
+def test_a_second_ctrl_c_during_the_last_checkpoint_exits_at_once_and_names_what_was_kept(tmp_path, torch_error):
+    run, marker = tmp_path / "run", tmp_path / "writing"
+    proc = _training_with_slow_checkpoints(run, marker, slow=(2,), torch_error=torch_error)
+    _wait_for(lambda: (run / "checkpoints" / "checkpoint_000005").is_dir() and not marker.exists())
+    message = _interrupted_twice(proc, marker)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["checkpoint_000005"]
     assert ckpt.resolve_checkpoint(run).name == "checkpoint_000005"
+    assert message.startswith("shoal: interrupted at iteration ")
+    assert f"Kept: checkpoint '{run / 'checkpoints' / 'checkpoint_000005'}' (iteration 5, " in message
+    assert message.endswith(f"Continue with: shoal train --resume {run}")
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_between_a_checkpoint_and_its_pruning_keeps_keep_checkpoints(tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "writing"
+    proc = _training_with_slow_checkpoints(run, marker, slow=(3,), slow_pruning=True)  # keep_checkpoints=2
+    _wait_for(lambda: (run / "checkpoints" / "checkpoint_000010").is_dir() and not marker.exists())
+    message = _interrupted_twice(proc, marker)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(names) == 2 and names[0] == "checkpoint_000010", names
+    assert f"Kept: checkpoint '{run / 'checkpoints' / names[-1]}'" in message
 
 
 @pytest.mark.slow
@@ -302,7 +345,11 @@ def test_a_killed_worker_stops_the_run_after_checkpointing_the_learner_and_resum
         f"\nThe learner's state at iteration 12 was checkpointed first; continue with: shoal train --resume {run}"
     )
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000012"]
-    with shoal.PPO.from_checkpoint(run, total_timesteps=16 * 128) as resumed:
+    died = r"the episodes under way were not saved \(the run stopped on: env worker 0 .* died with exit code -9"
+    with pytest.warns(shoal.ShoalWarning, match=died) as warned:
+        resumed = shoal.PPO.from_checkpoint(run, total_timesteps=16 * 128)
+    assert [Path(w.filename) for w in warned] == [Path(__file__)]  # the line that resumed, not shoal's or torch's
+    with resumed:
         assert resumed.iteration == 12
         resumed.learn()
     assert logged_iterations(run) == list(range(1, 17))

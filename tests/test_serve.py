@@ -1,7 +1,8 @@
-"""The policy server over HTTP: the token and limits, training from served episodes (on- and
+"""The policy server over HTTP: its limits, training from served episodes (on- and
 off-policy, one or two slot groups), a hostile client beside well-behaved ones, a served
-checkpoint acting as ``compute_actions`` does, and the docs' curl session. (The backend's steps
-and the protocol's checks: tests/test_external_backend.py.)"""
+checkpoint acting as ``compute_actions`` does, and the docs' curl session. (The backend's steps:
+tests/test_external_backend.py; tokens, failing connections and the observation rules:
+tests/test_serve_guards.py.)"""
 
 import contextlib
 import http.client
@@ -29,19 +30,6 @@ from shoal.vector.external import ExternalBackend
 ROOT = Path(__file__).resolve().parents[1]
 DOCS_URL = "http://127.0.0.1:9900"
 CURL_SESSION = [line for line in (ROOT / "docs" / "serving.md").read_text().splitlines() if line.startswith("curl -s")]
-
-
-def test_an_exposed_server_needs_a_token():
-    backend = _backend()
-    with pytest.raises(ConfigError, match="exposes the policy server"):
-        PolicyServer(backend, host="0.0.0.0", port=0)
-    with pytest.raises(ConfigError, match="at least 16"):
-        PolicyServer(backend, port=0, token="short")
-    with PolicyServer(backend, port=0, token="t" * 16) as server:
-        with pytest.raises(ServerError, match="wrong token") as e:
-            PolicyClient(server.url, token="x" * 16).info()
-        assert e.value.status == 401
-        assert PolicyClient(server.url, token="t" * 16).info()["auth"] is True
 
 
 def _raw(url, method, path, body=b"", headers=None):
@@ -210,7 +198,7 @@ def test_a_served_checkpoint_acts_as_compute_actions(tmp_path):
     ) as algo:
         algo.learn()
         checkpoint = algo.save()
-    obs = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    obs = _cartpole_observations(np.random.default_rng(0), 40)
     expected = algo.compute_actions(obs, deterministic=True)
     with checkpoint_server(checkpoint, port=0, max_wait_ms=5) as server:
         replies: dict[int, int] = {}
@@ -354,7 +342,7 @@ def test_a_served_recurrent_checkpoint_keeps_each_episodes_state(tmp_path):
     with shoal.PPO(env="CartPole-v1", model_config=lstm, seed=5, run_dir=str(tmp_path / "run"), verbose=0) as algo:
         checkpoint = algo.save()
     rng = np.random.default_rng(1)
-    episodes = [rng.normal(size=(12, 4)).astype(np.float32) for _ in range(2)]
+    episodes = [_cartpole_observations(rng, 12) for _ in range(2)]
     expected = []
     for obs in episodes:
         state, actions = algo.initial_state(1), []
@@ -379,6 +367,12 @@ def test_a_served_recurrent_checkpoint_keeps_each_episodes_state(tmp_path):
     # the state matters: acting from the initial state at every step gives other actions
     stateless = [algo.compute_actions(obs, deterministic=True).tolist() for obs in episodes]
     assert stateless != expected
+
+
+def _cartpole_observations(rng, n):
+    """``n`` random observations within CartPole's bounds (the server refuses any outside them)."""
+    space = gym.make("CartPole-v1").observation_space
+    return np.clip(rng.normal(size=(n, *space.shape)), space.low, space.high).astype(np.float32)
 
 
 def _train_with_client(settings, client, *args):

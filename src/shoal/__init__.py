@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from shoal.envs.multi_agent import MultiAgentEnv
     from shoal.envs.native import AgentEnv
     from shoal.envs.spaces import EnvInfo
-    from shoal.errors import ConfigError, EnvError, OutputError, ShoalError, TrainingDiverged
+    from shoal.errors import ConfigError, EnvError, OutputError, ShoalError, ShoalWarning, TrainingDiverged
     from shoal.experiments import run_experiments
     from shoal.models.policy import ActorCriticPolicy, Policy
     from shoal.models.recurrent import RecurrentActorCriticPolicy
@@ -60,6 +60,7 @@ _MODULE_OF = {
     "OutputError": "shoal.errors",
     "TrainingDiverged": "shoal.errors",
     "ShoalError": "shoal.errors",
+    "ShoalWarning": "shoal.errors",
     "run_experiments": "shoal.experiments",
     "ActorCriticPolicy": "shoal.models.policy",
     "Policy": "shoal.models.policy",
@@ -120,6 +121,7 @@ __all__ = [
     "RecurrentActorCriticPolicy",
     "SACConfig",
     "ShoalError",
+    "ShoalWarning",
     "TD3Config",
     "Trainer",
     "TrainerConfig",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import sys
+import warnings
 from collections.abc import Iterable
 
 
@@ -37,6 +39,10 @@ class TrainingDiverged(ShoalError):
         self.policy = policy
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A second Ctrl-C stopped the run at once; the message says what was kept and how to go on."""
+
+
 class RequestError(Exception):
     """A request to the policy server that is refused: ``status`` is the HTTP status it is answered
     with, and ``retry_after_s`` (when set) says the same request may succeed that much later. Not a
@@ -47,7 +53,32 @@ class RequestError(Exception):
         self.status, self.retry_after_s = status, retry_after_s
 
 
+class ShoalWarning(UserWarning):
+    """Something the user may want to change, which does not stop the run."""
+
+
+# modules a warning is not attributed to: shoal's own, and torch's decorators it runs under
+_INTERNAL = ("shoal", "torch", "contextlib")
+
+
+def warn(message: str, category: type[Warning] = ShoalWarning) -> None:
+    """``warnings.warn`` attributed to the first caller outside shoal (and torch, whose decorators
+    wrap some of shoal's functions), so that the file and line it shows are the user's code."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in _INTERNAL:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out: what a user passed (a
+    value, a file's text) is quoted in messages, and a message must stay readable whatever its size."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"

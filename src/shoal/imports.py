@@ -7,7 +7,7 @@ import importlib
 import re
 from typing import Any
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
 
 _SPEC = re.compile(r"[\w.]+:[\w.]+")
 
@@ -20,14 +20,14 @@ def is_spec(value: Any) -> bool:
 def import_spec(spec: str, key: str) -> Any:
     """The object ``spec`` ('package.module:Name') names; a ConfigError naming ``key`` otherwise."""
     if not is_spec(spec):
-        raise ConfigError(f"{key} '{spec}' must be 'package.module:Name'.")
+        raise ConfigError(f"{key} {shorten(repr(spec))} must be 'package.module:Name'.")
     module, _, name = spec.partition(":")
     try:
         target = importlib.import_module(module)
         for part in name.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{key} '{spec}' cannot be imported ({e}).") from None
+        raise ConfigError(f"{key} {shorten(repr(spec))} cannot be imported ({shorten(str(e))}).") from None
     return target
 
 

@@ -12,7 +12,7 @@ from shoal.algos.ppo import PPOAlgorithm
 from shoal.algos.pqn import PQNAlgorithm
 from shoal.algos.sac import SACAlgorithm
 from shoal.algos.td3 import TD3Algorithm
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, did_you_mean, shorten
 from shoal.imports import import_spec, is_spec, spec_of
 
 ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {
@@ -40,13 +40,13 @@ def algorithm_class(spec: Any) -> type[Algorithm[Any, Any]]:
     if not isinstance(spec, str):
         raise ConfigError(
             f"algo must be an algorithm name ({', '.join(ALGORITHMS)}), a shoal.Algorithm subclass "
-            f"or 'package.module:Class', got {spec!r}."
+            f"or 'package.module:Class', got {shorten(repr(spec))}."
         )
     if spec.lower() in ALGORITHMS:
         return ALGORITHMS[spec.lower()]
     if not is_spec(spec):
         raise ConfigError(
-            f"unknown algo '{spec}'.{did_you_mean(spec.lower(), ALGORITHMS)} Known: "
+            f"unknown algo {shorten(repr(spec))}.{did_you_mean(spec.lower(), ALGORITHMS)} Known: "
             f"{', '.join(ALGORITHMS)}; an algorithm of your own is given as a shoal.Algorithm "
             f"subclass or 'package.module:Class'."
         )

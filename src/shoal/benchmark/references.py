@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.config.files import load_yaml
 from shoal.config.tuned import TUNED_DIR
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
+from shoal.yaml_io import load_yaml
 
 REFERENCES_FILE = TUNED_DIR / "references.yaml"
 SHARE = 0.9
@@ -59,7 +59,9 @@ def load_references(path: str | Path = REFERENCES_FILE) -> References:
     data = load_yaml(path)
     unknown = set(data) - {"random", "references"}
     if unknown:
-        raise ConfigError(f"references file '{path}' has unknown keys {sorted(unknown)}; allowed: random, references.")
+        raise ConfigError(
+            f"references file '{path}' has unknown keys {shorten(str(sorted(unknown)))}; allowed: random, references."
+        )
     try:
         random = {str(env): float(value) for env, value in (data.get("random") or {}).items()}
     except (TypeError, ValueError) as e:
@@ -68,14 +70,20 @@ def load_references(path: str | Path = REFERENCES_FILE) -> References:
     for i, entry in enumerate(data.get("references") or []):
         where = f"{path}: references[{i}]"
         if not isinstance(entry, dict) or not {"algo", "env", "return", "steps", "source"} <= entry.keys():
-            raise ConfigError(f"{where} must be a mapping with algo, env, return, steps and source, got {entry!r}.")
+            raise ConfigError(
+                f"{where} must be a mapping with algo, env, return, steps and source, got {shorten(repr(entry))}."
+            )
         extra = set(entry) - _FIELDS
         if extra:
-            raise ConfigError(f"{where} has unknown keys {sorted(extra)}; allowed: {sorted(_FIELDS)}.")
+            raise ConfigError(
+                f"{where} has unknown keys {shorten(str(sorted(extra, key=str)))}; allowed: {sorted(_FIELDS)}."
+            )
         try:
             ref = _reference(entry)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"{where}: return, steps and std must be numbers ({e}), got {entry!r}.") from None
+            raise ConfigError(
+                f"{where}: return, steps and std must be numbers ({e}), got {shorten(repr(entry))}."
+            ) from None
         if (ref.algo, ref.env) in published:
             raise ConfigError(f"{where}: a second reference for {ref.algo} on {ref.env}; keep one.")
         if ref.value <= 0 and ref.env not in random:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
 from shoal.benchmark.references import SHARE, References
 from shoal.errors import ConfigError
 from shoal.files import refused_writes, save_figure, write_atomic
 from shoal.logging.runs import learning_curves, load_run, resolve_metric
+from shoal.yaml_io import load_yaml
 
 if TYPE_CHECKING:
     from shoal.benchmark.runner import RunState, Suite
@@ -110,7 +110,7 @@ def collect_rows(suite: Suite, out: Path) -> list[Row]:
         summary = json.loads(path.read_text())
         row.returns.append(float(summary["evaluation"]["episode_reward_mean"]))
         row.steps.append(int(summary["timesteps_total"]))
-        config = yaml.safe_load((spec.directory(out) / "config.yaml").read_text()) or {}
+        config = load_yaml(spec.directory(out) / "config.yaml")
         row.budgets.append(int(config.get("total_timesteps", summary["timesteps_total"])))
         row.seconds.append(float(summary["time_total_s"]))
     env_order = {env: i for i, env in enumerate(dict.fromkeys(env for env, _ in rows))}

@@ -25,11 +25,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, cast
 
-from shoal.config.files import load_yaml
 from shoal.config.tuned import env_slug, tuned_path
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
 from shoal.train import signals
 from shoal.train.checkpoint import list_checkpoints
+from shoal.yaml_io import load_yaml
 
 RESULT = "benchmark.json"
 STOP_GRACE_S = 120.0  # how long an interrupted run may take to write its checkpoint
@@ -114,13 +114,19 @@ def load_suite(
     data = load_yaml(path) if path is not None else {}
     unknown = set(data) - _SUITE_KEYS
     if unknown:
-        raise ConfigError(f"suite '{path}' has unknown keys {sorted(unknown)}; allowed: {sorted(_SUITE_KEYS)}.")
-    entries: list[dict[str, Any]] = list(data.get("runs") or [])
+        raise ConfigError(
+            f"suite '{path}' has unknown keys {shorten(str(sorted(unknown)))}; allowed: {sorted(_SUITE_KEYS)}."
+        )
+    entries: list[dict[str, Any]] = data.get("runs") or []
+    if not isinstance(entries, list):
+        raise ConfigError(
+            f"suite '{path}': runs must be a list of {{algo, env}} mappings, got {shorten(repr(entries))}."
+        )
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not {"algo", "env"} <= entry.keys() or set(entry) - _RUN_KEYS:
             raise ConfigError(
                 f"suite '{path}': runs[{i}] must be a mapping with algo and env (and optionally "
-                f"{sorted(_RUN_KEYS - {'algo', 'env'})}), got {entry!r}."
+                f"{sorted(_RUN_KEYS - {'algo', 'env'})}), got {shorten(repr(entry))}."
             )
     if path is None:
         if not algos or not envs:
@@ -136,16 +142,16 @@ def load_suite(
         entries = chosen
     runs: dict[tuple[str, str, int], RunSpec] = {}
     for entry in entries:
-        where = f"suite '{path}', {entry['algo']} on {entry['env']}"
+        where = shorten(f"suite '{path}', {entry['algo']} on {entry['env']}")
         steps = timesteps or entry.get("timesteps", data.get("timesteps"))
         pairs = entry.get("overrides", [])
         run_seeds = seeds or entry.get("seeds") or data.get("seeds") or [1, 2, 3]
         if not isinstance(pairs, list) or not all(isinstance(p, str) and "=" in p for p in pairs):
-            raise ConfigError(f"{where}: overrides must be a list of 'key=value' strings, got {pairs!r}.")
+            raise ConfigError(f"{where}: overrides must be a list of 'key=value' strings, got {shorten(repr(pairs))}.")
         if not isinstance(run_seeds, list) or not all(type(x) is int for x in run_seeds):
-            raise ConfigError(f"{where}: seeds must be a list of integers, got {run_seeds!r}.")
+            raise ConfigError(f"{where}: seeds must be a list of integers, got {shorten(repr(run_seeds))}.")
         if steps is not None and (type(steps) is not int or steps < 1):
-            raise ConfigError(f"{where}: timesteps must be a positive integer, got {steps!r}.")
+            raise ConfigError(f"{where}: timesteps must be a positive integer, got {shorten(repr(steps))}.")
         for seed in run_seeds:
             spec = RunSpec(str(entry["algo"]), str(entry["env"]), seed, steps, (*pairs, *(overrides or [])))
             key = (spec.algo, spec.env, seed)

@@ -9,17 +9,20 @@ import os
 import shlex
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 from shoal.cli.parser import parse
 from shoal.config import load_yaml, merge_settings, parse_overrides
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, ShoalWarning
 
 EXIT_CODES: dict[str | None, int] = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell reports it
 
 
 def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    from shoal.errors import shorten
+
     settings: dict[str, Any] = load_yaml(args.config) if args.config else {}
     pairs = list(args.overrides)
     env = args.env
@@ -31,7 +34,9 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         settings["env"] = env
     if args.algo:
         if "algo" in settings and settings["algo"] != args.algo:
-            raise ShoalError(f"--algo {args.algo} and algo={settings['algo']} disagree; give one of them.")
+            raise ShoalError(
+                f"--algo {shorten(args.algo)} and algo={shorten(str(settings['algo']))} disagree; give one of them."
+            )
         settings["algo"] = args.algo
     if args.no_tuned:
         settings["tuned"] = False
@@ -50,7 +55,7 @@ def train(args: argparse.Namespace) -> int:
     if settings.get("backend") == "external":
         raise ShoalError("backend='external' trains on simulators that call in: start it with `shoal serve`.")
     if args.resume:
-        settings.setdefault("run_dir", args.resume)
+        settings.setdefault("run_dir", _run_dir_of(args.resume))
         algo = Trainer.from_checkpoint(args.resume, **settings)
     else:
         algo = Trainer(**settings)
@@ -58,6 +63,12 @@ def train(args: argparse.Namespace) -> int:
         if algo.run_dir:
             verb = f"resuming at iteration {algo.iteration} in" if args.resume else "writing to"
             print(f"shoal: {verb} {algo.run_dir}", file=sys.stderr)
+        if algo.timesteps_total >= algo.config.total_timesteps:
+            print(
+                f"shoal: the run is at {algo.timesteps_total} steps, its budget (total_timesteps="
+                f"{algo.config.total_timesteps}); give a larger total_timesteps to train on.",
+                file=sys.stderr,
+            )
         result = algo.learn()
         if not distributed.is_main():  # one of several torchrun ranks: rank 0 reports
             return EXIT_CODES.get(algo.stop_reason, 0)
@@ -66,9 +77,19 @@ def train(args: argparse.Namespace) -> int:
     return EXIT_CODES.get(algo.stop_reason, 0)
 
 
+def _run_dir_of(resume: str) -> str:
+    """The run directory ``--resume`` names: the run a checkpoint (or checkpoints folder) lives in,
+    else the path itself."""
+    from shoal.train.lineage import run_dir_of
+
+    return str(run_dir_of(Path(resume)) or resume)
+
+
 def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> dict[str, Any]:
     """What ``train`` and ``serve`` print when a run ends: a finished training run on local envs is
     also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes)."""
+    from shoal.train.run_state import stop_reason
+
     command = "serve" if algo.config.backend == "external" else "train"
     if algo.stop_reason is not None:
         hint = f"; continue with: shoal {command} --resume {algo.run_dir}" if algo.run_dir else ""
@@ -79,7 +100,7 @@ def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> di
         "timesteps_total": algo.timesteps_total,
         "time_total_s": round(algo.time_total_s, 2),
         "episode_reward_mean": result.get("episode_reward_mean"),
-        "stop_reason": algo.stop_reason,
+        "stop_reason": stop_reason(algo),
         "evaluation": algo.evaluate(eval_episodes) if finished and command == "train" else None,
         "run_dir": str(algo.run_dir) if algo.run_dir else None,
     }
@@ -215,7 +236,7 @@ def serve(args: argparse.Namespace) -> int:
     args.config, args.env = (args.target, None) if target is not None and target.is_file() else (None, args.target)
     settings = _resolve(args)
     if args.resume:
-        settings.setdefault("run_dir", args.resume)
+        settings.setdefault("run_dir", _run_dir_of(args.resume))
     trainer, result = serve_training(settings, args.resume, **options)
     print(json.dumps(_summary(trainer, result, None), indent=2))
     return EXIT_CODES.get(trainer.stop_reason, 0)
@@ -251,17 +272,30 @@ COMMANDS = {
 }
 
 
+def _format_warning(message: Warning | str, category: type[Warning], *where: Any, **kwargs: Any) -> str:
+    """On the command line shoal's own warnings read as its messages do, without a source line."""
+    if issubclass(category, ShoalWarning):
+        return f"shoal: warning: {message}\n"
+    return _python_format_warning(message, category, *where, **kwargs)
+
+
+_python_format_warning = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # 'package.module:Name' settings (algo, model, callbacks, envs) name code in the user's project:
     # importable from the working directory, after installed packages so no stray file shadows one
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+    warnings.formatwarning = _format_warning
     try:
         return COMMANDS[args.command](args)
     except ShoalError as e:
         print(f"shoal: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("shoal: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a run's message (RunInterrupted) says what it kept
+        print(f"shoal: {e or 'interrupted'}", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = _python_format_warning

@@ -28,7 +28,6 @@ starts new episodes (as with worker processes).
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from shoal.collect.collector import FIELDS, Collector
 from shoal.collect.episodes import EpisodeTracker, StepInfos
 from shoal.collect.policies import PolicyMap
 from shoal.collect.truncations import Truncations, join_truncations
+from shoal.errors import warn
 from shoal.vector.base import Seed
 from shoal.vector.ray_workers import Storage, Weights, WorkerSet
 
@@ -148,4 +148,4 @@ class RemoteCollector(Collector):
             why = "the checkpoint was written as a Ray worker died and holds no worker's state"
         else:
             why = f"the checkpoint holds {len(saved)} Ray workers' state and this run has {len(self.workers.workers)}"
-        warnings.warn(f"{why}; the workers start with fresh reward statistics and recurrent state.", stacklevel=2)
+        warn(f"{why}; the workers start with fresh reward statistics and recurrent state.")

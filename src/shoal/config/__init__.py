@@ -6,13 +6,13 @@ theirs (``shoal.config.replay``, ``shoal.config.sac`` and ``shoal.config.maddpg`
 families share live in a class of their own: the epsilon-greedy exploration of DQN and PQN
 (``shoal.config.exploration``) and gSDE of PPO and SAC (``shoal.config.sde``). Each key is declared
 once; a family or algorithm that wants another default sets it in its ``DEFAULTS``
-(``shoal.config.base``). The YAML and ``key=value`` readers are in
+(``shoal.config.base``). YAML is read by ``shoal.yaml_io``, ``key=value`` pairs by
 ``shoal.config.files``; ``BatchLayout`` says what the batch keys add up to (``shoal.config.layout``).
 """
 
 from shoal.config.algorithms import GRPOConfig, OnPolicyConfig, PPOConfig, PQNConfig, SurrogateConfig
 from shoal.config.exploration import EpsilonGreedyConfig
-from shoal.config.files import load_yaml, merge_settings, parse_overrides
+from shoal.config.files import merge_settings, parse_overrides
 from shoal.config.layout import BatchLayout
 from shoal.config.maddpg import MADDPGConfig
 from shoal.config.replay import DQNConfig, OffPolicyConfig
@@ -20,6 +20,7 @@ from shoal.config.sac import DeterministicActorConfig, ReplayActorCriticConfig, 
 from shoal.config.sde import StateDependentExplorationConfig
 from shoal.config.trainer import TrainerConfig
 from shoal.envs.horizon import declared_episode_steps
+from shoal.yaml_io import load_yaml
 
 __all__ = [
     "BatchLayout",

@@ -13,7 +13,7 @@ from shoal.config.layout import BatchLayout
 from shoal.config.sde import StateDependentExplorationConfig
 from shoal.config.trainer import TrainerConfig
 from shoal.envs.horizon import declared_episode_steps
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, did_you_mean, shorten
 from shoal.imports import import_spec, is_spec
 
 
@@ -110,7 +110,7 @@ class PPOConfig(SurrogateConfig, StateDependentExplorationConfig):
         if spec not in ESTIMATORS:
             if not is_spec(spec):
                 raise ConfigError(
-                    f"advantage_estimator='{spec}' is not one of {list(ESTIMATORS)} nor a "
+                    f"advantage_estimator={shorten(repr(spec))} is not one of {list(ESTIMATORS)} nor a "
                     f"'package.module:function'.{did_you_mean(spec, ESTIMATORS)}"
                 )
             import_spec(spec, "advantage_estimator")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import warnings
 from typing import TYPE_CHECKING
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten, warn
 
 if TYPE_CHECKING:
     from shoal.config.trainer import TrainerConfig
@@ -44,7 +43,9 @@ def check_workers(c: TrainerConfig) -> None:
     ``ray_address`` chooses ``backend='ray'``."""
     if c.ray_address is not None and c.backend != "ray":
         if "backend" in c.model_fields_set:
-            raise ConfigError(f"ray_address={c.ray_address!r} is for backend='ray', not backend='{c.backend}'.")
+            raise ConfigError(
+                f"ray_address={shorten(repr(c.ray_address))} is for backend='ray', not backend='{c.backend}'."
+            )
         c.backend = "ray"
     if c.backend == "ray":
         check_ray(c)
@@ -79,6 +80,4 @@ def check_workers(c: TrainerConfig) -> None:
         )
     cores = os.cpu_count() or 1
     if w > cores and c.backend == "local":  # Ray actors may run on other machines
-        warnings.warn(
-            f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.", stacklevel=2
-        )
+        warn(f"num_workers={w} is more than the {cores} CPU cores here; workers will contend for them.")

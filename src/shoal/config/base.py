@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, did_you_mean, shorten
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -91,7 +91,10 @@ class ConfigModel(BaseModel):
                 continue
             value = data.pop(alias)
             if key in data and data[key] is not None and data[key] != value:
-                raise ConfigError(f"{alias}={value} and {key}={data[key]} are two names of one key; set one of them.")
+                raise ConfigError(
+                    f"{alias}={shorten(str(value))} and {key}={shorten(str(data[key]))} are two names of one key; "
+                    "set one of them."
+                )
             data[key] = value
         return data
 
@@ -116,7 +119,7 @@ class ConfigModel(BaseModel):
                     f"'{k}' is a model_config key now: {cls.MOVED[k]} (on the command line model_config.{k}=...)."
                 )
             raise ConfigError(
-                f"unknown config key '{k}' for {cls.__name__}.{did_you_mean(k, known)} "
+                f"unknown config key '{shorten(k)}' for {cls.__name__}.{did_you_mean(k, known)} "
                 f"Valid keys: {', '.join(sorted(known))}."
             )
         try:
@@ -132,8 +135,8 @@ class ConfigModel(BaseModel):
             if field is not None and _is_union(field.annotation):
                 # pydantic reports the first alternative's complaint under its type's name: say them all
                 allowed = str(field.annotation).replace("typing.", "")
-                raise ConfigError(f"bad value for '{top}': {value!r}: expected {allowed}.") from None
-            raise ConfigError(f"bad value for '{key}': {value!r}: {first['msg']}.") from None
+                raise ConfigError(f"bad value for '{top}': {shorten(repr(value))}: expected {allowed}.") from None
+            raise ConfigError(f"bad value for '{key}': {shorten(repr(value))}: {first['msg']}.") from None
 
 
 def _check_default(cls: type, key: str, annotation: Any, metadata: list[Any], value: Any) -> None:

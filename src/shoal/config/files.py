@@ -1,14 +1,12 @@
-"""Config files and command-line overrides: YAML read with ``safe_load`` only, ``key=value`` pairs
-merged over a file's keys."""
+"""Command-line overrides: ``key=value`` pairs, each value read as YAML (``shoal.yaml_io``, the
+reader of config files too), merged over a file's keys."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
+from shoal.yaml_io import parse_yaml_value
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -19,8 +17,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         parts = [part.strip() for part in key.split(".")]
         if not sep or not all(parts):
-            raise ConfigError(f"expected key=value, got '{pair}'.")
-        nested: dict[str, Any] = {parts[-1]: yaml.safe_load(raw) if raw.strip() else None}
+            raise ConfigError(f"expected key=value, got '{shorten(pair)}'.")
+        nested: dict[str, Any] = {parts[-1]: parse_yaml_value(raw, key)}
         for part in reversed(parts[:-1]):
             nested = {part: nested}
         out = merge_settings(out, nested)
@@ -36,14 +34,3 @@ def merge_settings(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any
         before = out.get(key)
         out[key] = merge_settings(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
     return out
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file (safe_load only: YAML tags cannot build Python objects)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist.")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of key: value, got {type(data).__name__}.")
-    return data

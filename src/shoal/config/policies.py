@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, did_you_mean, shorten
 
 if TYPE_CHECKING:
     from shoal.config.trainer import TrainerConfig
@@ -36,7 +36,8 @@ def check_policies(c: TrainerConfig) -> None:
     for pid in named:
         if pid not in c.policies:
             raise ConfigError(
-                f"{pid!r} is not one of the policies {list(c.policies)}.{did_you_mean(str(pid), c.policies)}"
+                f"{shorten(repr(pid))} is not one of the policies {shorten(str(list(c.policies)))}."
+                f"{did_you_mean(str(pid), c.policies)}"
             )
 
 
@@ -45,10 +46,11 @@ def with_policy_overrides(c: C, policy_id: str) -> C:
     # a list of ids is a dict of empty overrides once validated (check_policies)
     policies = cast("dict[str, dict[str, Any]] | None", c.policies)
     overrides = (policies or {}).get(policy_id) or {}
+    policy = f"policy {shorten(repr(policy_id))}"
     for key in overrides:
         if key not in c.POLICY_KEYS:
             raise ConfigError(
-                f"policy '{policy_id}' overrides '{key}', which is not a per-policy key."
+                f"{policy} overrides {shorten(repr(key))}, which is not a per-policy key."
                 f"{did_you_mean(key, c.POLICY_KEYS)} Per-policy keys: {', '.join(c.POLICY_KEYS)}."
             )
     if not overrides:
@@ -57,11 +59,11 @@ def with_policy_overrides(c: C, policy_id: str) -> C:
     model_config = overrides.get("model_config", {})
     if not isinstance(model_config, dict):
         raise ConfigError(
-            f"policy '{policy_id}' overrides model_config with {model_config!r}; it must be a dict of "
+            f"{policy} overrides model_config with {shorten(repr(model_config))}; it must be a dict of "
             f"model_config keys, e.g. {{'hiddens': [32, 32]}}."
         )
     overrides = overrides | {"model_config": c.model_options | model_config}
     try:
         return type(c).build(**fields | overrides)
     except ConfigError as e:
-        raise ConfigError(f"policy '{policy_id}': {e}") from None
+        raise ConfigError(f"{policy}: {e}") from None

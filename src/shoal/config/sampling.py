@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from shoal.envs.atari import is_atari_id
 from shoal.envs.horizon import stepped_as_one_vector
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
 from shoal.vector.vmas import is_vmas as _is_vmas
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def _check_clipping_and_episodes(c: TrainerConfig) -> None:
         why = (
             "with backend='external' the clients decide when episodes end"
             if c.backend == "external"
-            else f"the env {c.env!r} declares no episode limit; set horizon=H (episodes end after H steps)"
+            else f"the env {shorten(repr(c.env))} declares no episode limit; set horizon=H (episodes end after H steps)"
         )
         raise ConfigError(
             f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "
@@ -122,7 +122,7 @@ def _check_episode_rules(c: TrainerConfig) -> None:
         )
     if isinstance(c.env, str) and is_atari_id(c.env):
         raise ConfigError(
-            f"horizon / no_done_at_end on '{c.env}': training episodes end at each lost life and "
+            f"horizon / no_done_at_end on {shorten(repr(c.env))}: training episodes end at each lost life and "
             f"evaluation plays whole games, so a horizon would mean two things; limit the game with "
             f"env_config={{'max_num_frames_per_episode': N}} instead."
         )

@@ -26,7 +26,7 @@ from shoal.config.base import ConfigModel
 from shoal.config.policies import check_policies, with_policy_overrides
 from shoal.config.sampling import check_sampling
 from shoal.envs.horizon import EpisodeRules, declared_episode_steps
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
 from shoal.imports import spec_of
 from shoal.models.catalog import check_model_config, resolve_model
 
@@ -264,19 +264,20 @@ class TrainerConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_device(self) -> TrainerConfig:
         """A device string torch reads, of a backend this machine has."""
+        given = f"device={shorten(repr(self.device))}"
         try:
             device = torch.device(self.device)
-        except RuntimeError as e:
-            raise ConfigError(f"device={self.device!r} is not a torch device ({e}); use e.g. 'cpu', 'cuda'.") from None
+        except RuntimeError as e:  # torch's message quotes the string too
+            raise ConfigError(f"{given} is not a torch device ({shorten(str(e))}); use e.g. 'cpu', 'cuda'.") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device={self.device!r}, but torch finds no CUDA device here; use device='cpu'.")
+            raise ConfigError(f"{given}, but torch finds no CUDA device here; use device='cpu'.")
         if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(
-                f"device={self.device!r}, but there are {torch.cuda.device_count()} CUDA devices here "
+                f"{given}, but there are {torch.cuda.device_count()} CUDA devices here "
                 f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})."
             )
         if device.type == "mps" and not torch.backends.mps.is_available():
-            raise ConfigError(f"device={self.device!r}, but torch finds no MPS device here; use device='cpu'.")
+            raise ConfigError(f"{given}, but torch finds no MPS device here; use device='cpu'.")
         return self
 
     @model_validator(mode="after")

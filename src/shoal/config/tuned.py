@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.config.files import load_yaml
 from shoal.config.trainer import TrainerConfig
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
+from shoal.yaml_io import load_yaml
 
 TUNED_DIR = Path(__file__).resolve().parent.parent / "tuned"
 
@@ -34,7 +34,10 @@ def tuned_path(algo: str, env: Any) -> Path | None:
     if not isinstance(algo, str) or not isinstance(env, str) or ":" in algo:  # 'module:Class': the user's own
         return None
     path = TUNED_DIR / algo.lower() / f"{env_slug(env)}.yaml"
-    return path if path.is_file() else None
+    try:
+        return path if path.is_file() else None
+    except OSError:  # a name too long for a file (ENAMETOOLONG): no tuned config has it
+        return None
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def apply_tuned(
     the keys set keeps the tuned number of minibatches (else the default minibatch size)."""
     use = settings.get("tuned", True)
     if not isinstance(use, bool):
-        raise ConfigError(f"bad value for 'tuned': {use!r}: expected true or false.")
+        raise ConfigError(f"bad value for 'tuned': {shorten(repr(use))}: expected true or false.")
     path = tuned_path(algo, settings.get("env")) if use else None
     if path is None:
         return settings, None

@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from shoal.envs.atari import is_atari_id, is_minatar_id, make_atari_env, make_minatar_env
 from shoal.envs.native import AgentEnv
-from shoal.errors import EnvError, did_you_mean
+from shoal.errors import EnvError, did_you_mean, shorten
 
 # What env factories make: a gym.Env, a multi-agent env (RLlib's dict API, a PettingZoo ParallelEnv
 # or AECEnv) or a shoal.AgentEnv. The backends tell them apart at run time (make_backend), so to
@@ -190,7 +190,10 @@ def gym_make(make: Callable[..., AnyEnv], env_id: str, env_config: dict[str, Any
     except TypeError as e:
         if not env_config:
             raise
-        raise EnvError(f"env '{env_id}' cannot be made with env_config={env_config}: {e}") from None
+        # gymnasium's message repeats the keyword arguments: both are cut to a readable length
+        raise EnvError(
+            f"env '{env_id}' cannot be made with env_config={shorten(str(env_config))}: {shorten(str(e))}"
+        ) from None
 
 
 def _call_creator(creator: Callable[..., AnyEnv], env_config: dict[str, Any], name: str) -> AnyEnv:

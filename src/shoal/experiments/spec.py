@@ -1,5 +1,5 @@
 """Experiment files: named experiments, each a config with search spaces, seeds and stop criteria
-(RLlib's ``run_experiments`` format, in shoal's keys). Read with ``yaml.safe_load`` only.
+(RLlib's ``run_experiments`` format, in shoal's keys). Read by ``shoal.yaml_io``: safe and bounded.
 
     cartpole-lr:                        # the experiment's name
       algo: ppo                         # or `run`, RLlib's name for it
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from shoal.config import load_yaml
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, did_you_mean, shorten
+from shoal.yaml_io import load_yaml
 
 SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
 STOP_KEYS = ("timesteps_total", "training_iteration", "time_total_s", "episode_reward_mean", "episodes_total")
@@ -162,43 +162,48 @@ def load_experiments(source: str | Path | dict[str, Any]) -> list[Experiment]:
 
 
 def _experiment(name: str, spec: Any, where: str) -> Experiment:
-    at = f"{where}, experiment '{name}'"
+    at = f"{where}, experiment '{shorten(name)}'"
     if not re.fullmatch(r"[\w.-]+", name):
         raise ConfigError(f"{at}: a name is one word of letters, digits, '.', '-' and '_' (it names a directory).")
     if not isinstance(spec, dict):
-        raise ConfigError(f"{at} must be a mapping with algo, env, stop and config, got {spec!r}.")
+        raise ConfigError(f"{at} must be a mapping with algo, env, stop and config, got {shorten(repr(spec))}.")
     for key in spec:
         if key not in EXPERIMENT_KEYS:
-            raise ConfigError(f"{at}: unknown key '{key}'.{did_you_mean(str(key), EXPERIMENT_KEYS)}")
+            raise ConfigError(f"{at}: unknown key '{shorten(str(key))}'.{did_you_mean(str(key), EXPERIMENT_KEYS)}")
     if "algo" in spec and "run" in spec:
         raise ConfigError(f"{at}: `algo` and `run` name the same thing; give one.")
     if "env" not in spec or not {"algo", "run"} & spec.keys():
         raise ConfigError(f"{at} needs `algo` (or `run`) and `env`.")
     config = spec.get("config") or {}
     if not isinstance(config, dict):
-        raise ConfigError(f"{at}: config must be a mapping of key: value or search space, got {config!r}.")
+        raise ConfigError(f"{at}: config must be a mapping of key: value or search space, got {shorten(repr(config))}.")
+    for key in config:
+        if not isinstance(key, str):  # they become keyword arguments
+            raise ConfigError(f"{at}: a config key is a name, got {shorten(repr(key))}.")
     settings = {"algo": spec.get("algo", spec.get("run")), "env": spec["env"]}
     for key in ("algo", "env", "seed"):
         if key in config:
             raise ConfigError(f"{at}: give `{key}` beside config (`seeds` for seeds), not inside it.")
-    settings |= {key: _parse(value, f"{at}, config.{key}") for key, value in config.items()}
+    settings |= {key: _parse(value, f"{at}, config.{shorten(str(key))}") for key, value in config.items()}
     stop = spec.get("stop") or {}
     if not isinstance(stop, dict) or not stop:
         raise ConfigError(f"{at}: stop must be a mapping of criteria, e.g. {{timesteps_total: 100000}}.")
     for key, value in stop.items():
         if key not in STOP_KEYS:
-            raise ConfigError(f"{at}: unknown stop criterion '{key}'.{did_you_mean(str(key), STOP_KEYS)}")
+            raise ConfigError(f"{at}: unknown stop criterion '{shorten(str(key))}'.{did_you_mean(str(key), STOP_KEYS)}")
         if not _number(value):
-            raise ConfigError(f"{at}: stop.{key} must be a number, got {value!r}.")
+            raise ConfigError(f"{at}: stop.{key} must be a number, got {shorten(repr(value))}.")
     seeds = spec.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds):
-        raise ConfigError(f"{at}: seeds must be a list of non-negative integers, got {seeds!r}.")
+        raise ConfigError(f"{at}: seeds must be a list of non-negative integers, got {shorten(repr(seeds))}.")
     if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"{at}: seeds {seeds} repeat a seed.")
+        raise ConfigError(f"{at}: seeds {shorten(str(seeds))} repeat a seed.")
     counts = {key: spec.get(key, default) for key, default in (("num_samples", 1), ("checkpoint_freq", 10))}
     for key, value in counts.items():
         if type(value) is not int or value < (1 if key == "num_samples" else 0):
-            raise ConfigError(f"{at}: {key} must be an integer >= {1 if key == 'num_samples' else 0}, got {value!r}.")
+            raise ConfigError(
+                f"{at}: {key} must be an integer >= {1 if key == 'num_samples' else 0}, got {shorten(repr(value))}."
+            )
     resources = spec.get("resources_per_trial") or {"cpu": 1}
     if (
         not isinstance(resources, dict)
@@ -206,7 +211,7 @@ def _experiment(name: str, spec: Any, where: str) -> Experiment:
         or not _number(resources["cpu"])
         or resources["cpu"] <= 0
     ):
-        raise ConfigError(f"{at}: resources_per_trial must be {{cpu: N}} with N > 0, got {resources!r}.")
+        raise ConfigError(f"{at}: resources_per_trial must be {{cpu: N}} with N > 0, got {shorten(repr(resources))}.")
     experiment = Experiment(
         name, settings, dict(stop), seeds, counts["num_samples"], counts["checkpoint_freq"], float(resources["cpu"])
     )
@@ -219,17 +224,17 @@ def _parse(value: Any, at: str) -> Any:
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SPACES:
         kind, options = next(iter(value.items()))
         if not isinstance(options, list) or not options:
-            raise ConfigError(f"{at}: {kind} takes a non-empty list, got {options!r}.")
+            raise ConfigError(f"{at}: {kind} takes a non-empty list, got {shorten(repr(options))}.")
         if kind in ("uniform", "loguniform", "randint"):
             ok = len(options) == 2 and all(_number(o) for o in options) and options[0] < options[1]
             if not ok or (kind == "loguniform" and options[0] <= 0):
                 raise ConfigError(
                     f"{at}: {kind} takes [low, high] with low < high{' and low > 0' * (kind == 'loguniform')}, "
-                    f"got {options!r}."
+                    f"got {shorten(repr(options))}."
                 )
         return Space(kind, options)
     if isinstance(value, dict):
-        return {k: _parse(v, f"{at}.{k}") for k, v in value.items()}
+        return {k: _parse(v, f"{at}.{shorten(str(k))}") for k, v in value.items()}
     return value
 
 

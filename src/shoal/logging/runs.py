@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import yaml
 
 from shoal.errors import ConfigError, did_you_mean
 from shoal.files import save_figure
 from shoal.logging.metrics import log_key
+from shoal.yaml_io import load_yaml
 
 X_KEYS = {"timesteps": "timesteps_total", "time": "time_total_s", "iterations": "training_iteration"}
 # Keys that name or place a run rather than change what it learns: runs differing only in these
@@ -85,11 +85,11 @@ def load_run(path: str | Path) -> Run:
     if not metrics.is_file():
         raise ConfigError(f"'{path}' is not a run directory: it has no metrics.jsonl.")
     config_file = path / "config.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    config = load_yaml(config_file) if config_file.is_file() else {}
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     if not rows:
         raise ConfigError(f"run '{path}' has not logged an iteration yet.")
-    return Run(path, config or {}, rows)
+    return Run(path, config, rows)
 
 
 def resolve_metric(runs: list[Run], metric: str) -> str:

@@ -18,7 +18,6 @@ observations and says exactly what does not fit.
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import gymnasium as gym
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from shoal.envs.spaces import EnvInfo
-from shoal.errors import ConfigError, did_you_mean
+from shoal.errors import ConfigError, did_you_mean, shorten, warn
 from shoal.imports import import_spec, is_spec
 from shoal.models.distributions import make_distribution
 from shoal.models.encoders import is_image, make_encoder
@@ -100,7 +99,7 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
     for key in model_config:
         if key not in ModelConfig.model_fields:
             raise ConfigError(
-                f"unknown model_config key '{key}' for model='{model}'."
+                f"unknown model_config key {shorten(repr(key))} for model='{model}'."
                 f"{did_you_mean(key, ModelConfig.model_fields)} "
                 f"Valid keys: {', '.join(ModelConfig.model_fields)}."
             )
@@ -109,7 +108,9 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
     except ValidationError as e:
         first = e.errors()[0]
         key = str(first["loc"][0])
-        raise ConfigError(f"bad value for 'model_config.{key}': {model_config.get(key)!r}: {first['msg']}.") from None
+        raise ConfigError(
+            f"bad value for 'model_config.{key}': {shorten(repr(model_config.get(key)))}: {first['msg']}."
+        ) from None
     built.check_core()
     sizes = {
         "hiddens": built.hiddens or [],
@@ -120,7 +121,7 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
         if any(v < 1 for v in values):
             example = "[[16, 3, 1]]" if key == "conv_filters" else "[64, 64]"
             raise ConfigError(
-                f"bad value for 'model_config.{key}': {model_config[key]!r}: every layer size, kernel and "
+                f"bad value for 'model_config.{key}': {shorten(repr(model_config[key]))}: every layer size, kernel and "
                 f"stride must be a positive integer, e.g. {key}={example}."
             )
 
@@ -132,12 +133,12 @@ def resolve_model(model: Any) -> str | type[nn.Module]:
     if isinstance(model, str):
         if not is_spec(model):
             raise ConfigError(
-                f"model='{model}' is not one of {list(BUILT_IN)}.{did_you_mean(model, BUILT_IN)} "
+                f"model={shorten(repr(model))} is not one of {list(BUILT_IN)}.{did_you_mean(model, BUILT_IN)} "
                 f"A module of your own is given as a class or 'package.module:Class'."
             )
         model = import_spec(model, "model")
     if not (isinstance(model, type) and issubclass(model, nn.Module)):
-        raise ConfigError(f"model must be 'mlp', 'cnn' or a torch.nn.Module subclass, got {model!r}.")
+        raise ConfigError(f"model must be 'mlp', 'cnn' or a torch.nn.Module subclass, got {shorten(repr(model))}.")
     return model
 
 
@@ -192,7 +193,9 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
             bool(cfg.layer_norm),
         )
     except ValueError as e:  # the encoder's checks of conv_filters and channels against the image
-        raise ConfigError(f"model={kind!r} with model_config={model_config} does not fit '{env.name}': {e}") from None
+        raise ConfigError(
+            f"model={kind!r} with model_config={shorten(str(model_config))} does not fit '{env.name}': {e}"
+        ) from None
 
 
 def recurrent_model(
@@ -237,7 +240,7 @@ def check_user_model(cls: type[nn.Module], model_config: dict[str, Any], env: En
     except TypeError as e:
         raise ConfigError(
             f"model {name} cannot be built as {name}(obs_space, action_space, num_outputs, "
-            f"**model_config) with model_config={model_config}: {e}."
+            f"**model_config) with model_config={shorten(str(model_config))}: {shorten(str(e))}."
         ) from None
     if not any(p.requires_grad for p in module.parameters()):
         raise ConfigError(f"model {name} has no trainable parameters.")
@@ -278,11 +281,10 @@ def build_policy(config: TrainerConfig, env: EnvInfo) -> ActorCriticPolicy:
     spec = env.obs_spec
     pixels = is_image(spec.space) and spec.space.dtype in (np.uint8, np.bool_)  # not e.g. an int8 game board
     if "model" not in config.model_fields_set and pixels:
-        warnings.warn(
+        warn(
             f"observations are images {list(spec.shape)} {spec.space.dtype}; model='cnn' is usually "
             f"far better than the default model='mlp' over {int(np.prod(spec.shape))} flattened inputs (set "
-            f"model='mlp' to keep it without this warning).",
-            stacklevel=2,
+            f"model='mlp' to keep it without this warning)."
         )
     model = build_model(config.model, config.model_options, env, num_outputs)
     normalizer, critic_normalizer = obs_normalizers(config, env)

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, RunInterrupted
 from shoal.serve.client import PolicyClient, ServerError
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ def serve_training(
     from shoal.train import Trainer
     from shoal.vector.external import ExternalBackend
 
+    _check_access(server)
     settings = {**settings, "backend": "external"}
     trainer = Trainer.from_checkpoint(resume, **settings) if resume else Trainer(**settings)
     backend = trainer.backend
@@ -58,6 +59,8 @@ def serve_training(
             on_ready(policy_server)
         try:
             result = trainer.learn()
+        except RunInterrupted:  # a second Ctrl-C: the run stopped at once, and its message says what it kept
+            raise
         except KeyboardInterrupt:  # stopped while no client was connected: keep what was learned
             trainer.stop_reason = trainer.stop_reason or "SIGINT"
             result = {}
@@ -83,6 +86,7 @@ def checkpoint_server(
     from shoal.train import Trainer
     from shoal.train.checkpoint import resolve_checkpoint
 
+    _check_access(server)
     checkpoint = resolve_checkpoint(path)
     local = {"ray_address": None, "num_workers": 0, "async_factor": 1, "vectorization_mode": None}
     local["remote_worker_envs"] = False
@@ -106,3 +110,11 @@ def checkpoint_server(
         client_timeout_s=client_timeout_s,
     )
     return PolicyServer(session, **server)
+
+
+def _check_access(server: dict[str, Any]) -> None:
+    """The server's token checked before a run or checkpoint is loaded: a weak one is refused at
+    once, not after the loading, and leaves no run directory behind."""
+    from shoal.serve.server import DEFAULT_HOST, check_access
+
+    check_access(server.get("host", DEFAULT_HOST), server.get("token"))

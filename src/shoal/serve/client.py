@@ -48,9 +48,9 @@ class PolicyClient:
         if rate_retries < 0:
             raise ValueError(f"rate_retries must be >= 0, got {rate_retries}.")
         self.timeout_s, self.binary, self.rate_retries = timeout_s, binary, rate_retries
-        token = token if token is not None else os.environ.get("SHOAL_SERVE_TOKEN")
+        token = (token if token is not None else os.environ.get("SHOAL_SERVE_TOKEN", "")).strip()
         self._headers = {"Content-Type": "application/json"}
-        if token:
+        if token:  # (the server strips the whitespace around its own token too)
             self._headers["Authorization"] = f"Bearer {token}"
         self._conn: http.client.HTTPConnection | None = None
 

@@ -4,7 +4,8 @@ Observations and actions travel as plain JSON values shaped like the env's space
 nested lists, a Discrete as an int, a Dict as an object, a Tuple as a list), or, for large arrays,
 as a typed array ``{"dtype": "uint8", "shape": [84, 84, 4], "data": "<base64 of the C-order
 bytes>"}``. Nothing is ever unpickled or evaluated: every value is checked against its space here,
-and what does not fit is a ``RequestError`` (HTTP 400) naming the field, what came and what fits.
+by one set of rules for both forms (docs/serving.md lists them), and what does not fit is a
+``RequestError`` (HTTP 400) naming the field, what came and what fits.
 """
 
 from __future__ import annotations
@@ -33,15 +34,18 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; anything else is a 400 saying what is wrong."""
+def parse_body(body: bytes) -> tuple[dict[str, Any], bool]:
+    """A request body as a JSON object, and whether it may hold a bool: False when its text has
+    neither ``true`` nor ``false``, the only way JSON writes one (``space_value``'s ``bools``).
+    Anything else is a 400 saying what is wrong."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads decodes bytes
+        data = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise RequestError(400, f"the body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise RequestError(400, f"the body must be a JSON object, got {type(data).__name__}.")
-    return data
+    return data, "true" in text or "false" in text
 
 
 def field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -104,64 +108,99 @@ def _typed_array(value: dict[str, Any], what: str) -> npt.NDArray[Any]:
         raise RequestError(400, bad) from None
 
 
-def _array(value: Any, space: gym.spaces.Box | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary, what: str) -> Any:
-    array = _typed_array(value, what) if isinstance(value, dict) else _nested(value, what)
-    if array.shape != space.shape:
-        raise RequestError(400, f"{what} has shape {list(array.shape)}; the space {space} needs {list(space.shape)}.")
-    want = np.dtype(space.dtype)
-    if array.dtype.kind == "f" and want.kind != "f":
-        raise RequestError(400, f"{what} holds floats; the space {space} holds {want}.")
-    limits = np.iinfo(want) if want.kind in "iu" else None  # type: ignore[type-var]  # an int dtype here
-    if limits is not None and array.size and (array.min() < limits.min or array.max() > limits.max):
-        raise RequestError(400, f"{what} holds values outside {want}'s range.")
-    with np.errstate(over="ignore"):
-        array = array.astype(want, copy=False)
-    if want.kind == "f" and not np.isfinite(array).all():
-        raise RequestError(400, f"{what} holds values that are not finite {want} numbers.")
-    return array
+ArraySpace = gym.spaces.Box | gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary
 
 
-def _nested(value: Any, what: str) -> npt.NDArray[Any]:
+def _array(value: Any, space: ArraySpace, what: str, bools: bool) -> npt.NDArray[Any]:
+    """``value`` (nested lists or a typed array) as a value of ``space``, by the rules docs/serving.md
+    lists: the space's shape; numbers for a numeric space (ints too for a float one, floats only if
+    whole for an integer one) and true/false for a boolean one; floats finite in float32, the dtype
+    shoal keeps them in; and each element within the bounds ``space.contains`` checks."""
+    want, shape = np.dtype(space.dtype), space.shape or ()  # (gym.Space's shape is Optional; these have one)
+    needs = f"{want} of shape {list(shape)}"
+    fits = f"{space} holds {needs}"
+    given = _typed_array(value, what) if isinstance(value, dict) else _nested(value, what, fits, bools)
+    if given.shape != shape:
+        raise RequestError(400, f"{what} has shape {list(given.shape)}; the space {space} needs {list(shape)}.")
+    if (given.dtype.kind == "b") != (want.kind == "b"):
+        held = "true/false" if given.dtype.kind == "b" else "numbers"
+        raise RequestError(400, f"{what} holds {held}; the space {space} holds {needs}.")
+    if given.dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            if not np.isfinite(given.astype(np.float32)).all():
+                raise RequestError(
+                    400, f"{what} holds values that are not finite float32 numbers (NaN, infinity, beyond ±3.4e38)."
+                )
+        if want.kind != "f" and (fractions := given[given != np.trunc(given)]).size:
+            raise RequestError(
+                400,
+                f"{what} holds floats that are not whole numbers ({fractions[0]!s}); the space {space} holds {needs}.",
+            )
+    # compared as contains compares: floats in the space's dtype; integers before the cast, which wraps
+    array = given.astype(want) if want.kind == "f" else given
+    low, high = (np.broadcast_to(bound, shape) for bound in _limits(space))
+    outside = ~((array >= low) & (array <= high))
+    if outside.any():
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        where = what + (f"[{', '.join(map(str, index))}]" if index else "")
+        raise RequestError(
+            400,
+            f"{where} is {array[index]!s}, outside [{low[index]!s}, {high[index]!s}], the bounds of the space {space}.",
+        )
+    return array.astype(want, copy=False)
+
+
+def _limits(space: ArraySpace) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """The least and the greatest value of the space's elements."""
+    if isinstance(space, gym.spaces.Box):
+        return space.low, space.high
+    if isinstance(space, gym.spaces.MultiBinary):
+        return np.zeros(space.shape, np.int8), np.ones(space.shape, np.int8)
+    n = space.n if isinstance(space, gym.spaces.Discrete) else space.nvec  # values from start
+    return np.asarray(space.start), np.asarray(space.start + n - 1)
+
+
+def _nested(value: Any, what: str, fits: str, bools: bool) -> npt.NDArray[Any]:
+    """Nested lists of numbers (or of true/false) as an array; ``fits`` says what the space holds,
+    ``bools`` whether ``value`` may hold a bool."""
     try:
         array = np.asarray(value)
     except (ValueError, OverflowError):
         raise RequestError(400, f"{what} is not a rectangular array of numbers.") from None
     if array.dtype.kind not in "biuf":
         raise RequestError(400, f"{what} is not an array of numbers: {_short(value)}.")
+    # numpy reads true and false among numbers as 1 and 0: only the values themselves tell, and looking
+    # at each takes as long as reading them, so it is done only when the JSON may hold a bool
+    held = bools and array.dtype.kind != "b" and array.ndim
+    if held and any(type(v) is bool for v in np.asarray(value, object).flat):
+        raise RequestError(400, f"{what} mixes true/false with numbers; the space {fits}.")
     return array
 
 
-def space_value(value: Any, space: gym.Space[Any], what: str) -> Any:
-    """A JSON value as the space's own value (arrays, ints, dicts, tuples), checked against it (a
-    Box's bounds excepted: observations may leave them)."""
-    if isinstance(space, gym.spaces.Box):
-        return _array(value, space, what)
-    if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
-        array = _array(value, space, what)
-        if not space.contains(array):
-            raise RequestError(400, f"{what} {_short(array.tolist())} is outside the space {space}.")
-        return array
+def space_value(value: Any, space: gym.Space[Any], what: str, bools: bool = True) -> Any:
+    """A JSON value as the space's own value (arrays, ints, dicts, tuples), checked against it.
+    ``bools``: whether the value may hold a bool (False: the JSON it came from has none, as
+    ``parse_body`` tells)."""
+    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return _array(value, space, what, bools)
     if isinstance(space, gym.spaces.Discrete):
-        if not isinstance(value, int) or isinstance(value, bool) or not space.contains(value):
-            raise RequestError(
-                400, f"{what} must be an int in [{space.start}, {space.start + space.n}), got {_short(value)}."
-            )
-        return value
+        return int(_array(value, space, what, bools))
     if isinstance(space, gym.spaces.Dict):
         if not isinstance(value, dict) or set(value) != set(space.spaces):
             got = sorted(value) if isinstance(value, dict) else type(value).__name__
             raise RequestError(400, f"{what} must be an object with the keys {sorted(space.spaces)}, got {got}.")
-        return {key: space_value(value[key], sub, f"{what}.{key}") for key, sub in space.spaces.items()}
+        return {key: space_value(value[key], sub, f"{what}.{key}", bools) for key, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
         if not isinstance(value, list) or len(value) != len(space.spaces):
             raise RequestError(400, f"{what} must be a list of {len(space.spaces)} values.")
-        return tuple(space_value(v, sub, f"{what}[{i}]") for i, (v, sub) in enumerate(zip(value, space.spaces)))
+        return tuple(space_value(v, sub, f"{what}[{i}]", bools) for i, (v, sub) in enumerate(zip(value, space.spaces)))
     raise RequestError(400, f"{what}: the space {space} has no JSON form.")  # spaces.py admits none other
 
 
-def observation(value: Any, spec: ObsSpec, out: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """Write a JSON observation into ``out`` in the rollout's stored form (flattened when structured)."""
-    obs = space_value(value, spec.space, "observation")
+def observation(value: Any, spec: ObsSpec, out: npt.NDArray[Any], bools: bool = True) -> npt.NDArray[Any]:
+    """Write a JSON observation into ``out`` in the rollout's stored form (flattened when structured);
+    ``bools`` as ``space_value`` takes it."""
+    obs = space_value(value, spec.space, "observation", bools)
     try:
         spec.write(out, obs, "served")
     except EnvError as e:
@@ -169,12 +208,10 @@ def observation(value: Any, spec: ObsSpec, out: npt.NDArray[Any]) -> npt.NDArray
     return out
 
 
-def action(value: Any, spec: ActionSpec) -> npt.NDArray[Any]:
-    """A JSON action (one an external simulator chose itself) in the rollout's form."""
-    taken = np.asarray(space_value(value, spec.space, "action"), dtype=spec.space.dtype)
-    if not spec.space.contains(taken if taken.ndim else taken.item()):
-        raise RequestError(400, f"action {_short(taken.tolist())} is outside the space {spec.space}.")
-    return taken.astype(spec.dtype)
+def action(value: Any, spec: ActionSpec, bools: bool = True) -> npt.NDArray[Any]:
+    """A JSON action (one an external simulator chose itself) in the rollout's form; ``bools`` as
+    ``space_value`` takes it."""
+    return np.asarray(space_value(value, spec.space, "action", bools), dtype=spec.dtype)
 
 
 def encode_action(taken: npt.NDArray[Any]) -> Any:

@@ -13,15 +13,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
-import json
 import socket
-import sys
 import threading
 import time
-import traceback
-from email.utils import formatdate
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,9 +26,13 @@ import numpy.typing as npt
 from shoal.envs.spaces import ActionSpec, ObsSpec
 from shoal.errors import ConfigError, RequestError
 from shoal.serve import protocol
+from shoal.serve.connections import BoundedHTTPServer, json_response, log
 from shoal.serve.protocol import field
 
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9900
+MIN_TOKEN_CHARS = 16
+MAKE_A_TOKEN = 'make one with `openssl rand -hex 16` or `python -c "import secrets; print(secrets.token_hex(16))"`'
 
 
 class Session(Protocol):
@@ -59,20 +59,48 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_access(host: str, token: str | None) -> str | None:
+    """The token a server on ``host`` requires (None: none), as given but for the whitespace around
+    it, which clients' tokens lose too. A ConfigError, saying what is wrong and how to make a good
+    token, for a server beyond this machine without one, and for a token that is easy to guess or
+    cannot travel in an HTTP header. The message never shows the token: it is a secret."""
+    if token is None:
+        if not is_loopback(host):
+            raise ConfigError(
+                f"serving on host '{host}' exposes the policy server beyond this machine; give it a token "
+                f"(--token or SHOAL_SERVE_TOKEN), which clients send as 'Authorization: Bearer <token>': "
+                f"{MAKE_A_TOKEN}."
+            )
+        return None
+    token = token.strip()
+    if not token:
+        problem = "is empty or only whitespace"
+    elif len(token) < MIN_TOKEN_CHARS:
+        problem = f"is {len(token)} characters, not counting whitespace around it; use at least {MIN_TOKEN_CHARS}"
+    elif len(set(token)) == 1:
+        problem = f"is one character repeated {len(token)} times, which anyone can guess"
+    elif not (token.isascii() and token.isprintable()):
+        problem = "holds characters other than printable ASCII, which an HTTP header does not carry"
+    else:
+        return token
+    raise ConfigError(f"the server token {problem}; {MAKE_A_TOKEN}.")
+
+
 class PolicyServer:
     """Serves ``session`` on ``host:port`` (port 0: any free one; ``address`` tells which) from a
     background thread, until ``close()``.
 
-    Binding anywhere but loopback needs ``token``: clients then send ``Authorization: Bearer
-    <token>``. ``max_body_bytes`` bounds a request, ``max_connections`` the open connections (more
-    are answered 503 and closed before any thread is started for them), ``max_requests_per_s``
-    each connection's rate (429 past it), and ``idle_timeout_s`` how long a connection may take to
-    send a whole request, or wait between requests, before it is closed."""
+    Binding anywhere but loopback needs ``token`` (``check_access`` says which tokens are strong
+    enough): clients then send ``Authorization: Bearer <token>``. ``max_body_bytes`` bounds a
+    request, ``max_connections`` the open connections (more are answered 503 and closed before any
+    thread is started for them), ``max_requests_per_s`` each connection's rate (429 past it), and
+    ``idle_timeout_s`` how long a connection may take to send a whole request, or wait between
+    requests, before it is closed."""
 
     def __init__(
         self,
         session: Session,
-        host: str = "127.0.0.1",
+        host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         token: str | None = None,
         max_body_bytes: int = 1 << 20,
@@ -80,29 +108,21 @@ class PolicyServer:
         max_requests_per_s: float = 5000.0,
         idle_timeout_s: float = 30.0,
     ):
-        if token is None and not is_loopback(host):
-            raise ConfigError(
-                f"serving on host '{host}' exposes the policy server beyond this machine; give it a token "
-                f"(--token or SHOAL_SERVE_TOKEN), which clients send as 'Authorization: Bearer <token>'."
-            )
+        required = check_access(host, token)
         if not idle_timeout_s > 0 or not max_connections >= 1 or not max_requests_per_s > 0 or not max_body_bytes >= 1:
             raise ConfigError(
                 "idle_timeout_s and max_requests_per_s must be > 0, max_connections and max_body_bytes >= 1; got "
                 f"{idle_timeout_s}, {max_requests_per_s}, {max_connections}, {max_body_bytes}."
-            )
-        if token is not None and len(token) < 16:
-            raise ConfigError(
-                f"the server token is {len(token)} characters; use at least 16 (e.g. from `openssl rand -hex 16`)."
             )
         self.session = session
         self.limits = {"max_body_bytes": max_body_bytes, "max_requests_per_s": max_requests_per_s}
         self.idle_timeout_s = idle_timeout_s
         handler = type("Handler", (_Handler,), {"server_ref": self, "timeout": idle_timeout_s})
         try:
-            self._http = _HTTPServer((host, port), handler, max_connections, self._count)
+            self._http = BoundedHTTPServer((host, port), handler, max_connections, self._count)
         except OSError as e:
             raise ConfigError(f"cannot serve on {host}:{port}: {e.strerror or e}; choose another --port.") from None
-        self._token = None if token is None else token.encode()
+        self._token = None if required is None else required.encode()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._reading: dict[_Handler, float] = {}  # connections reading a request -> since when
@@ -176,8 +196,9 @@ class PolicyServer:
         scheme, _, given = (header or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
 
-    def call(self, route: str, data: dict[str, Any]) -> dict[str, Any]:
-        """Answer one POST route; RequestError for what the client got wrong."""
+    def call(self, route: str, data: dict[str, Any], bools: bool = True) -> dict[str, Any]:
+        """Answer one POST route; RequestError for what the client got wrong. ``bools``: whether
+        ``data`` may hold a bool (``protocol.parse_body`` tells)."""
         s = self.session
         if route not in ROUTES:
             raise RequestError(404, f"no route '/v1/{route}'; the routes are {', '.join('/v1/' + r for r in ROUTES)}.")
@@ -186,22 +207,22 @@ class PolicyServer:
             return {"episode_id": s.start_episode(None if given is None else protocol.episode_id(given))}
         episode_id = protocol.episode_id(field(data, "episode_id", str))
         if route == "get_action":
-            action = s.get_action(episode_id, self._obs(data))
+            action = s.get_action(episode_id, self._obs(data, bools))
             return {"action": protocol.encode_action(action)}
         if route == "log_action":
-            taken = protocol.action(field(data, "action", (int, list, dict)), s.act_spec)
-            s.log_action(episode_id, self._obs(data), taken)
+            taken = protocol.action(field(data, "action", (int, float, list, dict)), s.act_spec, bools)
+            s.log_action(episode_id, self._obs(data, bools), taken)
             return {}
         if route == "log_returns":
             s.log_returns(episode_id, protocol.reward(field(data, "reward", (int, float))))
             return {}
-        s.end_episode(episode_id, self._obs(data), bool(field(data, "truncated", bool, False)))  # route: end_episode
+        s.end_episode(episode_id, self._obs(data, bools), bool(field(data, "truncated", bool, False)))  # end_episode
         return {}
 
-    def _obs(self, data: dict[str, Any]) -> npt.NDArray[Any]:
+    def _obs(self, data: dict[str, Any], bools: bool) -> npt.NDArray[Any]:
         spec = self.session.obs_spec
         out = np.empty(spec.shape, dtype=spec.dtype)
-        return protocol.observation(field(data, "observation", (int, float, list, dict)), spec, out)
+        return protocol.observation(field(data, "observation", (int, float, list, dict)), spec, out, bools)
 
     def describe(self) -> dict[str, Any]:
         """What GET /v1/info answers: the protocol, the mode, the spaces, the limits and counts."""
@@ -220,68 +241,6 @@ class PolicyServer:
 
 
 ROUTES = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
-
-
-def _json_response(status: int, payload: dict[str, Any], close: bool, headers: dict[str, str] | None = None) -> bytes:
-    body = json.dumps(payload).encode()
-    if status == 401:
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    lines = [
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-        f"Date: {formatdate(usegmt=True)}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(body)}",
-        *(f"{k}: {v}" for k, v in (headers or {}).items()),
-    ]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # many clients connecting at once must not be refused by the backlog
-    block_on_close = False
-
-    def __init__(self, address: tuple[str, int], handler: Any, max_connections: int, count: Any):
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._count = count
-        self._refused: list[tuple[socket.socket, float]] = []  # answered 503, closed a little later
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """A connection over the limit is answered 503 here, before a thread is made for it. Its
-        socket closes a second later (``close_refused``), once the client has sent its request and
-        read the answer: closing at once would reset the connection under it."""
-        if not self._slots.acquire(blocking=False):
-            self._count(503)
-            with contextlib.suppress(OSError):
-                reply = {"error": "the server has too many open connections; try again later.", "status": 503}
-                request.sendall(_json_response(503, reply, close=True, headers={"Retry-After": "1"}))
-                request.shutdown(socket.SHUT_WR)
-            self._refused.append((request, time.monotonic() + 1.0))
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread was started to give the slot back
-            self._slots.release()
-            raise
-
-    def close_refused(self) -> None:
-        """Close the refused connections whose second is up (called by the reaper)."""
-        now, keep = time.monotonic(), []
-        for request, when in list(self._refused):
-            if when <= now:
-                self.shutdown_request(request)
-            else:
-                keep.append((request, when))
-        self._refused = keep
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -351,13 +310,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}; this server speaks protocol version 1 under /v1/.")
             return
         try:
-            result = self.server_ref.call(self.path[4:].rstrip("/"), protocol.parse_body(body))
+            result = self.server_ref.call(self.path[4:].rstrip("/"), *protocol.parse_body(body))
         except RequestError as e:
             retry = None if e.retry_after_s is None else {"Retry-After": str(max(1, round(e.retry_after_s)))}
             self._error(e.status, str(e), headers=retry)
             return
         except Exception as e:  # a bug of the server: answered, reported, and the server goes on
-            traceback.print_exc(file=sys.stderr)
+            log.exception("shoal: policy server: %s failed", self.path)
             self._error(500, f"the server failed on this request: {type(e).__name__}: {e}")
             return
         self.server_ref._count(None)
@@ -387,6 +346,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         try:
-            self.wfile.write(_json_response(status, payload, self.close_connection, headers))
+            self.wfile.write(json_response(status, payload, self.close_connection, headers))
         except OSError:  # the client went away
             self.close_connection = True

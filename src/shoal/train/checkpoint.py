@@ -14,13 +14,12 @@ import json
 import os
 import pickle
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, warn
 from shoal.imports import importable, is_spec
 
 FORMAT_VERSION = 2
@@ -144,15 +143,6 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / META_FILE).is_file())
 
 
-def rotate(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and any temporary leftovers of killed writes."""
-    for path in list_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(path, ignore_errors=True)
-    for tmp in Path(root).glob(f"{TMP_PREFIX}*"):
-        if not tmp.name.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint, a checkpoints folder or a run directory.
 
@@ -171,7 +161,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             verify(candidate)
             return candidate
         except (CheckpointError, OSError) as e:
-            warnings.warn(f"skipping damaged checkpoint: {e}", stacklevel=2)
+            warn(f"skipping damaged checkpoint: {e}")
     raise CheckpointError(f"no usable checkpoint in '{path}' (looked for {PREFIX}* directories in '{root}').")
 
 

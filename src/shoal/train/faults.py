@@ -14,30 +14,46 @@ from typing import TYPE_CHECKING
 import torch
 import yaml
 
-from shoal.errors import EnvError, OutputError, TrainingDiverged
+from shoal.errors import EnvError, OutputError, TrainingDiverged, shorten
 from shoal.files import refused_writes
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
+from shoal.train import lineage
 
 if TYPE_CHECKING:
     from shoal.train.trainer import Trainer
 
 
-def what_was_kept(run_dir: Path | None, then: str, overrides: str = "") -> str:
-    """The newest checkpoint of the run that loads, and the command that continues from it once
-    the user has done ``then``."""
+def what_was_kept(run_dir: Path | None, then: str | None, overrides: str = "") -> str:
+    """The newest checkpoint of the run that loads, and the command that continues from it (once
+    the user has done ``then``, if anything)."""
     if run_dir is None:
-        return f"The run saves no outputs (save_outputs=False), so nothing was kept: {then.lower()}, then start again."
+        first = f"{then.lower()}, then start again" if then else "start again"
+        return f"The run saves no outputs (save_outputs=False), so nothing was kept: {first}."
     for candidate in reversed(ckpt.list_checkpoints(run_dir / "checkpoints")):
         with contextlib.suppress(ckpt.CheckpointError, OSError):
             meta = ckpt.verify(candidate)
+            at = f"iteration {meta['training_iteration']}, {meta['timesteps_total']} steps"
+            kept = f"Kept: checkpoint '{candidate}' ({at})"
+            resume = f"shoal train --resume {run_dir}{overrides}"
             return (
-                f"Kept: checkpoint '{candidate}' (iteration {meta['training_iteration']}, "
-                f"{meta['timesteps_total']} steps), which loads. {then}, then continue with: "
-                f"shoal train --resume {run_dir}{overrides}"
+                f"{kept}, which loads. {then}, then continue with: {resume}"
+                if then
+                else f"{kept}, which loads. Continue with: {resume}"
             )
     folder = run_dir / "checkpoints"
-    return f"No checkpoint of this run was written yet ('{folder}'): {then.lower()}, then start it again."
+    first = f"{then.lower()}, then start it again" if then else "start it again"
+    return f"No checkpoint of this run was written yet ('{folder}'): {first}."
+
+
+def interrupted(trainer: Trainer) -> str:
+    """The message of a run stopped at once by a second Ctrl-C: where it was, and what was kept.
+    The newest checkpoints beyond ``keep_checkpoints`` are pruned first, in case the interrupt
+    came between a checkpoint and its pruning."""
+    if trainer.run_dir is not None:
+        lineage.rotate(trainer.run_dir / "checkpoints", trainer.config.keep_checkpoints, trainer.run_id)
+    at = f"interrupted at iteration {trainer.iteration} ({trainer.timesteps_total} steps)"
+    return f"{at}. {what_was_kept(trainer.run_dir, None)}"
 
 
 def run_writes(
@@ -94,11 +110,12 @@ def save_learner(trainer: Trainer, error: EnvError) -> None:
     except Exception as e:  # (a Ray worker that cannot answer) the env's error stays the one raised
         error.add_line(f"The learner could not be checkpointed: gathering its state failed ({type(e).__name__}: {e}).")
         return
-    state["backend"] = {"exact": False, "reason": "the run stopped on an env failure", "envs": [], "buffers": {}}
+    failure = shorten(str(error).splitlines()[0] if str(error) else type(error).__name__, 160)
+    state["backend"] = {"exact": False, "reason": f"the run stopped on: {failure}", "envs": [], "buffers": {}}
     try:
         with run_writes("the checkpoint", path, run_dir):
             ckpt.write_checkpoint(path, state, trainer.checkpoint_meta())
-        ckpt.rotate(root, trainer.config.keep_checkpoints)
+        lineage.rotate(root, trainer.config.keep_checkpoints, trainer.run_id)
     except OutputError as e:  # the env's error stays the one raised
         error.add_line(f"Checkpointing the learner failed too: {e}")
         return

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,11 +19,11 @@ from shoal.algos.base import Algorithm
 from shoal.algos.registry import algorithm_class, algorithm_spec
 from shoal.config import merge_settings
 from shoal.envs.snapshot import decode, encode
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten, warn
 from shoal.files import write_atomic
 from shoal.logging import MetricAnalysis
 from shoal.train import checkpoint as ckpt
-from shoal.train import data_parallel, faults
+from shoal.train import data_parallel, faults, lineage
 
 if TYPE_CHECKING:
     from shoal.train.trainer import Trainer
@@ -71,10 +70,9 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
     t.env_restarts.workers = counters.get("worker_restarts", 0)
     t.analysis = MetricAnalysis(state["analysis"])
     if not t.backend.load_state_dict(state["backend"]):
-        warnings.warn(
-            f"env '{t.env_name}' keeps state shoal cannot save ({state['backend']['reason']}); "
-            f"the resumed run starts new episodes instead of continuing them.",
-            stacklevel=3,
+        warn(
+            f"env '{t.env_name}': the episodes under way were not saved ({state['backend']['reason']}); "
+            f"the resumed run starts new episodes instead of continuing them."
         )
         t.collector.reset(t.config.seed + t.iteration)  # the tracker forgets the episodes too
     rng = state["rng"]
@@ -85,11 +83,15 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
 
 
 def meta(trainer: Trainer) -> dict[str, Any]:
-    """What a checkpoint records beside the state: algorithm, env, counters, shoal version, time."""
+    """What a checkpoint records beside the state: algorithm, env, counters, shoal version, time,
+    and what ties it to its run (``shoal.train.lineage``): the run id and config fingerprint."""
     from shoal import __version__
 
     return {
         "algo": algorithm_spec(trainer.algorithm_class),
+        "run_id": trainer.run_id,
+        "fingerprint": lineage.fingerprint(trainer.config.to_yaml_dict()),
+        "tuned_config": str(trainer.tuned_config) if trainer.tuned_config else None,
         "env": trainer.env_name,
         "env_is_object": trainer.config.env_is_object,
         "training_iteration": trainer.iteration,
@@ -101,13 +103,16 @@ def meta(trainer: Trainer) -> dict[str, Any]:
 
 def saved_run(
     path: str | Path, preset: str | type[Algorithm] | None, overrides: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``Trainer.from_checkpoint``: the settings to build the trainer with (the stored config under
-    ``overrides``) and the state to load into it, from the checkpoint ``path`` names. ``preset``:
-    the one algorithm the trainer class trains (``shoal.PPO``'s), which the checkpoint must be of."""
+    ``overrides``), the state to load into it and the checkpoint's meta, from the checkpoint
+    ``path`` names, once it is found to belong to the run it is loaded into. ``preset``: the one
+    algorithm the trainer class trains (``shoal.PPO``'s), which the checkpoint must be of."""
     path = ckpt.resolve_checkpoint(path)
     state, checkpoint_meta = ckpt.read_checkpoint(path)
     settings = dict(state["config"])
+    into = overrides.get("run_dir")
+    lineage.check_checkpoint(path, checkpoint_meta, settings, None if into is None else Path(into))
     if preset is not None and "algo" not in overrides:
         saved = settings["algo"]
         try:
@@ -119,7 +124,45 @@ def saved_run(
                 f"checkpoint '{path}' was written by algo '{saved}', not '{preset}'; load "
                 f"it with shoal.Trainer.from_checkpoint."
             )
-    return merge_settings(ckpt.stored_settings(path, settings, checkpoint_meta, overrides), overrides), state
+    merged = merge_settings(ckpt.stored_settings(path, settings, checkpoint_meta, overrides), overrides)
+    _keeps_identity(path, settings, merged)
+    return merged, state, checkpoint_meta
+
+
+def _keeps_identity(path: Path, stored: dict[str, Any], merged: dict[str, Any]) -> None:
+    """Refuse settings that change what the checkpoint's networks were built for (the keys of its
+    config fingerprint): its state could not be loaded into them."""
+    if not isinstance(merged.get("env"), str):  # an env object passed again stands for the stored one
+        merged = {**merged, "env": stored.get("env")}
+    if lineage.fingerprint(merged) == lineage.fingerprint(stored):
+        return
+    keys = [k for k in ("algo", *lineage.IDENTITY_KEYS, "policies") if merged.get(k) != stored.get(k)]
+    changes = "; ".join(f"{k}: {shorten(str(stored.get(k)), 80)} -> {shorten(str(merged.get(k)), 80)}" for k in keys)
+    raise ckpt.CheckpointError(
+        f"the settings given change what checkpoint '{path}' was trained as ({changes}); a resume keeps "
+        f"the algorithm, env, model and policies. Start a new run to change them."
+    )
+
+
+def continue_run(trainer: Trainer, path: Path, meta: dict[str, Any], new_budget: bool) -> None:
+    """After ``restore``: what a resumed run keeps of the run it continues. Its logs go on after
+    the checkpoint; its budget is the one it was given (its last ``learn``'s) unless ``new_budget``;
+    the tuned config it started from; and its run id when it writes to that run's directory."""
+    t = trainer
+    t._resume_point = (t.iteration, t.timesteps_total)
+    if not new_budget:
+        t.config.total_timesteps = max(1, t._schedule_end)
+    if meta.get("tuned_config"):
+        t.tuned_config = Path(meta["tuned_config"])
+    if t.run_dir is not None:
+        own = lineage.read_identity(t.run_dir) or {}
+        same_run = t.run_dir.resolve() == (lineage.run_dir_of(path) or path).resolve()
+        t.run_id = own.get("run_id") or (meta.get("run_id") if same_run else None) or t.run_id
+
+
+def stop_reason(trainer: Trainer) -> str:
+    """Why the run's last ``learn`` ended, as result.json and ``shoal train`` report it."""
+    return trainer.stop_reason or "total_timesteps"  # None on the trainer: it ran to its budget
 
 
 def write_summary(trainer: Trainer, checkpoint: Path | None) -> None:
@@ -131,7 +174,7 @@ def write_summary(trainer: Trainer, checkpoint: Path | None) -> None:
         "training_iteration": t.iteration,
         "timesteps_total": t.timesteps_total,
         "time_total_s": t.time_total_s,
-        "stop_reason": t.stop_reason,
+        "stop_reason": stop_reason(t),
         "checkpoint": str(checkpoint) if checkpoint else None,
         "tuned_config": str(t.tuned_config) if t.tuned_config else None,
         "metric_analysis": t.analysis.summary(),

@@ -6,6 +6,7 @@ the trainer: a config's backend in ``shoal.vector.build``, the collector and wha
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from shoal.config import TrainerConfig
 from shoal.config.tuned import TunedStart, start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.spaces import EnvInfo
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, shorten
 from shoal.vector import VecBackend
 from shoal.vector.base import seed_everything
 from shoal.vector.build import build_backend, with_action_rules
@@ -41,7 +42,7 @@ def algorithm_settings(
         algo_cls = algorithm_class(preset)
         if "algo" in settings and algorithm_class(settings["algo"]) is not algo_cls:
             raise ConfigError(
-                f"shoal.{trainer_name} trains {algo_cls.name}; for algo={settings['algo']!r} use "
+                f"shoal.{trainer_name} trains {algo_cls.name}; for algo={shorten(repr(settings['algo']))} use "
                 f"shoal.Trainer(algo=...)."
             )
         settings = {**settings, "algo": settings.get("algo", preset)}  # as config.yaml and checkpoints record it
@@ -101,12 +102,30 @@ def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> 
 
 
 def run_dir(config: TrainerConfig, algo_name: str, env_name: str) -> Path | None:
-    """The run's directory (None when it saves nothing). A new name is recorded in the config, so
-    a checkpoint knows where its run logs."""
+    """The run's directory (None when it saves nothing), checked to be usable. A new name is
+    recorded in the config, so a checkpoint knows where its run logs."""
     c = config
     if not c.save_outputs:
         return None
     if not c.run_dir:
         name = c.name or f"{algo_name}_{env_name}_seed{c.seed}_{datetime.now():%Y%m%d-%H%M%S}"
         c.run_dir = str(Path("runs") / name.replace("/", "_"))
+    check_run_dir(Path(c.run_dir))
     return Path(c.run_dir)
+
+
+def check_run_dir(path: Path) -> None:
+    """Refuse, before anything trains, a run directory that cannot hold a run: a file, or under one;
+    one this user cannot write; one whose ``checkpoints`` is not a directory."""
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is under '{existing}', which is a file"
+        raise ConfigError(f"run_dir '{path}' {where}; give a directory (--run-dir or run_dir=...).")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir '{path}' cannot be written: this user may not write to '{existing}'.")
+    checkpoints = path / "checkpoints"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise ConfigError(
+            f"run_dir '{path}' holds a file named 'checkpoints', where the run keeps its checkpoints "
+            f"(a directory); move the file or give another run_dir."
+        )

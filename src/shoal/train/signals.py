@@ -1,4 +1,4 @@
-"""Signal handlers installed for the length of a block."""
+"""Signal handlers installed for the length of a block, and the ones a training run stops on."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
+
+from shoal.errors import RunInterrupted
+from shoal.train import faults
+
+if TYPE_CHECKING:
+    from shoal.train.trainer import Trainer
 
 Handler = Callable[[int, FrameType | None], None]
 
@@ -24,3 +31,27 @@ def handling(signals: tuple[signal.Signals, ...], handler: Handler) -> Iterator[
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def stop_requests(trainer: Trainer) -> Iterator[None]:
+    """SIGINT and SIGTERM set the trainer's ``stop_reason``, which stops its loop at the next
+    iteration boundary, where the state is whole and can be checkpointed. A second SIGINT stops at
+    once: the block ends with ``RunInterrupted``, whose message says what was kept, also when the
+    interrupt surfaced as another error (torch's checkpoint writer, cut short, raises its own)."""
+    interrupted = False
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        if trainer.stop_reason is not None and signum == signal.SIGINT:
+            interrupted = True
+            raise KeyboardInterrupt
+        trainer.stop_reason = signal.Signals(signum).name
+
+    try:
+        with handling((signal.SIGINT, signal.SIGTERM), request_stop):
+            yield
+    except BaseException:
+        if interrupted:
+            raise RunInterrupted(faults.interrupted(trainer)) from None
+        raise

@@ -14,12 +14,9 @@ modules, and Ray rollout workers receive the weights at the start of each collec
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import time
-import warnings
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import numpy as np
@@ -32,11 +29,11 @@ from shoal.algos.base import Algorithm
 from shoal.collect import build
 from shoal.collect.episodes import Episode
 from shoal.envs.registry import env_name
-from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, did_you_mean
+from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, did_you_mean, warn
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
-from shoal.train import data_parallel, faults, run_state, setup, signals
+from shoal.train import data_parallel, faults, lineage, run_state, setup, signals
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import act_once, evaluate_policies
 from shoal.vector.restarts import EnvRestarts
@@ -72,6 +69,10 @@ class Trainer:
             self._tuned.announce()
         setup.prepare_process(c)
         self.env_name = env_name(c.env)
+        self.run_dir = setup.run_dir(c, algo_cls.implementation(c).name, self.env_name)  # checked before envs start
+        """Where logs and checkpoints go (None with ``save_outputs=False``)."""
+        self.run_id = lineage.new_run_id()
+        """The run's id, which its run.json and each of its checkpoints record (kept across resumes)."""
         self.callbacks = CallbackList(c.callbacks)
         self.env_restarts = EnvRestarts(c.max_restarts_per_hour, self.env_name)
 
@@ -107,8 +108,6 @@ class Trainer:
         self.analysis = MetricAnalysis()
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
-        self.run_dir = setup.run_dir(c, self.algo_name, self.env_name)
-        """Where logs and checkpoints go (None with ``save_outputs=False``)."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
         self._logger: RunLogger | None = None
         try:
@@ -130,10 +129,16 @@ class Trainer:
 
     @property
     def logger(self) -> RunLogger | None:
-        """Opened on first use, so loading a checkpoint to evaluate it writes nothing."""
+        """Opened on first use, so loading a checkpoint to evaluate it writes nothing. Opening it
+        makes the run directory its own: config.yaml, run.json and the checkpoints it must not
+        overwrite or prune set aside (``shoal.train.lineage.claim``)."""
         if self._logger is None and self.run_dir is not None:
             c = self.config
-            self._logger = RunLogger(self.run_dir, c.to_yaml_dict(), self._resume_point, c.wandb_project, c.wandb_mode)
+            config = c.to_yaml_dict()
+            with faults.run_writes("the run directory", None, self.run_dir):
+                self._logger = RunLogger(self.run_dir, config, self._resume_point, c.wandb_project, c.wandb_mode)
+                resumed_at = None if self._resume_point is None else self._resume_point[0]
+                lineage.claim(self.run_dir, self.run_id, config, self.env_name, resumed_at)
         return self._logger
 
     # ----- the loop -----------------------------------------------------------------------
@@ -200,10 +205,9 @@ class Trainer:
             faults.save_learner(self, e)
             raise
         if self.iteration == 0 and (skipped := self.algorithm.skipped_collect_steps()):
-            warnings.warn(
+            warn(
                 f"{self.algo_name} called collector.collect itself, so {' and '.join(skipped)} did not apply; "
-                f"collect through self.collect(collector, rollout) in training_step.",
-                stacklevel=3,
+                f"collect through self.collect(collector, rollout) in training_step."
             )
         return stats
 
@@ -213,8 +217,10 @@ class Trainer:
     def learn(self, total_timesteps: int | None = None, progress: bool | None = None) -> dict[str, Any]:
         """Train for ``total_timesteps`` more env steps (default: what the config's total leaves).
 
-        Ctrl-C or SIGTERM stops after the current iteration (a second Ctrl-C stops at once), as
-        does a callback returning True; the run is checkpointed and ``result.json`` written either way.
+        Ctrl-C or SIGTERM stops after the current iteration, as does a callback returning True;
+        the run is checkpointed and ``result.json`` written either way. A second Ctrl-C stops at
+        once with ``shoal.errors.RunInterrupted`` (a ``KeyboardInterrupt`` whose message names what was
+        kept), the checkpoint being written (if any) left unwritten.
         """
         c = self.config
         total = max(c.total_timesteps - self.timesteps_total, 0) if total_timesteps is None else int(total_timesteps)
@@ -228,7 +234,8 @@ class Trainer:
         result: dict[str, Any] = {}
         # The handlers stay through the last checkpoint: SIGTERM then lets it finish, and a second
         # Ctrl-C stops it at once, leaving the previous checkpoint the newest.
-        with self._stop_on_signals():
+        with signals.stop_requests(self):
+            _ = self.logger  # the run directory exists before the first iteration, which may fail
             with ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display:
                 while self.timesteps_total - start < total and not data_parallel.agreed_stop(self):
                     result = self.train()
@@ -239,17 +246,6 @@ class Trainer:
                 last = self.save()
                 run_state.write_summary(self, last)
         return result
-
-    def _stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
-        """SIGINT / SIGTERM ask the loop to stop at the next iteration boundary, where the state
-        is whole and can be checkpointed; a second SIGINT interrupts at once."""
-
-        def request_stop(signum: int, frame: FrameType | None) -> None:
-            if self.stop_reason is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            self.stop_reason = signal.Signals(signum).name
-
-        return signals.handling((signal.SIGINT, signal.SIGTERM), request_stop)
 
     # ----- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -274,9 +270,11 @@ class Trainer:
         else:
             path, root = Path(checkpoint_dir), None
         with faults.run_writes("the checkpoint", path, self.run_dir):
+            if root is not None:
+                lineage.make_way(path, self.run_id)
             ckpt.write_checkpoint(path, self.state_dict(), self.checkpoint_meta())
             if root is not None:
-                ckpt.rotate(root, self.config.keep_checkpoints)
+                lineage.rotate(root, self.config.keep_checkpoints, self.run_id)
         self.callbacks("on_checkpoint", self, path)
         return path
 
@@ -290,11 +288,14 @@ class Trainer:
         restore its whole state; ``overrides`` replace config keys (e.g. ``total_timesteps``), and
         a dict updates the stored dict key by key at every depth (``policies={"p": {"gamma": 0.9}}``
         changes one setting of policy p and keeps the rest), as ``key.sub=value`` does on the
-        command line."""
-        settings, state = run_state.saved_run(path, cls.algo, overrides)
+        command line. The checkpoint must belong to the run it is loaded into (its ``run_dir``):
+        same run id, algorithm and config fingerprint (``shoal.train.lineage``). Without
+        ``total_timesteps`` the run trains on to the budget it was given (its last ``learn``'s)."""
+        path = ckpt.resolve_checkpoint(path)
+        settings, state, meta = run_state.saved_run(path, cls.algo, overrides)
         trainer = cls(**settings)
         trainer.load_state_dict(state)
-        trainer._resume_point = (trainer.iteration, trainer.timesteps_total)
+        run_state.continue_run(trainer, path, meta, "total_timesteps" in overrides)
         return trainer
 
     # ----- using the policy ---------------------------------------------------------------

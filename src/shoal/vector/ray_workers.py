@@ -95,7 +95,13 @@ class WorkerSet(VecBackend):
             self.ray.init(address=c.ray_address, include_dashboard=False)
         self._check_resources(c)
         self.env_spec = gym.registry.get(c.env) if isinstance(c.env, str) else None
-        self.actor_class = self.ray.remote(num_cpus=c.num_cpus_per_worker, max_restarts=0)(worker)
+        # SPREAD: Ray's default fills the driver's node up to half its CPUs before using another, so
+        # the workers of a run on a big head node would all sit on it, share its cores and die with it.
+        # No task events: Ray's GCS keeps one (about 3 KB) per call, up to 100,000 of them; with a
+        # call per worker per iteration it grew 110 MB in an hour of benchmarks/soak.py
+        self.actor_class = self.ray.remote(
+            num_cpus=c.num_cpus_per_worker, max_restarts=0, scheduling_strategy="SPREAD", enable_task_events=False
+        )(worker)
         self.envs_per_worker = c.num_envs // c.num_workers
         self.first_envs = [w * self.envs_per_worker for w in range(c.num_workers)]
         k = self.rows_per_env

@@ -87,7 +87,8 @@ class RemoteEnvBackend(VecBackend):
                 f"remote_worker_envs: each worker's {num_envs} envs must split into async_factor="
                 f"{config.async_factor} equal groups."
             )
-        actor = self.ray.remote(num_cpus=config.num_cpus_per_env, max_restarts=0)(EnvActor)
+        # no task events: Ray's GCS would keep one (about 3 KB) for each of these per-step calls
+        actor = self.ray.remote(num_cpus=config.num_cpus_per_env, max_restarts=0, enable_task_events=False)(EnvActor)
         self.actors = [actor.remote(config, first_env_id + i) for i in range(num_envs)]
         layout = self._get(self.actors[0].layout.remote())
         self._get([actor.layout.remote() for actor in self.actors[1:]])  # every env is built

@@ -6,10 +6,9 @@ keeps its own, so a crash loop inside it stops as it happens rather than after i
 from __future__ import annotations
 
 import time
-import warnings
 from collections import deque
 
-from shoal.errors import EnvError
+from shoal.errors import EnvError, warn
 
 
 class EnvRestarts:
@@ -34,13 +33,12 @@ class EnvRestarts:
         for env_id, error in envs if self.warn else ():
             if env_id not in self._warned:
                 self._warned.add(env_id)
-                warnings.warn(
+                warn(
                     f"env '{self.env_name}' (env {env_id}) failed ({error}) and was made anew; its later failures "
-                    f"are counted in num_env_restarts.",
-                    stacklevel=3,
+                    f"are counted in num_env_restarts."
                 )
         for why in workers if self.warn else ():
-            warnings.warn(f"{why}; it was started anew with fresh envs (recreate_failed_workers).", stacklevel=3)
+            warn(f"{why}; it was started anew with fresh envs (recreate_failed_workers).")
         self.total += len(envs)
         self.workers += len(workers)
         self._times.extend([now] * (len(envs) + len(workers)))
