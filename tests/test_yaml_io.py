@@ -231,6 +231,9 @@ values = st.recursive(
     max_leaves=12,
 )
 # a loader that hangs or blows up shows as a missed deadline; the first example imports the algorithms
+# floats are drawn: a Trainer built earlier in the process may have turned on flush-to-zero
+pytestmark = pytest.mark.usefixtures("no_flush_denormal")
+
 FUZZ = settings(deadline=timedelta(seconds=5), max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 
 
