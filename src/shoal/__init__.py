@@ -10,9 +10,12 @@ if TYPE_CHECKING:
     from shoal.collect.episodes import Episode
     from shoal.collect.policies import EpisodeStart
     from shoal.config import (
+        BCConfig,
+        CQLConfig,
         DQNConfig,
         GRPOConfig,
         MADDPGConfig,
+        MARWILConfig,
         PPOConfig,
         PQNConfig,
         SACConfig,
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
     from shoal.experiments import run_experiments
     from shoal.models.policy import ActorCriticPolicy, Policy
     from shoal.models.recurrent import RecurrentActorCriticPolicy
-    from shoal.presets import DQN, GRPO, MADDPG, PPO, PQN, SAC, TD3
+    from shoal.presets import BC, CQL, DQN, GRPO, MADDPG, MARWIL, PPO, PQN, SAC, TD3
     from shoal.train import Trainer
     from shoal.train.callbacks import Callback
     from shoal.train.checkpoint import CheckpointError
@@ -48,6 +51,9 @@ _MODULE_OF = {
     "MADDPGConfig": "shoal.config",
     "PPOConfig": "shoal.config",
     "PQNConfig": "shoal.config",
+    "BCConfig": "shoal.config",
+    "CQLConfig": "shoal.config",
+    "MARWILConfig": "shoal.config",
     "SACConfig": "shoal.config",
     "TD3Config": "shoal.config",
     "TrainerConfig": "shoal.config",
@@ -70,6 +76,9 @@ _MODULE_OF = {
     "MADDPG": "shoal.presets",
     "PPO": "shoal.presets",
     "PQN": "shoal.presets",
+    "BC": "shoal.presets",
+    "CQL": "shoal.presets",
+    "MARWIL": "shoal.presets",
     "SAC": "shoal.presets",
     "TD3": "shoal.presets",
     "Trainer": "shoal.train",
@@ -93,9 +102,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BC",
+    "CQL",
     "DQN",
     "GRPO",
     "MADDPG",
+    "MARWIL",
     "PPO",
     "PQN",
     "SAC",
@@ -103,6 +115,8 @@ __all__ = [
     "ActorCriticPolicy",
     "AgentEnv",
     "Algorithm",
+    "BCConfig",
+    "CQLConfig",
     "Callback",
     "CheckpointError",
     "ConfigError",
@@ -113,6 +127,7 @@ __all__ = [
     "EpisodeStart",
     "GRPOConfig",
     "MADDPGConfig",
+    "MARWILConfig",
     "MultiAgentEnv",
     "OutputError",
     "PPOConfig",

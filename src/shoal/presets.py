@@ -87,3 +87,39 @@ class MADDPG(Trainer):
     """
 
     algo = "maddpg"
+
+
+class BC(Trainer):
+    """Behaviour cloning from recorded steps (``input``): the policy learns to take the recorded
+    actions; the env is used for its spaces and for evaluation.
+
+    >>> algo = shoal.BC(env="CartPole-v1", input="data/cartpole-expert", seed=1)
+    >>> algo.learn(200_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "bc"
+
+
+class MARWIL(Trainer):
+    """MARWIL from recorded steps (``input``): imitation weighted by the exponentiated advantage of
+    each recorded step over its state's value (Wang et al. 2018); ``beta=0`` is behaviour cloning.
+
+    >>> algo = shoal.MARWIL(env="CartPole-v1", input="data/cartpole-mixed", seed=1)
+    >>> algo.learn(200_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "marwil"
+
+
+class CQL(Trainer):
+    """Conservative Q-learning from recorded steps (``input``): DQN for Discrete actions, SAC for
+    Box actions, with the values of actions the data did not take pushed down (Kumar et al. 2020).
+
+    >>> algo = shoal.CQL(env="Pendulum-v1", input="data/pendulum-medium", seed=1)
+    >>> algo.learn(200_000)
+    >>> algo.evaluate(20)["episode_reward_mean"]
+    """
+
+    algo = "cql"

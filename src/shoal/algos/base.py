@@ -178,11 +178,15 @@ class Algorithm(Generic[ConfigT, PolicyT]):
         self.trajectory_hooks: list[Callable[[Trajectory], None]] = []
         """Called after ``postprocess_trajectory`` with each policy's ``Trajectory`` (the trainer adds
         its callbacks' ``on_postprocess_trajectory`` here)."""
+        self.rollout_sinks: list[Callable[[TensorDict, Truncations | None], None]] = []
+        """Called after each collect with the rollout as the envs gave it (before postprocessing) and
+        its truncations (the trainer adds the dataset writer of ``output`` here)."""
 
     @classmethod
-    def implementation(cls, config: TrainerConfig) -> type[Algorithm[Any, Any]]:
-        """The class that learns with ``config``: this one, unless the algorithm hands some of its
-        configurations to a class of their own (PPO's segment learner)."""
+    def implementation(cls, config: TrainerConfig, env: EnvInfo | None = None) -> type[Algorithm[Any, Any]]:
+        """The class that learns with ``config`` on ``env`` (None: not built yet, when only the
+        name is asked for): this one, unless the algorithm hands some configurations or envs to a
+        class of their own (PPO's segment learner, CQL's Discrete and Box learners)."""
         return cls
 
     @property
@@ -232,6 +236,8 @@ class Algorithm(Generic[ConfigT, PolicyT]):
         for policy in self.policies.values():
             policy.start_collection()
         steps = collector.collect(rollout, start_states, until_done, whole)
+        for sink in self.rollout_sinks:
+            sink(rollout, collector.truncations)
         if self.trajectory_hooks or type(self).postprocess_trajectory is not Algorithm.postprocess_trajectory:
             valid = rollout["valid"][:, :-1]
             for index, pid in enumerate(self.policies):
@@ -252,6 +258,7 @@ class Algorithm(Generic[ConfigT, PolicyT]):
             ("batch_mode='complete_episodes'", self.config.batch_mode == "complete_episodes"),
             ("the on_postprocess_trajectory callbacks", bool(self.trajectory_hooks)),
             ("its postprocess_trajectory", own_hook),
+            ("output (the dataset writer)", bool(self.rollout_sinks)),
         )
         return [what for what, wanted in asked if wanted]
 

@@ -60,15 +60,21 @@ class Critics:
         return self.net.first(torch.cat([x, unit_action], 1))
 
     def learn(
-        self, x: torch.Tensor, unit_action: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        unit_action: torch.Tensor,
+        target: torch.Tensor,
+        weights: torch.Tensor | None,
+        penalty: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step on ``0.5 * sum_k (Q_k - target)^2`` (weighted by importance ``weights``);
+        """One step on ``0.5 * sum_k (Q_k - target)^2`` (weighted by importance ``weights``) plus
+        ``penalty`` when given (a term on the critics' values elsewhere, conservative Q-learning's);
         returns the loss, the values ``[k, B]`` and each step's TD error averaged over the critics."""
         q = self.values(x, unit_action)
         error = q - target
         loss = 0.5 * error.square().sum(0)
         loss = loss.mean() if weights is None else (weights * loss).mean()
-        self.optimizer.backward(loss)
+        self.optimizer.backward(loss if penalty is None else loss + penalty)
         self.optimizer.step()
         return loss.detach(), q.detach(), error.detach().abs().mean(0)
 

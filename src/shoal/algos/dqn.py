@@ -152,14 +152,12 @@ class DQNLearner:
         if alpha:  # the target's own action gap at s, subtracted from the reward sum
             q = self.policy.q_values(batch["obs"], self.target.module)
             batch["reward"] = batch["reward"] - alpha * action_gap(q, batch["action"], batch.get("action_mask", None))
+        masks = [key for key in ("action_mask", "next_action_mask") if key in batch.keys()]  # noqa: SIM118
         if not self.config.double_q:
             batch["target"] = q_target(batch, next_q, next_q)
-            return batch.select("obs", "action", "target")
+            return batch.select("obs", "action", "target", *masks[:1])
         batch["next_q_target"] = next_q
-        keys = ["obs", "action", "next_obs", "reward", "discount", "next_q_target"]
-        if "next_action_mask" in batch.keys():  # noqa: SIM118 (a TensorDict)
-            keys.append("next_action_mask")
-        return batch.select(*keys)
+        return batch.select("obs", "action", "next_obs", "reward", "discount", "next_q_target", *masks)
 
     def learn(self, batch: TensorDict, weights: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One minibatch step on ``batch`` as ``prepare`` left it (its target values in)."""
@@ -169,15 +167,22 @@ class DQNLearner:
                 target = q_target(batch, batch["next_q_target"], policy.q_values(batch["next_obs"]))
         else:
             target = batch["target"]
-        q = taken(policy.q_values(batch["obs"]), batch["action"])
+        q_all = policy.q_values(batch["obs"])
+        q = taken(q_all, batch["action"])
         if weights is None:
             loss = F.smooth_l1_loss(q, target)
         else:
             loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
-        self.optimizer.backward(loss)
+        penalty = self.penalty(q_all, q, batch)
+        self.optimizer.backward(loss if penalty is None else loss + penalty)
         self.optimizer.step()
         td_error = (q.detach() - target).abs()
         return {"loss": loss.detach(), "q_mean": q.detach().mean(), "td_error": td_error.mean()}, td_error
+
+    def penalty(self, q_all: torch.Tensor, q: torch.Tensor, batch: TensorDict) -> torch.Tensor | None:
+        """A term added to the loss from the values of every action ``q_all`` and of the taken one
+        ``q`` (conservative Q-learning's); None: none."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "target": self.target.state_dict()}

@@ -48,7 +48,9 @@ class PPOAlgorithm(OnPolicyAlgorithm[PPOConfig, ActorCriticPolicy, FusedPPOStep 
     """Whether the class learns from segments (the segment learner, ``ppo_segments.SegmentPPO``)."""
 
     @classmethod
-    def implementation(cls, config: TrainerConfig) -> type[OnPolicyAlgorithm[Any, Any, Any]]:
+    def implementation(
+        cls, config: TrainerConfig, env: EnvInfo | None = None
+    ) -> type[OnPolicyAlgorithm[Any, Any, Any]]:
         """PPO itself learns from single transitions; ``algo=ppo`` with a configuration that learns
         from segments (``PPOConfig.learns_from_segments``) is the segment learner's."""
         from shoal.algos.ppo_segments import SegmentPPO  # it builds on this module

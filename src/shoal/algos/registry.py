@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.algos.base import Algorithm
+from shoal.algos.bc import BCAlgorithm
+from shoal.algos.cql import CQLAlgorithm
 from shoal.algos.dqn import DQNAlgorithm
 from shoal.algos.grpo import GRPOAlgorithm
 from shoal.algos.maddpg import MADDPGAlgorithm
+from shoal.algos.marwil import MARWILAlgorithm
 from shoal.algos.ppo import PPOAlgorithm
 from shoal.algos.pqn import PQNAlgorithm
 from shoal.algos.sac import SACAlgorithm
@@ -23,6 +26,9 @@ ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {
     "sac": SACAlgorithm,
     "td3": TD3Algorithm,
     "maddpg": MADDPGAlgorithm,
+    "bc": BCAlgorithm,
+    "marwil": MARWILAlgorithm,
+    "cql": CQLAlgorithm,
 }
 
 

@@ -74,13 +74,19 @@ class SACLearner(ActorCriticLearner):
             self.alpha_optimizer.backward(-(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean())
             self.alpha_optimizer.step()
         target = self.td_target(batch, next_x, alpha)
-        critic_loss, q, td_error = critic.learn(x, policy.critic_input(batch["action"]), target, weights)
+        data_action = policy.critic_input(batch["action"])
+        penalty = self.critic_penalty(x, next_x, data_action)
+        critic_loss, q, td_error = critic.learn(x, data_action, target, weights, penalty)
         with critic.frozen():
             actor_loss = (alpha * log_prob - critic.values(x, action).amin(0)).mean()
         self.step_actor(actor_loss)
         critic.target.update(self.config.tau)
         stats = {"critic_loss": critic_loss, "actor_loss": actor_loss.detach(), "entropy_coeff": alpha}
         return stats | {"q_mean": q.mean(), "entropy": -log_prob.detach().mean()}, td_error
+
+    def critic_penalty(self, x: torch.Tensor, next_x: torch.Tensor, data_action: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the critics' loss (conservative Q-learning's); None: none."""
+        return None
 
     def alpha(self) -> torch.Tensor:
         """The entropy coefficient: learned, or as ``entropy_coeff`` fixes it."""

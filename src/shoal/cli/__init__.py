@@ -166,6 +166,33 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def dataset(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shoal.offline.info import dataset_summary
+
+    if args.dataset_command == "record":
+        from shoal.train.recording import record_dataset
+
+        written = record_dataset(args.path, args.out, args.episodes, explore=args.explore, seed=args.seed)
+        for pid, counts in written.items():
+            print(f"shoal: wrote {counts['episodes']} episodes ({counts['steps']:,} steps) of {pid} to {args.out}")
+        return 0
+    rows = dataset_summary(Path(args.path))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        table = Table("", "", title=f"{args.path}: {row.pop('policy')}", show_header=False)
+        for key, value in row.items():
+            table.add_row(
+                key, f"{value:,.2f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
+            )
+        Console(width=120).print(table)
+    return 0
+
+
 def _benchmark_command(args: argparse.Namespace) -> str:
     """The command line that regenerates this benchmark's report."""
     words = ["shoal", "benchmark", *([args.suite] if args.suite else []), *args.overrides]
@@ -269,6 +296,7 @@ COMMANDS = {
     "benchmark": benchmark,
     "tune": tune,
     "serve": serve,
+    "dataset": dataset,
 }
 
 

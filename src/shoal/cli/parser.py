@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description="Reinforcement learning at speed.")
     parser.add_argument("--version", action="version", version=f"shoal {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_command in (_train, _eval, _plot_and_compare, _benchmark, _tune, _serve, _bench):
+    for add_command in (_train, _eval, _plot_and_compare, _benchmark, _tune, _serve, _bench, _dataset):
         add_command(sub)
     return parser
 
@@ -145,6 +145,21 @@ def _serve(sub: Subparsers) -> None:
     serve.add_argument("--max-wait-ms", type=float, default=2.0, help="checkpoints: how long a batch waits to fill")
     serve.add_argument("--max-batch", type=int, default=256, help="checkpoints: most requests per forward pass")
     serve.add_argument("--explore", action="store_true", help="checkpoints: sample actions, not the most likely")
+
+
+def _dataset(sub: Subparsers) -> None:
+    """``shoal dataset``: what a dataset folder holds."""
+    dataset = sub.add_parser("dataset", help="offline datasets (Minari's layout): summarize one, record a policy")
+    what = dataset.add_subparsers(dest="dataset_command", required=True)
+    info = what.add_parser("info", help="spaces, shards, episodes, steps and return statistics per policy")
+    info.add_argument("path", help="a run's output folder, a policy's folder or one Minari dataset")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    rec = what.add_parser("record", help="a trained policy's whole episodes, written as a dataset")
+    rec.add_argument("path", help="a run directory or checkpoint")
+    rec.add_argument("--episodes", type=int, required=True, help="whole episodes to record of each policy")
+    rec.add_argument("--out", required=True, help="the dataset folder to write")
+    rec.add_argument("--explore", action="store_true", help="act as in training (sampling, epsilon, noise)")
+    rec.add_argument("--seed", type=int, help="seed of the envs and the policies' draws (default: the run's)")
 
 
 def _bench(sub: Subparsers) -> None:

@@ -70,6 +70,9 @@ class Collector:
         # against its budget, which may stop the run before a crash loop fills the rollout)
         self.take_restarts: Callable[[list[tuple[int, str]], list[str]], None] | None = None
         self.sample_time_s = 0.0  # time spent collecting so far
+        self.deterministic = False
+        """Act with each policy's most likely action instead of sampling (recording a policy's own
+        behaviour without its exploration, ``shoal dataset record``)."""
         self.truncations: Truncations | None = None
         """The last rollout's truncated steps and the true final observation of each (None before the
         first ``collect``), for algorithms that bootstrap from them."""
@@ -216,7 +219,7 @@ class Collector:
             views["first_now"],
             None if batch.action_mask is None else views["action_mask"][t],
             batch.rows,
-            deterministic=parked,
+            deterministic=parked or self.deterministic,
             out=views["extras"][t],
             critic_obs=None if self.critic is None else views["critic_obs"][t],
             advance=not parked,

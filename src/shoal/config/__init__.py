@@ -15,6 +15,7 @@ from shoal.config.exploration import EpsilonGreedyConfig
 from shoal.config.files import merge_settings, parse_overrides
 from shoal.config.layout import BatchLayout
 from shoal.config.maddpg import MADDPGConfig
+from shoal.config.offline_learners import BCConfig, CQLConfig, MARWILConfig, OfflineConfig
 from shoal.config.replay import DQNConfig, OffPolicyConfig
 from shoal.config.sac import DeterministicActorConfig, ReplayActorCriticConfig, SACConfig, TD3Config
 from shoal.config.sde import StateDependentExplorationConfig
@@ -23,13 +24,17 @@ from shoal.envs.horizon import declared_episode_steps
 from shoal.yaml_io import load_yaml
 
 __all__ = [
+    "BCConfig",
     "BatchLayout",
+    "CQLConfig",
     "DQNConfig",
     "DeterministicActorConfig",
     "EpsilonGreedyConfig",
     "GRPOConfig",
     "MADDPGConfig",
+    "MARWILConfig",
     "OffPolicyConfig",
+    "OfflineConfig",
     "OnPolicyConfig",
     "PPOConfig",
     "PQNConfig",

@@ -16,6 +16,8 @@ class MADDPGConfig(DeterministicActorConfig):
     steps (8 envs, 25-step phases, 25 steps each) at step size 1e-3 where the paper takes one every 100 at 1e-2,
     which learns simple_spread far sooner (the paper trains for 25k episodes and more)."""
 
+    READS_DATASETS: ClassVar[bool] = False  # its critics learn from all agents of an env at once, not one policy
+
     gumbel_temperature: float = Field(default=1.0, gt=0.0)
     """Temperature of the Gumbel-Softmax relaxation through which a Discrete actor's gradient flows."""
 

@@ -54,6 +54,7 @@ class OffPolicyConfig(TrainerConfig):
         "sgd_minibatch_size": "Replay learners draw them from the buffer (SB3's `batch_size`).",
     }
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (*TrainerConfig.POLICY_KEYS, "max_grad_norm", "adam_eps")
+    READS_DATASETS: ClassVar[bool] = True
     ALIASES: ClassVar[dict[str, str]] = {"train_freq": "rollout_fragment_length", **TrainerConfig.ALIASES}
 
     @model_validator(mode="after")

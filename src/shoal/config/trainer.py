@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 
 from shoal.config.backends import check_workers
 from shoal.config.base import ConfigModel
+from shoal.config.offline import check_offline
 from shoal.config.policies import check_policies, with_policy_overrides
 from shoal.config.sampling import check_sampling
 from shoal.envs.horizon import EpisodeRules, declared_episode_steps
@@ -121,6 +122,27 @@ class TrainerConfig(ConfigModel):
     wandb_mode: Literal["offline", "online"] = "offline"
     """`offline`: W&B files under the run directory, uploaded later with `wandb sync`; `online`: uploaded as the run
     goes."""
+    # offline experience: where the steps go besides the learner, and where replay learners read them
+    output: str | None = None
+    """Also write every step collected for the trained policies to Minari datasets in this folder, one per policy
+    (`<output>/<policy id>/part-<k>-v0`, each a whole dataset once closed; needs `shoal[offline]`). None: nothing."""
+    output_max_file_size: int = Field(default=64 << 20, ge=1 << 16)
+    """Bytes of one dataset shard of `output` before the next one starts."""
+    input: Any = "sampler"
+    """Where the replay learners (and the offline ones) get their steps: `sampler`, the envs; a dataset folder (a run's
+    `output`, a Minari dataset, or a folder of them); a list of folders; or a dict of folder -> mixing weight. The env
+    is still built, for its spaces and for evaluation."""
+    off_policy_estimation_methods: list[Literal["is", "wis", "dm", "dr"]] = Field(default_factory=list)
+    """At each evaluation, also estimate the policy's discounted return on recorded episodes: `is` (importance
+    sampling), `wis` (weighted), `dm` (direct method, fitted Q evaluation) and `dr` (doubly robust); reported as
+    `evaluation/off_policy_estimation/<method>` beside `v_behaviour`, the episodes' own. Discrete actions."""
+    off_policy_estimation_input: str | None = None
+    """The dataset those estimates read; None: `input` when it is one dataset folder."""
+    off_policy_estimation_episodes: int = Field(default=100, ge=1)
+    """Episodes of that dataset the estimates read (its first ones)."""
+    off_policy_estimation_config: dict[str, Any] = Field(default_factory=dict)
+    """Settings of fitted Q evaluation for `dm` and `dr` (`iterations`, `epochs_per_iteration`, `hidden`, `lr`,
+    `batch_size`); unset ones are 20, 2, [64, 64], 1e-3 and 256."""
     # discount, the learner's steps, and the network every policy is built with
     gamma: float = Field(default=0.98, ge=0.0, le=1.0)
     """Discount factor of future rewards."""
@@ -206,6 +228,10 @@ class TrainerConfig(ConfigModel):
     POLICY_KEYS: ClassVar[tuple[str, ...]] = ("model", "model_config", "log_std_init", "learning_rate", "gamma")
     # other names of keys, as the segment learner writes them: alias -> key
     ALIASES: ClassVar[dict[str, str]] = {"minibatch_size": "sgd_minibatch_size"}
+    READS_DATASETS: ClassVar[bool] = False
+    """Whether the algorithm learns from recorded steps (``input``), as the replay learners do."""
+    NEEDS_DATASET: ClassVar[bool] = False
+    """Whether the algorithm learns only from recorded steps (the offline ones: ``input`` is required)."""
     NO_RESTARTS: ClassVar[str | None] = None
     """Why the algorithm cannot learn around an env or worker started anew (None: it can)."""
     MINIBATCH_DIVIDES_BATCH: ClassVar[bool] = False
@@ -255,6 +281,11 @@ class TrainerConfig(ConfigModel):
                 f"rollout_fragment_length={max(1, batch // n)}."
             )
         self.rollout_fragment_length, self.train_batch_size = frag, batch
+
+    @model_validator(mode="after")
+    def _check_offline(self) -> TrainerConfig:
+        check_offline(self)
+        return self
 
     @model_validator(mode="after")
     def _check_workers(self) -> TrainerConfig:

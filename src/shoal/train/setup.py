@@ -101,6 +101,19 @@ def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> 
     )
 
 
+def env_spec_json(env: Any) -> str | None:
+    """The Gymnasium spec of a registered env id as JSON, which a dataset records so that Minari can
+    make the env again (None for anything else)."""
+    if not isinstance(env, str) or ":" in env:
+        return None
+    try:
+        import gymnasium as gym
+
+        return gym.spec(env).to_json()
+    except Exception:  # not a Gymnasium id (a shoal name, PettingZoo, VMAS) or a spec that does not serialize
+        return None
+
+
 def run_dir(config: TrainerConfig, algo_name: str, env_name: str) -> Path | None:
     """The run's directory (None when it saves nothing), checked to be usable. A new name is
     recorded in the config, so a checkpoint knows where its run logs."""

@@ -24,7 +24,7 @@ import numpy.typing as npt
 import torch
 from tensordict import TensorDict
 
-from shoal import distributed
+from shoal import distributed, offline
 from shoal.algos.base import Algorithm
 from shoal.collect import build
 from shoal.collect.episodes import Episode
@@ -82,7 +82,7 @@ class Trainer:
                 c.check_batch(self.backend.rows_per_env)
             critic = build.central_critic(c.central_critic, self.backend, self.env_name)
             env_info = setup.env_info(self.backend, self.env_name, critic)
-            self.algorithm: Algorithm = algo_cls.implementation(c)(c, env_info)
+            self.algorithm: Algorithm = algo_cls.implementation(c, env_info)(c, env_info)
             self.algorithm_class = algo_cls
             """The algorithm asked for (``algo``), as config.yaml and checkpoints record it; ``algorithm``
             may be an instance of a class it hands this config to (PPO's segment learner)."""
@@ -92,9 +92,17 @@ class Trainer:
             on_episode_end = self._on_episode_end if self.callbacks.has("on_episode_end") else None
             self.tracker = build.episode_tracker(c, self.backend, on_episode_end)
             extras = self.algorithm.stored_extras()
-            self.collector = build.collector(c, self.backend, self.policy_map, self.tracker, extras, critic)
+            self.collector = offline.dataset_reader(c, env_info) or build.collector(
+                c, self.backend, self.policy_map, self.tracker, extras, critic
+            )
             self.collector.take_restarts = self.env_restarts.take
             self.collector.reset(c.seed)
+            self.dataset_writer = offline.dataset_writer(
+                c, env_info, self.algorithm.name, self.algorithm.trained_policy_ids, setup.env_spec_json(c.env)
+            )
+            """The writer of ``output`` (None without it), closed with the trainer."""
+            if self.dataset_writer is not None:
+                self.algorithm.rollout_sinks.append(self.dataset_writer)
         except BaseException:  # the envs (worker processes, Ray actors) must not outlive a failed start
             self.backend.close()
             raise
@@ -110,6 +118,7 @@ class Trainer:
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
         self._logger: RunLogger | None = None
+        self._estimator: offline.OffPolicyEstimator | None = None
         try:
             data_parallel.start(self)
         except BaseException:
@@ -177,6 +186,8 @@ class Trainer:
         }
         if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
             result["evaluation"] = self.evaluate()
+            if c.off_policy_estimation_methods:
+                result["evaluation"]["off_policy_estimation"] = self.estimate_off_policy()
             self.callbacks("on_evaluate_end", self, result["evaluation"])
         record = log_record(result)
         self.analysis.add(record)
@@ -373,10 +384,21 @@ class Trainer:
                 policy_mapping_fn=policy_mapping_fn or c.policy_mapping_fn,
             )
 
+    def estimate_off_policy(self) -> dict[str, float]:
+        """The policy's discounted return as each of ``off_policy_estimation_methods`` estimates it
+        on recorded episodes, and ``v_behaviour``, theirs (``shoal.offline.estimation``)."""
+        if self._estimator is None:
+            env = setup.env_info(self.backend, self.env_name, None)
+            self._estimator = offline.OffPolicyEstimator(self.config, env)
+        return self._estimator(self.get_policy())
+
     def close(self) -> None:
-        """Close the envs (and their worker processes) and the loggers; ``with`` calls it on exit."""
+        """Close the envs (and their worker processes), the datasets of ``output`` and the loggers;
+        ``with`` calls it on exit."""
         self.backend.close()
         try:
+            if self.dataset_writer is not None:
+                self.dataset_writer.close()
             if self._logger is not None:
                 with faults.run_writes("the metrics", None, self.run_dir):
                     self._logger.close()

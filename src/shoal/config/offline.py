@@ -1,0 +1,49 @@
+"""The checks of ``input`` and ``output``: what a recorded-data run may ask for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shoal.errors import ConfigError, shorten
+
+if TYPE_CHECKING:
+    from shoal.config.trainer import TrainerConfig
+
+
+def check_offline(c: TrainerConfig) -> None:
+    spec = c.input
+    if isinstance(spec, dict):
+        bad = {k: w for k, w in spec.items() if not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0}
+        if bad or not spec:
+            raise ConfigError(
+                f"input={shorten(repr(spec))}: a dict of inputs maps each dataset folder to a mixing weight > 0"
+                + (f"; {shorten(repr(bad))} is not." if bad else ".")
+            )
+    elif isinstance(spec, list):
+        if not spec or not all(isinstance(p, str) and p for p in spec):
+            raise ConfigError(f"input={shorten(repr(spec))}: a list of inputs holds dataset folders (strings).")
+    elif not isinstance(spec, str) or not spec:
+        raise ConfigError(
+            f"input={shorten(repr(spec))} is neither 'sampler' (the envs), a dataset folder, a list of them nor a "
+            f"dict of folder -> mixing weight."
+        )
+    reads = spec != "sampler"
+    name = type(c).__name__.removesuffix("Config")
+    if reads and not c.READS_DATASETS:
+        raise ConfigError(
+            f"input={shorten(repr(spec))}: {name} learns from its own policy's steps, so it takes input='sampler' "
+            f"only; the replay learners (dqn, sac, td3) and the offline ones (bc, marwil, cql) read datasets."
+        )
+    if not reads and c.NEEDS_DATASET:
+        raise ConfigError(f"{name} learns from recorded steps only: set input to a dataset folder (e.g. input=data/).")
+    if reads and c.output is not None:
+        raise ConfigError(f"output={shorten(repr(c.output))} writes what the envs give, but input reads a dataset.")
+    if c.off_policy_estimation_methods and c.off_policy_estimation_input is None and not isinstance(spec, str):
+        raise ConfigError(
+            "off_policy_estimation_methods read one dataset: set off_policy_estimation_input (input names several)."
+        )
+    if c.off_policy_estimation_methods and c.off_policy_estimation_input is None and not reads:
+        raise ConfigError(
+            f"off_policy_estimation_methods={c.off_policy_estimation_methods} need recorded episodes: set "
+            f"off_policy_estimation_input to a dataset folder."
+        )

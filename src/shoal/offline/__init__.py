@@ -1,0 +1,117 @@
+"""Offline experience: datasets in Minari's layout written as the envs are stepped (``output``), read
+in place of the envs by the replay learners (``input``), and what the trainer needs to build both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shoal import distributed
+from shoal.offline.minari_files import DatasetError, DatasetFile, EpisodeArrays, dataset_folders
+from shoal.offline.reader import DatasetReader, dataset_inputs, open_source
+from shoal.offline.writer import DatasetWriter, WriterSettings, stored_spaces
+
+if TYPE_CHECKING:
+    from shoal.config import TrainerConfig
+    from shoal.envs.spaces import EnvInfo
+
+__all__ = [
+    "DatasetError",
+    "DatasetFile",
+    "DatasetReader",
+    "DatasetWriter",
+    "EpisodeArrays",
+    "dataset_folders",
+    "dataset_reader",
+    "dataset_writer",
+]
+
+
+def dataset_writer(
+    config: TrainerConfig,
+    env: EnvInfo,
+    algo_name: str,
+    written: list[str],
+    env_spec: str | None,
+    *,
+    max_episodes: int | None = None,
+    deterministic: bool = False,
+) -> DatasetWriter | None:
+    """The writer ``output`` asks for (None without it): the steps of the ``written`` policies (the
+    trained ones, in training), each policy's datasets in a folder of its own; ``max_episodes`` and
+    ``deterministic`` as ``WriterSettings`` has them (a recording)."""
+    if config.output is None:
+        return None
+    try:
+        import h5py  # noqa: F401  # the writer process needs it: say so before training starts
+    except ImportError:
+        raise DatasetError(f"output={config.output!r} writes HDF5 datasets: pip install 'shoal[offline]'.") from None
+    obs_space, act_space = stored_spaces(env)
+    metadata: dict[str, Any] = {"algorithm_name": f"shoal {algo_name}", "shoal_env": env.name}
+    if env_spec is not None:
+        metadata["env_spec"] = env_spec
+    folder = Path(config.output)
+    if distributed.world_size() > 1:  # each data-parallel rank collects its own steps
+        folder = folder / f"rank-{distributed.rank()}"
+    settings = WriterSettings(
+        folder=folder,
+        policy_ids=tuple(config.policy_ids),
+        written=tuple(written),
+        observation_space=obs_space,
+        action_space=act_space,
+        info_keys=tuple(config.info_keys),
+        max_file_size=config.output_max_file_size,
+        metadata=metadata,
+        max_episodes=max_episodes,
+        deterministic=deterministic,
+    )
+    return DatasetWriter(settings)
+
+
+def dataset_reader(config: TrainerConfig, env: EnvInfo) -> DatasetReader | None:
+    """The reader ``input`` asks for (None for ``input='sampler'``), its datasets opened and checked
+    against the env's spaces."""
+    if config.input == "sampler":
+        return None
+    ids = config.policy_ids
+    if len(ids) > 1:
+        raise DatasetError(
+            f"input={config.input!r}: reading datasets trains one policy; this config has {len(ids)} ({ids})."
+        )
+    inputs = dataset_inputs(config.input)
+    sources = [open_source(Path(path), weight, env, ids[0]) for path, weight in inputs.items()]
+    return DatasetReader(sources, env, config.seed, config.gamma)
+
+
+class OffPolicyEstimator:
+    """``off_policy_estimation_methods`` for one policy: the dataset read once, the estimates made
+    at each call (``shoal.offline.estimation``)."""
+
+    def __init__(self, config: TrainerConfig, env: EnvInfo):
+        from shoal.offline.estimation import load_logged
+
+        if env.act_spec.kind != "discrete":
+            raise DatasetError(
+                f"off_policy_estimation_methods need Discrete actions (the probability of every action); env "
+                f"'{env.name}' has {env.act_spec.space}."
+            )
+        if len(config.policy_ids) > 1:
+            raise DatasetError("off_policy_estimation_methods estimate one policy; this config has several.")
+        path = config.off_policy_estimation_input or config.input
+        self.config, self.actions = config, env.act_spec.nvec[0]
+        self.logged = load_logged(Path(path), config.off_policy_estimation_episodes)
+
+    def __call__(self, policy: Any) -> dict[str, float]:
+        from shoal.offline.estimation import estimate_policy
+
+        c = self.config
+        return estimate_policy(
+            policy,
+            self.logged,
+            list(c.off_policy_estimation_methods),
+            gamma=c.gamma,
+            deterministic=c.evaluation_deterministic,
+            actions=self.actions,
+            fqe=dict(c.off_policy_estimation_config),
+            seed=c.seed,
+        )

@@ -1,0 +1,59 @@
+"""``shoal dataset info``: what a dataset folder holds, per policy: spaces, shards, episodes, steps and
+the statistics of the episodes' returns (read episode by episode, so any size is summarized)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folders
+
+
+def space_label(space: Any) -> str:
+    """A space in a few words: ``Box(4,) float32`` (bounds left out), ``Discrete(2)``."""
+    if isinstance(space, gym.spaces.Box):
+        return f"Box{space.shape} {space.dtype}"
+    return str(space)
+
+
+def dataset_summary(path: Path) -> list[dict[str, Any]]:
+    """One row per group of datasets at ``path`` (a run's ``output`` has one per policy)."""
+    folders = dataset_folders(path)
+    if not folders:
+        raise DatasetError(f"'{path}' holds no dataset (no data/metadata.json under it).")
+    groups: dict[str, list[DatasetFile]] = {}
+    for folder in folders:
+        parts = folder.relative_to(path).parts if folder != path else ()
+        group = parts[0] if len(parts) > 2 else "."  # <policy>/<shard>/data: the policy's folder
+        groups.setdefault(group, []).append(DatasetFile.open(folder))
+    rows = []
+    for group, files in groups.items():
+        returns, lengths = [], []
+        for file in files:
+            for episode in file.episodes():
+                returns.append(float(np.sum(episode.rewards, dtype=np.float64)))
+                lengths.append(len(episode))
+        spaces = {(space_label(f.observation_space), space_label(f.action_space)) for f in files}
+        if len(spaces) > 1:
+            raise DatasetError(f"the datasets of '{path / group}' disagree on their spaces: {sorted(spaces)}.")
+        obs, act = spaces.pop()
+        r = np.array(returns) if returns else np.zeros(1)
+        rows.append(
+            {
+                "policy": group,
+                "observation_space": obs,
+                "action_space": act,
+                "shards": len(files),
+                "episodes": len(returns),
+                "steps": int(sum(lengths)),
+                "return_mean": float(r.mean()),
+                "return_std": float(r.std()),
+                "return_min": float(r.min()),
+                "return_max": float(r.max()),
+                "length_mean": float(np.mean(lengths)) if lengths else 0.0,
+            }
+        )
+    return rows

@@ -1,0 +1,292 @@
+"""Datasets on disk in Minari's layout, so that ``minari.load_dataset`` reads what shoal writes and
+shoal reads what Minari's ``DataCollector`` writes.
+
+A Minari dataset is a folder ``<id>/data/`` holding ``metadata.json`` (the spaces as JSON, the
+episode and step counts, the format) and ``main_data.hdf5``, with one group ``episode_<k>`` per
+episode: ``observations`` (``T + 1`` of them: the last is the episode's final observation),
+``actions``, ``rewards``, ``terminations`` and ``truncations`` (``T`` each), and ``infos`` (arrays of
+``T + 1`` rows, row ``t`` for observation ``t``). shoal writes this layout with h5py directly, so
+writing needs neither Minari nor its ``jax`` dependency; reading another storage format (Minari's
+``arrow``) goes through Minari when it is installed.
+
+What Minari has no field for goes into ``infos`` (see ``docs/offline.md``): ``action_mask``
+(the legal actions at each observation), ``action_log_prob`` (the behaviour policy's
+log-probability of the action taken at each observation, NaN where unknown) and the values of
+``info_keys`` (row ``t + 1`` holds the info of step ``t``; row 0, the reset's, is NaN). A
+multi-agent run writes one dataset per policy, each agent's episode as one Minari episode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+
+from shoal.errors import ConfigError
+
+METADATA = "metadata.json"
+MAIN_FILE = "main_data.hdf5"
+FORMAT_VERSION = "0.5.0"
+"""The Minari dataset version whose layout shoal writes: every Minari 0.5 release reads it."""
+
+Array = npt.NDArray[Any]
+
+
+class DatasetError(ConfigError):
+    """A dataset that cannot be read: missing, truncated, of other spaces than the env's, or holding
+    values that are not numbers. The message names the file and the field."""
+
+
+@dataclass
+class EpisodeArrays:
+    """One agent's episode as a dataset stores it."""
+
+    observations: Array
+    """``[T + 1, ...]``: every observation, the final one last."""
+    actions: Array
+    rewards: Array
+    terminations: Array
+    truncations: Array
+    infos: dict[str, Array] = field(default_factory=dict)
+    """Arrays of ``T + 1`` rows (row ``t`` belongs to observation ``t``)."""
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+
+# ----- spaces -------------------------------------------------------------------------------------
+def space_to_json(space: gym.Space[Any]) -> str:
+    """``space`` as Minari's metadata holds it (Box, Discrete, MultiDiscrete, MultiBinary)."""
+    if isinstance(space, gym.spaces.Box):
+        body: dict[str, Any] = {"type": "Box", "dtype": str(space.dtype), "shape": list(space.shape)}
+        body |= {"low": space.low.tolist(), "high": space.high.tolist()}
+    elif isinstance(space, gym.spaces.Discrete):
+        body = {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        body = {"type": "MultiDiscrete", "dtype": str(space.dtype), "nvec": space.nvec.tolist()}
+        body["start"] = space.start.tolist()
+    elif isinstance(space, gym.spaces.MultiBinary):
+        body = {"type": "MultiBinary", "n": space.n}
+    else:
+        raise DatasetError(f"a dataset cannot hold the space {space}: use Box, Discrete, MultiDiscrete or MultiBinary.")
+    return json.dumps(body)
+
+
+def space_from_json(text: str, where: str) -> gym.Space[Any]:
+    """The space Minari's metadata describes (``where`` names the file and key for errors)."""
+    try:
+        body = json.loads(text) if isinstance(text, str) else text
+        kind = body["type"]
+        if kind == "Box":
+            dtype = np.dtype(body["dtype"])
+            low, high = np.array(body["low"], dtype=dtype), np.array(body["high"], dtype=dtype)
+            return gym.spaces.Box(low=low, high=high, shape=tuple(body["shape"]), dtype=dtype)
+        if kind == "Discrete":
+            return gym.spaces.Discrete(int(body["n"]), start=int(body.get("start", 0)))
+        if kind == "MultiDiscrete":
+            return gym.spaces.MultiDiscrete(body["nvec"], dtype=body["dtype"], start=body.get("start"))
+        if kind == "MultiBinary":
+            return gym.spaces.MultiBinary(body["n"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DatasetError(f"{where}: not a space Minari writes ({e!r}).") from None
+    raise DatasetError(
+        f"{where}: shoal reads Box, Discrete, MultiDiscrete and MultiBinary spaces, not {kind}; flatten the "
+        f"dataset's observations first."
+    )
+
+
+def same_space(a: gym.Space[Any], b: gym.Space[Any]) -> bool:
+    """Whether two spaces hold the same values (Box bounds compared with NaN-free equality)."""
+    if type(a) is not type(b) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if isinstance(a, gym.spaces.Box):
+        assert isinstance(b, gym.spaces.Box)
+        return bool(np.array_equal(a.low, b.low) and np.array_equal(a.high, b.high))
+    return bool(a == b)
+
+
+# ----- writing ------------------------------------------------------------------------------------
+class ShardWriter:
+    """One Minari dataset being written: built in a hidden folder beside its final place and moved
+    there in one rename by ``close``, so a crash or a full disk leaves the whole shards before it
+    and no part of this one."""
+
+    def __init__(self, final: Path, observation_space: gym.Space[Any], action_space: gym.Space[Any], **meta: Any):
+        import h5py  # only when writing: the extra shoal[offline]
+
+        self.final = final
+        self.tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        (self.tmp / "data").mkdir(parents=True)
+        self.metadata: dict[str, Any] = {
+            "dataset_id": f"{final.parent.name}/{final.name}",
+            "minari_version": FORMAT_VERSION,
+            "data_format": "hdf5",
+            "jpeg_encoding": False,
+            "observation_space": space_to_json(observation_space),
+            "action_space": space_to_json(action_space),
+            "total_episodes": 0,
+            "total_steps": 0,
+            **meta,
+        }
+        self.file = h5py.File(self.tmp / "data" / MAIN_FILE, "w")
+
+    @property
+    def steps(self) -> int:
+        return int(self.metadata["total_steps"])
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far."""
+        return int(self.file.id.get_filesize())
+
+    def add(self, episode: EpisodeArrays) -> None:
+        index = self.metadata["total_episodes"]
+        group = self.file.create_group(f"episode_{index}")
+        group.attrs["id"] = index
+        group.attrs["total_steps"] = len(episode)
+        for key in ("observations", "actions", "rewards", "terminations", "truncations"):
+            group.create_dataset(key, data=getattr(episode, key))
+        if episode.infos:
+            infos = group.create_group("infos")
+            for key, value in episode.infos.items():
+                infos.create_dataset(key, data=value)
+        self.metadata["total_episodes"] = index + 1
+        self.metadata["total_steps"] += len(episode)
+
+    def close(self) -> Path:
+        """Finish the file and move the shard into place; returns its final folder."""
+        self.file.close()
+        self.metadata["dataset_size"] = round(os.path.getsize(self.tmp / "data" / MAIN_FILE) / 1e6, 1)
+        with open(self.tmp / "data" / METADATA, "w") as f:
+            json.dump(self.metadata, f)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(self.tmp / "data" / MAIN_FILE, "rb+") as f:
+            os.fsync(f.fileno())
+        self.tmp.replace(self.final)
+        return self.final
+
+    def abandon(self) -> None:
+        """Drop the shard under way (after a failed write)."""
+        with contextlib.suppress(Exception):  # a file that failed to grow may fail to close too
+            self.file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# ----- reading ------------------------------------------------------------------------------------
+def dataset_folders(path: Path) -> list[Path]:
+    """The ``data`` folders of the Minari datasets at ``path``: a dataset's folder or its ``data``
+    folder, a policy's folder of shards, or a folder of several of them; hidden (unfinished) shards
+    are skipped."""
+    if (path / METADATA).is_file():
+        return [path]
+    if (path / "data" / METADATA).is_file():
+        return [path / "data"]
+    return sorted(
+        meta.parent
+        for meta in path.rglob(METADATA)
+        if meta.parent.name == "data" and not any(part.startswith(".") for part in meta.relative_to(path).parts)
+    )
+
+
+@dataclass
+class DatasetFile:
+    """One Minari dataset's metadata, read and checked; ``episodes()`` streams its episodes."""
+
+    folder: Path
+    metadata: dict[str, Any]
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+
+    @classmethod
+    def open(cls, folder: Path) -> DatasetFile:
+        meta_path = folder / METADATA
+        try:
+            metadata = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"dataset file '{meta_path}' cannot be read: {e}.") from None
+        for key in ("observation_space", "action_space", "total_episodes", "total_steps", "data_format"):
+            if key not in metadata:
+                raise DatasetError(f"dataset file '{meta_path}' has no field '{key}', which every Minari dataset has.")
+        obs = space_from_json(metadata["observation_space"], f"'{meta_path}' field 'observation_space'")
+        act = space_from_json(metadata["action_space"], f"'{meta_path}' field 'action_space'")
+        return cls(folder, metadata, obs, act)
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.metadata["total_steps"])
+
+    @property
+    def total_episodes(self) -> int:
+        return int(self.metadata["total_episodes"])
+
+    def episodes(self, order: Sequence[int] | None = None) -> Iterator[EpisodeArrays]:
+        """The episodes in ``order`` (indices; None: all in order), read one at a time, so a dataset
+        larger than memory streams. Datasets not stored as HDF5 are read in order."""
+        if self.metadata["data_format"] != "hdf5":
+            yield from self._episodes_through_minari()
+            return
+        import h5py
+
+        path = self.folder / MAIN_FILE
+        try:
+            handle = h5py.File(path, "r")
+        except OSError as e:
+            raise DatasetError(f"dataset file '{path}' cannot be read as HDF5 (truncated or not HDF5?): {e}.") from None
+        with handle:
+            for k in range(self.total_episodes) if order is None else order:
+                name = f"episode_{k}"
+                if name not in handle:
+                    raise DatasetError(
+                        f"dataset file '{path}' lists {self.total_episodes} episodes but has no '{name}'."
+                    )
+                yield self._read_group(handle[name], f"'{path}' {name}")
+
+    def _read_group(self, group: Any, where: str) -> EpisodeArrays:
+        arrays = {}
+        for key in ("observations", "actions", "rewards", "terminations", "truncations"):
+            if key not in group:
+                raise DatasetError(f"dataset {where} has no field '{key}'.")
+            if not hasattr(group[key], "shape"):
+                raise DatasetError(
+                    f"dataset {where} field '{key}' is a group (a Dict or Tuple space); shoal reads flat arrays."
+                )
+            try:
+                arrays[key] = group[key][()]
+            except OSError as e:
+                raise DatasetError(f"dataset {where} field '{key}' cannot be read (a truncated file?): {e}.") from None
+        infos = (
+            {key: value[()] for key, value in group["infos"].items() if hasattr(value, "shape")}
+            if "infos" in group
+            else {}
+        )
+        return EpisodeArrays(**arrays, infos=infos)
+
+    def _episodes_through_minari(self) -> Iterator[EpisodeArrays]:
+        try:
+            import minari
+        except ImportError:
+            raise DatasetError(
+                f"dataset '{self.folder}' is stored as '{self.metadata['data_format']}', which shoal reads through "
+                f"Minari: pip install 'shoal[offline]' (or store it as hdf5)."
+            ) from None
+        for episode in minari.MinariDataset(self.folder).iterate_episodes():
+            infos = {k: v for k, v in (episode.infos or {}).items() if isinstance(v, np.ndarray)}
+            yield EpisodeArrays(
+                np.asarray(episode.observations),
+                np.asarray(episode.actions),
+                np.asarray(episode.rewards),
+                np.asarray(episode.terminations),
+                np.asarray(episode.truncations),
+                infos,
+            )

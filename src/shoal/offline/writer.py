@@ -1,0 +1,302 @@
+"""``output=DIR``: every step the collector gathers, written to Minari datasets as it is collected.
+
+    Algorithm.collect -> DatasetWriter(rollout, truncations) -> (a copy of the rollout's fields)
+      -> writer process: EpisodeAssembler (per agent row: steps -> whole episodes, per policy)
+      -> ShardWriter per policy: DIR/<policy_id>/part-<k>-v0/, rotated every output_max_file_size bytes
+
+The copy is all the training process does per collect. Cutting rows into episodes and writing
+HDF5 (about a millisecond per episode, under the GIL) happen in a process of their own, so that
+training does not wait for them; the queue between the two is bounded, so a writer that cannot keep
+up slows training down instead of filling memory. A write the disk refuses ends the run with one
+``OutputError`` at the next collect; the shards already closed are whole, and the one under way is
+removed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shoal.errors import OutputError
+from shoal.files import free_space, refused_write
+from shoal.offline.minari_files import Array, EpisodeArrays, ShardWriter
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from shoal.collect import Truncations
+    from shoal.envs.spaces import EnvInfo
+
+QUEUED_ROLLOUTS = 8
+"""Rollouts waiting for the writer process at most; one more makes training wait for it."""
+
+
+def stored_spaces(env: EnvInfo) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """The observation and action spaces of what the rollout stores: structured observations are
+    flat float32 vectors there, and a Box observation is kept in its stored dtype."""
+    obs, act = env.obs_spec, env.act_spec
+    space = obs.space
+    if obs.structured or (isinstance(space, gym.spaces.Box) and space.dtype != obs.dtype):
+        flat = gym.spaces.flatten_space(space) if obs.structured else space
+        assert isinstance(flat, gym.spaces.Box)
+        space = gym.spaces.Box(flat.low.astype(obs.dtype), flat.high.astype(obs.dtype), obs.shape, obs.dtype)
+    return space, act.space
+
+
+@dataclass
+class Block:
+    """One rollout's fields as numpy copies, ``[N, T+1]`` each, and its truncations."""
+
+    fields: dict[str, Array]
+    truncated_rows: Array
+    truncated_steps: Array
+    final_obs: Array
+    next_step: bool
+    """Next-step autoreset: the slot after a step that ended an episode holds its final observation."""
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    folder: Path
+    policy_ids: tuple[str, ...]
+    written: tuple[str, ...]
+    """The policies whose episodes are written (the trained ones)."""
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    info_keys: tuple[str, ...]
+    max_file_size: int
+    metadata: dict[str, Any]
+    max_episodes: int | None = None
+    """Write this many episodes per policy, then no more; the episodes under way at the end are
+    dropped instead of cut (a recording of whole episodes)."""
+    deterministic: bool = False
+    """The policies took their most likely action: its probability was 1 (log-probability 0) for
+    discrete actions, and is not a density for Box actions (NaN)."""
+
+
+class DatasetWriter:
+    """Hands each collected rollout to the writer process (``__call__``); ``close`` writes the
+    episodes still under way as truncated at the last step collected and closes every shard."""
+
+    def __init__(self, settings: WriterSettings):
+        self.settings = settings
+        settings.folder.mkdir(parents=True, exist_ok=True)
+        context = mp.get_context("fork")  # the writer imports nothing the training process lacks
+        self.queue = context.Queue(QUEUED_ROLLOUTS)
+        self.results, child_end = context.Pipe(duplex=False)
+        self.process = context.Process(target=_write_loop, args=(settings, self.queue, child_end), daemon=True)
+        self.process.start()
+        child_end.close()
+        self.summary: dict[str, Any] | None = None
+
+    def __call__(self, rollout: TensorDict, truncations: Truncations | None) -> None:
+        self._raise_if_failed()
+        fields: dict[str, Array] = {
+            key: cast(torch.Tensor, rollout[key]).detach().cpu().numpy().copy() for key in _WRITTEN if key in rollout
+        }
+        if truncations is None or not len(truncations):
+            rows = steps = np.zeros(0, dtype=np.int64)
+            final = fields["obs"][:0, 0]
+            next_step = bool(truncations is not None and truncations.next_step)
+        else:
+            rows, steps = truncations.row.cpu().numpy(), truncations.step.cpu().numpy()
+            final, next_step = truncations.obs.cpu().numpy(), truncations.next_step
+        item = ("block", Block(fields, rows, steps, final, next_step))
+        while True:  # a writer that died with a full queue must not leave training waiting for it
+            try:
+                self.queue.put(item, timeout=1.0)
+                return
+            except queue.Full:
+                if not self.process.is_alive():
+                    self._check(self.results.recv() if self.results.poll() else ("error", "it ended early"))
+
+    def close(self) -> dict[str, Any]:
+        """Finish every dataset; returns what was written (episodes, steps and shards per policy)."""
+        if self.summary is not None:
+            return self.summary
+        if self.process.is_alive():
+            self.queue.put(("close", None))
+        self.process.join()
+        outcome: tuple[str, Any] = self.results.recv() if self.results.poll() else ("error", "it ended early")
+        self.summary = {}
+        self._check(outcome)
+        summary: dict[str, Any] = outcome[1]
+        self.summary = summary
+        return summary
+
+    def _raise_if_failed(self) -> None:
+        if self.results.poll():
+            self._check(self.results.recv())
+
+    def _check(self, outcome: tuple[str, Any]) -> None:
+        kind, detail = outcome
+        if kind == "error":
+            self.summary = {}
+            folder = self.settings.folder
+            message, refused = detail if isinstance(detail, tuple) else (detail, False)
+            if refused:
+                raise OutputError(
+                    f"could not write the dataset '{folder}': {message} ({free_space(folder)} free there now). "
+                    f"The shards closed before it are whole; the one under way was removed."
+                )
+            raise OutputError(f"the dataset writer of '{folder}' failed: {message}")
+
+
+_WRITTEN = (
+    "obs",
+    "action",
+    "reward",
+    "terminated",
+    "truncated",
+    "first",
+    "valid",
+    "policy_id",
+    "action_mask",
+    "sample_log_prob",
+    "info",
+)
+
+
+class EpisodeAssembler:
+    """Cuts each agent row's steps, rollout after rollout, into whole episodes: a row's open episode
+    is kept as pieces until the step that ends it arrives."""
+
+    def __init__(self, settings: WriterSettings):
+        self.settings = settings
+        self.open: dict[int, list[tuple[Block, int, Array]]] = {}  # row -> (block, row, steps) pieces
+
+    def add(self, block: Block) -> list[tuple[str, EpisodeArrays]]:
+        """The episodes ``block`` ends, each with its policy id."""
+        f = block.fields
+        valid, first = f["valid"][:, :-1], f["first"][:, :-1]
+        done = (f["terminated"][:, :-1] | f["truncated"][:, :-1]) & valid
+        finished = []
+        for row in range(valid.shape[0]):
+            pieces = self.open.setdefault(row, [])
+            start = 0
+            for end in [*np.flatnonzero(done[row]).tolist(), None]:
+                stop = valid.shape[1] if end is None else end + 1
+                steps = np.flatnonzero(valid[row, start:stop]) + start
+                if len(steps) and first[row, steps[0]] and pieces:
+                    pieces.clear()  # the open episode was abandoned (the envs were reset): its end is unknown
+                if len(steps):
+                    pieces.append((block, row, steps))
+                if end is not None and pieces:
+                    finished.append(self._episode(pieces, self._final_obs(block, row, end)))
+                    pieces.clear()
+                start = stop
+        return [(pid, ep) for pid, ep in finished if pid in self.settings.written]
+
+    def flush(self) -> list[tuple[str, EpisodeArrays]]:
+        """The episodes still under way, each cut at its last step as a truncation (its final
+        observation is the one collected after that step)."""
+        out = []
+        for pieces in self.open.values():
+            if pieces:
+                block, row, steps = pieces[-1]
+                pid, episode = self._episode(pieces, block.fields["obs"][row, steps[-1] + 1])
+                episode.truncations[-1] = not episode.terminations[-1]
+                if pid in self.settings.written:
+                    out.append((pid, episode))
+        self.open.clear()
+        return out
+
+    @staticmethod
+    def _final_obs(block: Block, row: int, step: int) -> Array:
+        """The true last observation of the episode ``row`` ended at ``step``: the truncation's, the
+        next slot's with next-step autoreset, and zeros for a terminal step otherwise (no learner
+        reads it, so the envs do not keep it)."""
+        obs = block.fields["obs"]
+        if block.next_step:
+            return np.asarray(obs[row, step + 1])
+        hit = np.flatnonzero((block.truncated_rows == row) & (block.truncated_steps == step))
+        return np.asarray(block.final_obs[hit[0]]) if len(hit) else np.zeros_like(obs[row, step])
+
+    def _episode(self, pieces: Sequence[tuple[Block, int, Array]], final_obs: Array) -> tuple[str, EpisodeArrays]:
+        def cat(key: str) -> Array:
+            return np.concatenate([b.fields[key][r, s] for b, r, s in pieces])
+
+        first_block, first_row, first_steps = pieces[0]
+        policy = self.settings.policy_ids[int(first_block.fields["policy_id"][first_row, first_steps[0]])]
+        obs = cat("obs")
+        episode = EpisodeArrays(
+            observations=np.concatenate([obs, final_obs[None]]),
+            actions=cat("action"),
+            rewards=cat("reward"),
+            terminations=cat("terminated"),
+            truncations=cat("truncated"),
+        )
+        n = len(obs)
+        if "action_mask" in first_block.fields:
+            mask = cat("action_mask")
+            episode.infos["action_mask"] = np.concatenate([mask, np.ones_like(mask[:1])])
+        if self.settings.deterministic:
+            box = isinstance(self.settings.action_space, gym.spaces.Box)
+            episode.infos["action_log_prob"] = np.full(n + 1, np.nan if box else 0.0, np.float32)
+            episode.infos["action_log_prob"][-1] = np.nan
+        elif "sample_log_prob" in first_block.fields:
+            episode.infos["action_log_prob"] = np.append(cat("sample_log_prob"), np.nan).astype(np.float32)
+        if "info" in first_block.fields:  # row t + 1 holds the info of step t
+            values = cat("info")
+            for k, key in enumerate(self.settings.info_keys):
+                episode.infos[key] = np.concatenate([[np.nan], values[:, k]]).astype(np.float32)
+        assert len(episode.observations) == n + 1
+        return policy, episode
+
+
+def _write_loop(settings: WriterSettings, inbox: Any, results: Connection) -> None:
+    """The writer process: episodes from each block into each policy's current shard, a new shard
+    once one passes ``max_file_size``; reports the summary (or the error) once at the end."""
+    assembler = EpisodeAssembler(settings)
+    shards: dict[str, ShardWriter] = {}
+    counts = {pid: {"episodes": 0, "steps": 0, "shards": 0} for pid in settings.written}
+
+    def write(episodes: list[tuple[str, EpisodeArrays]]) -> None:
+        for pid, episode in episodes:
+            if settings.max_episodes is not None and counts[pid]["episodes"] >= settings.max_episodes:
+                continue
+            shard = shards.get(pid)
+            if shard is None:
+                final = settings.folder / pid / f"part-{counts[pid]['shards']:05d}-v0"
+                meta = settings.metadata | {"shoal_policy_id": pid}
+                shard = shards[pid] = ShardWriter(final, settings.observation_space, settings.action_space, **meta)
+            shard.add(episode)
+            counts[pid]["episodes"] += 1
+            counts[pid]["steps"] += len(episode)
+            if shard.size >= settings.max_file_size:
+                shard.close()
+                counts[pid]["shards"] += 1
+                del shards[pid]
+
+    try:
+        while True:
+            kind, block = inbox.get()
+            if kind == "close":
+                break
+            write(assembler.add(block))
+        if settings.max_episodes is None:
+            write(assembler.flush())
+        for pid, shard in shards.items():
+            shard.close()
+            counts[pid]["shards"] += 1
+        results.send(("done", counts))
+    except BaseException as e:
+        for shard in shards.values():
+            shard.abandon()
+        refusal = refused_write(e)
+        if refusal is not None:
+            results.send(("error", (f"{refusal.strerror} ({refusal.filename or settings.folder})", True)))
+        else:
+            results.send(("error", (f"{type(e).__name__}: {e}\n{traceback.format_exc()}", False)))
+    finally:
+        results.close()

@@ -1,0 +1,282 @@
+"""Offline experience: ``output`` writes Minari datasets as the envs are stepped, ``input`` feeds
+them to the replay learners in place of the envs, ``shoal dataset info`` summarizes them, and bad
+data is refused with one message naming the file and the field."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import CounterEnv
+
+import shoal
+from shoal.cli import main
+from shoal.errors import ConfigError, OutputError
+from shoal.offline import DatasetFile, dataset_folders
+from shoal.offline.info import dataset_summary
+from shoal.offline.minari_files import DatasetError, ShardWriter
+
+h5py = pytest.importorskip("h5py")
+minari = pytest.importorskip("minari")
+QUIET = dict(save_outputs=False, verbose=0)
+
+
+def record(tmp_path, steps=400, **settings):
+    """A PPO run writing its steps to ``tmp_path / 'data'``; returns the folder."""
+    out = tmp_path / "data"
+    keys = dict(env="CartPole-v1", seed=1, num_envs=4, save_outputs=False, verbose=0, output=str(out)) | settings
+    with shoal.PPO(**keys) as algo:
+        algo.learn(steps)
+    return out
+
+
+def episodes_of(folder):
+    return [ep for f in dataset_folders(folder) for ep in DatasetFile.open(f).episodes()]
+
+
+def test_a_run_s_output_is_a_minari_dataset_that_minari_loads(tmp_path, monkeypatch):
+    out = record(tmp_path, steps=2048)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(out))
+    dataset = minari.load_dataset("default_policy/part-00000-v0")
+    assert dataset.total_steps == 2048  # every step, the episodes under way at the end cut as truncations
+    assert dataset.observation_space == shoal.PPO(env="CartPole-v1", save_outputs=False).backend.obs_spec.space
+    for episode in dataset.iterate_episodes():
+        n = len(episode.rewards)
+        assert episode.observations.shape == (n + 1, 4) and episode.actions.shape == (n,)
+        assert (episode.rewards == 1.0).all() and n <= 500
+        assert not (episode.terminations[:-1] | episode.truncations[:-1]).any()  # ends only at the last step
+        assert episode.terminations[-1] != episode.truncations[-1]
+        logp = episode.infos["action_log_prob"]
+        assert logp.shape == (n + 1,) and (logp[:-1] <= 0).all() and np.isnan(logp[-1])
+
+
+def test_a_truncated_episode_keeps_its_true_final_observation(tmp_path):
+    out = tmp_path / "data"
+    with shoal.PPO(
+        env=lambda: CounterEnv(),
+        num_envs=2,
+        sgd_minibatch_size=64,
+        seed=1,
+        save_outputs=False,
+        verbose=0,
+        output=str(out),
+    ) as algo:
+        algo.learn(64)
+    episodes = episodes_of(out)
+    whole = [ep for ep in episodes if len(ep) == 5]
+    assert len(whole) >= 12
+    for ep in whole:  # obs counts the steps: 0..5, the last one from the truncation, not the next reset's 0
+        assert ep.observations[:, 0].tolist() == [0, 1, 2, 3, 4, 5]
+        assert ep.truncations.tolist() == [False] * 4 + [True]
+
+
+def test_a_terminal_observation_is_zeros_and_said_so(tmp_path):
+    """The envs do not keep a terminal step's observation (no learner reads it)."""
+    out = tmp_path / "data"
+    env = lambda: CounterEnv(terminate=True)  # noqa: E731
+    with shoal.PPO(
+        env=env, num_envs=2, sgd_minibatch_size=64, seed=1, save_outputs=False, verbose=0, output=str(out)
+    ) as algo:
+        algo.learn(64)
+    ep = next(ep for ep in episodes_of(out) if len(ep) == 5)
+    assert ep.observations[:, 0].tolist() == [0, 1, 2, 3, 4, 0]
+    assert ep.terminations[-1] and not ep.truncations.any()
+
+
+def test_worker_processes_and_several_policies_write_one_dataset_per_policy(tmp_path):
+    out = tmp_path / "data"
+    settings = dict(
+        env="pettingzoo:mpe2.simple_spread_v3",
+        env_config={"max_cycles": 10},
+        num_envs=2,
+        num_workers=2,
+        policies=["agent_0", "rest"],
+        policy_mapping_fn={"agent_0": "agent_0", "agent_1": "rest", "agent_2": "rest"},
+        seed=1,
+        save_outputs=False,
+        verbose=0,
+        output=str(out),
+    )
+    with shoal.PPO(**settings) as algo:
+        algo.learn(200)
+        summary = algo.dataset_writer.close()
+    assert sorted(p.name for p in out.iterdir()) == ["agent_0", "rest"]
+    assert summary["rest"]["steps"] == 2 * summary["agent_0"]["steps"] > 0  # two agents' episodes to one's
+    for ep in episodes_of(out / "agent_0"):
+        assert len(ep) == 10 and ep.truncations[-1]
+
+
+def test_shards_rotate_and_an_unfinished_one_is_never_read(tmp_path):
+    out = record(tmp_path, steps=4096, output_max_file_size=1 << 16)
+    shards = dataset_folders(out)
+    assert len(shards) >= 3
+    assert sum(DatasetFile.open(f).total_steps for f in shards) == 4096
+    hidden = out / "default_policy" / ".part-00099-v0.tmp-1" / "data"  # a writer that died half way
+    shutil.copytree(shards[0], hidden)
+    (hidden / "main_data.hdf5").write_bytes(b"half")
+    assert dataset_folders(out) == shards
+
+
+def test_a_refused_write_ends_the_run_with_one_message_and_whole_shards(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    add = ShardWriter.add
+
+    def full_disk(self, episode):
+        calls["n"] += 1
+        if calls["n"] > 40:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.tmp))
+        add(self, episode)
+
+    monkeypatch.setattr(ShardWriter, "add", full_disk)  # the writer process is forked: it has this too
+    out = tmp_path / "data"
+    algo = shoal.PPO(env="CartPole-v1", num_envs=4, seed=1, save_outputs=False, verbose=0, output=str(out))
+    algo.config.output_max_file_size = 1 << 16
+    with pytest.raises(OutputError, match=r"could not write the dataset .*No space left on device.* free there now"):
+        algo.learn(50_000)
+    algo.close()  # the error was said once
+    for folder in dataset_folders(out):  # what was closed reads whole
+        assert len(list(DatasetFile.open(folder).episodes())) == DatasetFile.open(folder).total_episodes
+    assert not list((out / "default_policy").glob(".*"))  # the shard under way is gone
+
+
+def test_dataset_info_prints_each_policy_s_counts_and_returns(tmp_path, capsys):
+    out = record(tmp_path, steps=1024)
+    assert main(["dataset", "info", str(out), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["policy"] == "default_policy" and row["steps"] == 1024
+    assert row["action_space"] == "Discrete(2)" and row["observation_space"] == "Box(4,) float32"
+    assert row["return_mean"] == pytest.approx(row["length_mean"])  # CartPole pays 1 per step
+    assert main(["dataset", "info", str(tmp_path / "nothing")]) == 2
+    assert "holds no dataset" in capsys.readouterr().err
+
+
+def test_replay_learners_read_a_dataset_in_place_of_the_envs(tmp_path):
+    out = record(tmp_path, steps=2048)
+    with shoal.DQN(
+        env="CartPole-v1", input=str(out), seed=1, save_outputs=False, verbose=0, learning_starts=100
+    ) as dqn:
+        result = dqn.learn(3000)
+    assert result["replay_size"] == result["timesteps_total"] >= 3000  # the dataset, read again once it ran out
+    assert result["num_gradient_steps"] > 0
+    assert result["episodes_total"] == 0  # no env episode was played
+
+
+def test_the_reader_plays_episodes_back_exactly(tmp_path):
+    out = tmp_path / "data"
+    with shoal.PPO(
+        env=lambda: CounterEnv(),
+        num_envs=2,
+        sgd_minibatch_size=64,
+        seed=1,
+        save_outputs=False,
+        verbose=0,
+        output=str(out),
+    ) as algo:
+        algo.learn(40)
+    bc = shoal.BC(env=lambda: CounterEnv(), input=str(out), seed=1, save_outputs=False, verbose=0, train_freq=7)
+    rollout = bc.algorithm.rollout.start_rollout()
+    bc.collector.collect(rollout)
+    obs, first = rollout["obs"][0, :, 0].tolist(), rollout["first"][0].tolist()
+    assert obs == [0, 1, 2, 3, 4, 0, 1, 2]  # an episode, then the next from its start
+    assert first == [True, False, False, False, False, True, False, False]
+    assert rollout["truncated"][0, 4] and not rollout["terminated"][0].any()
+    cut = bc.collector.truncations
+    assert cut.row.tolist() == [0] and cut.step.tolist() == [4] and cut.obs[:, 0].tolist() == [5.0]
+    bc.close()
+
+
+def test_bc_learns_cartpole_from_a_ppo_run_s_steps(tmp_path):
+    out = record(tmp_path, steps=30_000, num_envs=8)
+    with shoal.BC(env="CartPole-v1", input=str(out), seed=1, save_outputs=False, verbose=0) as bc:
+        result = bc.learn(20_000)
+        score = bc.evaluate(10)["episode_reward_mean"]
+    assert result["loss"] < 0.6
+    assert score >= 150, score
+
+
+# ----- bad data: one message naming the file and the field, nothing written over -----------------
+def test_input_refuses_what_it_cannot_read(tmp_path):
+    out = record(tmp_path, steps=512)
+    shard = dataset_folders(out)[0]
+    settings = dict(seed=1, save_outputs=False, verbose=0)
+    with pytest.raises(
+        DatasetError, match=r"field 'observation_space' is Box\(.*\); env 'Pendulum-v1' has Box\(.*\(3,\)"
+    ):
+        shoal.BC(env="Pendulum-v1", input=str(out), **settings)
+    with pytest.raises(DatasetError, match="does not exist"):
+        shoal.BC(env="CartPole-v1", input=str(tmp_path / "nope"), **settings)
+    empty = tmp_path / "empty" / "data"
+    empty.mkdir(parents=True)
+    meta = json.loads((shard / "metadata.json").read_text()) | {"total_steps": 0, "total_episodes": 0}
+    (empty / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="holds no steps"):
+        shoal.BC(env="CartPole-v1", input=str(empty.parent), **settings)
+    with pytest.raises(ConfigError, match="PPO learns from its own policy's steps"):
+        shoal.PPO(env="CartPole-v1", input=str(out), **settings)
+    with pytest.raises(ConfigError, match="BC learns from recorded steps only"):
+        shoal.BC(env="CartPole-v1", **settings)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("drop_rewards", r"episode_0 has no field 'rewards'"),
+        ("nan_obs", r"episode_0: field 'observations' holds \[ *nan .* at step 0"),
+        ("short_actions", r"field 'actions' has \d+ rows, 'rewards' \d+"),
+        ("truncate_file", r"cannot be read as HDF5 \(truncated or not HDF5\?\)"),
+    ],
+)
+def test_a_damaged_dataset_is_refused_naming_the_file_and_the_field(tmp_path, damage, message):
+    out = record(tmp_path, steps=512)
+    path = dataset_folders(out)[0] / "main_data.hdf5"
+    if damage == "truncate_file":
+        path.write_bytes(path.read_bytes()[:2000])
+    else:
+        with h5py.File(path, "a") as f:
+            group = f["episode_0"]
+            if damage == "drop_rewards":
+                del group["rewards"]
+            elif damage == "nan_obs":
+                group["observations"][0, 0] = np.nan
+            else:
+                actions = group["actions"][()]
+                del group["actions"]
+                group["actions"] = actions[:-1]
+    before = path.read_bytes()
+    with pytest.raises(DatasetError, match=message), shoal.BC(env="CartPole-v1", input=str(out), seed=1, **QUIET) as bc:
+        bc.learn(2000)
+    assert path.read_bytes() == before  # reading writes nothing
+
+
+def test_a_bad_input_or_output_key_is_one_config_error():
+    with pytest.raises(ConfigError, match="mixing weight > 0"):
+        shoal.BC(env="CartPole-v1", input={"a": 0}, save_outputs=False)
+    with pytest.raises(ConfigError, match="neither 'sampler'"):
+        shoal.DQN(env="CartPole-v1", input=3, save_outputs=False)
+    with pytest.raises(ConfigError, match="output=.* writes what the envs give"):
+        shoal.DQN(env="CartPole-v1", input="x", output="y", save_outputs=False)
+
+
+def test_a_dataset_made_by_minari_s_data_collector_trains_in_shoal(tmp_path, monkeypatch):
+    gym = pytest.importorskip("gymnasium")
+    pytest.importorskip("jax")  # what minari's DataCollector records with
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    env = minari.DataCollector(gym.make("CartPole-v1"))
+    rng = np.random.default_rng(0)
+    for k in range(30):
+        env.reset(seed=k)
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+            done = terminated or truncated
+    made = env.create_dataset(dataset_id="cartpole/random-v0", algorithm_name="uniform random", eval_env="CartPole-v1")
+    with shoal.DQN(
+        env="CartPole-v1", input=str(tmp_path / "cartpole" / "random-v0"), seed=1, learning_starts=100, **QUIET
+    ) as dqn:
+        result = dqn.learn(1000)
+    assert result["replay_size"] >= 1000 and made.total_steps > 300
+    (row,) = dataset_summary(tmp_path / "cartpole" / "random-v0")
+    assert row["episodes"] == 30 and row["steps"] == made.total_steps

@@ -1,0 +1,183 @@
+"""The offline learners (BC, MARWIL, CQL), ``shoal dataset record``, mixed inputs and the
+off-policy estimates reported with each evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import CounterEnv
+from tensordict import TensorDict
+
+import shoal
+from shoal.cli import main
+from shoal.offline import DatasetFile, dataset_folders
+from shoal.offline.minari_files import DatasetError, EpisodeArrays, ShardWriter
+from shoal.offline.reader import returns_to_go
+
+pytest.importorskip("h5py")
+QUIET = dict(save_outputs=False, verbose=0)
+
+
+def record_ppo(folder, env="CartPole-v1", steps=1024, **settings):
+    with shoal.PPO(env=env, seed=1, num_envs=4, output=str(folder), **QUIET, **settings) as ppo:
+        ppo.learn(steps)
+    return folder
+
+
+def test_returns_to_go_match_a_slow_loop():
+    rewards = np.random.default_rng(0).normal(size=37).astype(np.float32)
+    slow = [sum(0.9**k * float(r) for k, r in enumerate(rewards[t:])) for t in range(len(rewards))]
+    assert returns_to_go(rewards, 0.9) == pytest.approx(slow, rel=1e-5)
+
+
+def test_marwil_reads_each_step_s_return_to_go(tmp_path):
+    record_ppo(tmp_path / "d", env=lambda: CounterEnv(), steps=64, sgd_minibatch_size=64)
+    with shoal.MARWIL(env=lambda: CounterEnv(), input=str(tmp_path / "d"), gamma=0.5, train_freq=5, **QUIET) as m:
+        rollout = m.algorithm.rollout.start_rollout()
+        m.collector.collect(rollout)
+    assert rollout["return_to_go"][0, :5].tolist() == pytest.approx([1.9375, 1.875, 1.75, 1.5, 1.0])
+
+
+def test_marwil_with_beta_0_is_behaviour_cloning_plus_a_value_function(tmp_path):
+    record_ppo(tmp_path / "d")
+    with shoal.MARWIL(env="CartPole-v1", input=str(tmp_path / "d"), beta=0.0, seed=1, **QUIET) as m:
+        learner = m.algorithm.learners["default_policy"]
+        policy = learner.policy
+        batch = TensorDict(
+            {"obs": torch.randn(32, 4), "action": torch.randint(0, 2, (32,)), "return_to_go": torch.rand(32) * 10},
+            batch_size=[32],
+        )
+        log_prob, _, value = policy.evaluate(batch["obs"], batch["action"], False)
+        stats, _ = learner.learn(batch.clone(), None)
+    assert float(stats["policy_loss"]) == pytest.approx(float(-log_prob.mean()), rel=1e-5)
+    assert float(stats["vf_loss"]) == pytest.approx(float(0.5 * (batch["return_to_go"] - value).square().mean()))
+    assert float(stats["weight_mean"]) == 1.0
+
+
+def test_discrete_cql_s_conservative_term_is_logsumexp_minus_the_recorded_action_s_value(tmp_path):
+    record_ppo(tmp_path / "d")
+    with shoal.CQL(env="CartPole-v1", input=str(tmp_path / "d"), min_q_weight=2.0, **QUIET) as cql:
+        learner = cql.algorithm.learners["default_policy"]
+    q_all = torch.tensor([[1.0, 3.0], [0.0, 0.0]])
+    action = torch.tensor([1, 0])
+    q = q_all.gather(1, action[:, None]).squeeze(1)
+    mask = torch.tensor([[True, True], [True, False]])
+    batch = TensorDict({"action_mask": mask}, batch_size=[2])
+    expected = 2.0 * ((math.log(math.exp(1) + math.exp(3)) - 3.0) + (0.0 - 0.0)) / 2  # the masked action is left out
+    assert float(learner.penalty(q_all, q, batch)) == pytest.approx(expected)
+    assert type(cql.algorithm).__name__ == "DiscreteCQL" and cql.algo_name == "CQL"
+
+
+def test_box_cql_keeps_the_values_of_actions_the_data_never_took_lower_than_sac(tmp_path):
+    """Recorded actions all within 0.2 of 0 (a narrow behaviour) on a one-step task: SAC's critic
+    values the far actions as its fit extrapolates, CQL's pushes them down."""
+    from conftest import TargetEnv
+
+    rng = np.random.default_rng(0)
+    shard = ShardWriter(
+        tmp_path / "narrow" / "default_policy" / "part-00000-v0",
+        TargetEnv().observation_space,
+        TargetEnv().action_space,
+    )
+    for _ in range(300):
+        target = rng.uniform(-1, 1, 1).astype(np.float32)
+        action = rng.uniform(-0.2, 0.2, 1).astype(np.float32)
+        reward = -float(np.square(action - target).sum())
+        shard.add(
+            EpisodeArrays(
+                np.stack([target, target]), action[None], np.array([reward]), np.array([True]), np.array([False])
+            )
+        )
+    shard.close()
+    gaps = {}
+    for preset in (shoal.SAC, shoal.CQL):
+        settings = dict(env=TargetEnv, input=str(tmp_path / "narrow"), seed=1, learning_starts=200, train_freq=100)
+        extra = {"num_actions": 4} if preset is shoal.CQL else {}
+        with preset(**settings, gradient_steps=20, sgd_minibatch_size=64, **extra, **QUIET) as algo:
+            algo.learn(600)
+            learner = algo.algorithm.learners["default_policy"]
+            with torch.no_grad():
+                x = learner.policy.features(torch.rand(256, 1) * 2 - 1)
+                near = learner.critic.values(x, torch.zeros(256, 1)).mean()
+                edge = learner.critic.values(x, torch.ones(256, 1)).mean()
+            gaps[preset.__name__] = float(edge - near)
+    assert gaps["CQL"] < gaps["SAC"] - 1.0, gaps
+
+
+def test_record_writes_whole_episodes_deterministic_or_exploring(tmp_path, capsys):
+    run = tmp_path / "run"
+    with shoal.PPO(env="CartPole-v1", seed=1, run_dir=str(run), verbose=0) as ppo:
+        ppo.learn(2048)
+    assert main(["dataset", "record", str(run), "--episodes", "7", "--out", str(tmp_path / "greedy")]) == 0
+    assert "wrote 7 episodes" in capsys.readouterr().out
+    assert main(["dataset", "record", str(run), "--episodes", "3", "--explore", "--out", str(tmp_path / "x")]) == 0
+    greedy = [ep for f in dataset_folders(tmp_path / "greedy") for ep in DatasetFile.open(f).episodes()]
+    explored = [ep for f in dataset_folders(tmp_path / "x") for ep in DatasetFile.open(f).episodes()]
+    assert len(greedy) == 7 and len(explored) == 3
+    for ep in greedy + explored:
+        assert ep.terminations[-1] or ep.truncations[-1]  # whole episodes only
+    assert all((ep.infos["action_log_prob"][:-1] == 0).all() for ep in greedy)  # its own choice, probability 1
+    assert any((ep.infos["action_log_prob"][:-1] < 0).any() for ep in explored)
+    assert main(["dataset", "record", str(run), "--episodes", "0", "--out", str(tmp_path / "z")]) == 2
+
+
+def test_mixing_weights_draw_each_input_s_episodes(tmp_path):
+    def counter(limit):
+        return lambda: CounterEnv(limit=limit)
+
+    short, long = tmp_path / "short", tmp_path / "long"
+    for folder, limit in ((short, 2), (long, 6)):
+        with shoal.PPO(
+            env=counter(limit),
+            num_envs=2,
+            sgd_minibatch_size=64,
+            output=str(folder),
+            **QUIET,
+        ) as ppo:
+            ppo.learn(64)
+    settings = dict(env=lambda: CounterEnv(limit=6), train_freq=600, seed=3, **QUIET)
+    with shoal.BC(input={str(short): 3.0, str(long): 1.0}, **settings) as bc:
+        rollout = bc.algorithm.rollout.start_rollout()
+        bc.collector.collect(rollout)
+    lengths = bc.collector.truncations.obs[:, 0]  # each episode's last observation counts its steps
+    assert set(lengths.tolist()) == {2.0, 6.0}
+    share = float((lengths == 2).float().mean())
+    assert 0.65 < share < 0.85  # 3 of 4 episodes from the short input
+
+
+def test_each_evaluation_reports_the_off_policy_estimates(tmp_path):
+    data = record_ppo(tmp_path / "d", steps=2048)
+    settings = dict(
+        env="CartPole-v1",
+        input=str(data),
+        seed=1,
+        evaluation_interval=1,
+        evaluation_num_episodes=2,
+        evaluation_deterministic=False,
+        off_policy_estimation_methods=["is", "wis", "dm", "dr"],
+        off_policy_estimation_episodes=20,
+        off_policy_estimation_config={"iterations": 3, "epochs_per_iteration": 1},
+        **QUIET,
+    )
+    with shoal.BC(**settings) as bc:
+        result = bc.train()
+    estimates = result["evaluation"]["off_policy_estimation"]
+    assert set(estimates) == {"v_behaviour", "is", "wis", "dm", "dr"}
+    assert all(math.isfinite(v) for v in estimates.values())
+    assert 0 < estimates["v_behaviour"] < 100  # discounted (0.99) returns of CartPole's 1-per-step rewards
+
+
+def test_estimates_that_need_what_a_dataset_lacks_are_refused(tmp_path):
+    folder = tmp_path / "dqn"
+    with shoal.DQN(env="CartPole-v1", output=str(folder), learning_starts=10**9, **QUIET) as dqn:
+        dqn.learn(1000)  # no log-probabilities: DQN stores none
+    settings = dict(env="CartPole-v1", input=str(folder), off_policy_estimation_methods=["is"], **QUIET)
+    with shoal.BC(**settings) as bc, pytest.raises(DatasetError, match=r"need the behaviour policy's probabilities"):
+        bc.estimate_off_policy()
+    with shoal.BC(**(settings | {"off_policy_estimation_methods": ["dm"]})) as bc:
+        assert set(bc.estimate_off_policy()) == {"v_behaviour", "dm"}
+    with pytest.raises(shoal.ConfigError, match="need recorded episodes"):
+        shoal.PPO(env="CartPole-v1", off_policy_estimation_methods=["is"], **QUIET)
