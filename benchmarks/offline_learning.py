@@ -6,13 +6,15 @@ and evaluated in the env, and the off-policy estimators checked against measured
 Stages (each skips what its output folder already holds, so a run resumes):
   datasets    CartPole-v1: a PPO trained for 100k steps (its tuned config), recorded acting as in
               training for 200 episodes (expert, 100k steps); 100 of its episodes beside 50k steps
-              of uniformly random actions (mixed). Pendulum-v1: a SAC trained until its evaluation
-              reaches -400, recorded acting as in training for 500 episodes (medium, 100k steps).
+              of uniformly random actions (mixed). Pendulum-v1: the checkpoint of a SAC whose
+              evaluation is nearest -400 (checked every 100 steps), recorded acting as in training
+              for 500 episodes (medium, 100k steps).
   cartpole    BC on expert; BC, MARWIL and CQL on mixed; 200k recorded steps read each (20k
               minibatch steps), 20 deterministic evaluation episodes.
   pendulum    CQL on medium, 100k recorded steps read (10k minibatch steps of 256).
-  estimators  IS, WIS, DM and DR on 100 expert episodes for two policies, each against its
-              discounted return (gamma 0.99) measured over 200 episodes in the env.
+  estimators  IS, WIS, DM and DR on the first 100 expert episodes for BC's policy (trained on them,
+              acting by sampling), against its discounted return (gamma 0.99) measured over 200
+              episodes in the env; fitted Q evaluation with --fqe-iterations regressions.
 The tables print at the end and go to OUT/results.json.
 """
 
@@ -65,15 +67,22 @@ def datasets(out: Path) -> None:
         shutil.rmtree(out / "tmp-expert-half")
         shutil.rmtree(out / "tmp-random")
     if not (out / "pendulum-medium").exists():
-        run = out / "runs" / "sac-pendulum"
-        with shoal.SAC(env="Pendulum-v1", seed=100, run_dir=str(run), verbose=0) as sac:
-            score = -2000.0
-            while score < -400:
-                sac.learn(200)
-                score = sac.evaluate(10)["episode_reward_mean"]
-            sac.save()
-            print(f"SAC stopped at {sac.timesteps_total} steps, evaluation {score:.1f}", flush=True)
-        record_dataset(run, out / "pendulum-medium", 500, explore=True, seed=7)
+        record_dataset(medium_sac(out), out / "pendulum-medium", 500, explore=True, seed=7)
+
+
+def medium_sac(out: Path) -> Path:
+    """The checkpoint of a SAC on Pendulum-v1 whose evaluation is nearest -400: SAC learns the swing-up
+    within a few hundred steps, so it is checkpointed and evaluated every 100 steps until it is past."""
+    run = out / "runs" / "sac-pendulum"
+    scores = {}
+    settings = dict(timesteps_per_iteration=100, keep_checkpoints=1000, verbose=0)
+    with shoal.SAC(env="Pendulum-v1", seed=100, run_dir=str(run), **settings) as sac:
+        while not scores or max(scores.values()) < -250:
+            sac.learn(100)
+            scores[sac.save()] = sac.evaluate(10, seed=123)["episode_reward_mean"]
+    chosen = min(scores, key=lambda path: abs(scores[path] + 400))
+    print(f"SAC checkpoint {chosen.name}: evaluation {scores[chosen]:.1f}", flush=True)
+    return chosen
 
 
 def learn(preset: type[shoal.Trainer], env: str, data: Path, seed: int, steps: int) -> dict:
@@ -84,6 +93,13 @@ def learn(preset: type[shoal.Trainer], env: str, data: Path, seed: int, steps: i
     return {"return": score, "minutes": (time.perf_counter() - start) / 60}
 
 
+def save(out: Path, key: str, row: dict) -> None:
+    """Add one result to OUT/results.json as it is now (several seeds may run side by side)."""
+    path = out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(results | {key: row}, indent=1))
+
+
 def learners(out: Path, seeds: list[int], name: str, runs: list[tuple[str, type, str, str, int]]) -> None:
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     for label, preset, env, data, steps in runs:
@@ -92,7 +108,7 @@ def learners(out: Path, seeds: list[int], name: str, runs: list[tuple[str, type,
             if key not in results:
                 results[key] = learn(preset, env, out / data, seed, steps)
                 print(key, results[key], flush=True)
-                (out / "results.json").write_text(json.dumps(results, indent=1))
+                save(out, key, results[key])
 
 
 def measured_return(algo: shoal.Trainer, episodes: int, gamma: float, deterministic: bool) -> float:
@@ -114,12 +130,12 @@ def measured_return(algo: shoal.Trainer, episodes: int, gamma: float, determinis
     return float(np.mean(returns))
 
 
-def estimators(out: Path, seeds: list[int]) -> None:
+def estimators(out: Path, seeds: list[int], fqe_iterations: int) -> None:
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     data = out / "cartpole-expert"
     methods = ["is", "wis", "dm", "dr"]
     for seed in seeds:
-        key = f"estimators/bc/{seed}"
+        key = f"estimators/bc-fqe{fqe_iterations}/{seed}"
         if key in results:
             continue
         settings = dict(
@@ -129,6 +145,7 @@ def estimators(out: Path, seeds: list[int]) -> None:
             gamma=0.99,
             evaluation_deterministic=False,
             off_policy_estimation_methods=methods,
+            off_policy_estimation_config={"iterations": fqe_iterations, "epochs_per_iteration": 1},
             **QUIET,
         )
         with shoal.BC(**settings) as bc:
@@ -137,7 +154,7 @@ def estimators(out: Path, seeds: list[int]) -> None:
             truth = measured_return(bc, 200, 0.99, deterministic=False)
         results[key] = {"true": truth, **estimates}
         print(key, results[key], flush=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        save(out, key, results[key])
 
 
 def report(out: Path) -> None:
@@ -161,8 +178,10 @@ def report(out: Path) -> None:
         spread = statistics.pstdev(returns) if len(returns) > 1 else 0.0
         minutes = statistics.mean(r["minutes"] for r in rows)
         print(f"| {group} | {len(rows)} | {statistics.mean(returns):.1f} ± {spread:.1f} | {minutes:.1f} |")
-    est = groups.get("estimators/bc")
-    if est:
+    for group, est in groups.items():
+        if not group.startswith("estimators"):
+            continue
+        print(f"\n{group}:")
         print("\n| estimator | mean estimate | true (measured) | error (mean ± std over seeds) |\n|---|---|---|---|")
         for method in ("v_behaviour", "is", "wis", "dm", "dr"):
             errors = [r[method] - r["true"] for r in est]
@@ -180,6 +199,7 @@ def main() -> None:
     parser.add_argument(
         "--stages", nargs="+", default=["datasets", "cartpole", "pendulum", "estimators"], help="what to run"
     )
+    parser.add_argument("--fqe-iterations", type=int, default=300, help="fitted Q evaluation's regressions (dm, dr)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +216,7 @@ def main() -> None:
     if "pendulum" in args.stages:
         learners(out, args.seeds, "pendulum", [("cql-medium", shoal.CQL, "Pendulum-v1", "pendulum-medium", 100_000)])
     if "estimators" in args.stages:
-        estimators(out, args.seeds)
+        estimators(out, args.seeds, args.fqe_iterations)
     report(out)
 
 

@@ -17,7 +17,7 @@ from shoal.cli import main
 from shoal.errors import ConfigError, OutputError
 from shoal.offline import DatasetFile, dataset_folders
 from shoal.offline.info import dataset_summary
-from shoal.offline.minari_files import DatasetError, ShardWriter
+from shoal.offline.minari_files import DatasetError, EpisodeArrays, ShardWriter
 
 h5py = pytest.importorskip("h5py")
 minari = pytest.importorskip("minari")
@@ -29,6 +29,14 @@ def record(tmp_path, steps=400, **settings):
     out = tmp_path / "data"
     keys = dict(env="CartPole-v1", seed=1, num_envs=4, save_outputs=False, verbose=0, output=str(out)) | settings
     with shoal.PPO(**keys) as algo:
+        algo.learn(steps)
+    return out
+
+
+def record_counter(tmp_path, make, steps):
+    """A PPO run on 2 copies of a counting env (``make()``) writing ``tmp_path / 'data'``."""
+    out = tmp_path / "data"
+    with shoal.PPO(env=lambda: make(), num_envs=2, sgd_minibatch_size=64, seed=1, output=str(out), **QUIET) as algo:
         algo.learn(steps)
     return out
 
@@ -54,17 +62,7 @@ def test_a_run_s_output_is_a_minari_dataset_that_minari_loads(tmp_path, monkeypa
 
 
 def test_a_truncated_episode_keeps_its_true_final_observation(tmp_path):
-    out = tmp_path / "data"
-    with shoal.PPO(
-        env=lambda: CounterEnv(),
-        num_envs=2,
-        sgd_minibatch_size=64,
-        seed=1,
-        save_outputs=False,
-        verbose=0,
-        output=str(out),
-    ) as algo:
-        algo.learn(64)
+    out = record_counter(tmp_path, CounterEnv, 64)
     episodes = episodes_of(out)
     whole = [ep for ep in episodes if len(ep) == 5]
     assert len(whole) >= 12
@@ -75,12 +73,7 @@ def test_a_truncated_episode_keeps_its_true_final_observation(tmp_path):
 
 def test_a_terminal_observation_is_zeros_and_said_so(tmp_path):
     """The envs do not keep a terminal step's observation (no learner reads it)."""
-    out = tmp_path / "data"
-    env = lambda: CounterEnv(terminate=True)  # noqa: E731
-    with shoal.PPO(
-        env=env, num_envs=2, sgd_minibatch_size=64, seed=1, save_outputs=False, verbose=0, output=str(out)
-    ) as algo:
-        algo.learn(64)
+    out = record_counter(tmp_path, lambda: CounterEnv(terminate=True), 64)
     ep = next(ep for ep in episodes_of(out) if len(ep) == 5)
     assert ep.observations[:, 0].tolist() == [0, 1, 2, 3, 4, 0]
     assert ep.terminations[-1] and not ep.truncations.any()
@@ -165,17 +158,7 @@ def test_replay_learners_read_a_dataset_in_place_of_the_envs(tmp_path):
 
 
 def test_the_reader_plays_episodes_back_exactly(tmp_path):
-    out = tmp_path / "data"
-    with shoal.PPO(
-        env=lambda: CounterEnv(),
-        num_envs=2,
-        sgd_minibatch_size=64,
-        seed=1,
-        save_outputs=False,
-        verbose=0,
-        output=str(out),
-    ) as algo:
-        algo.learn(40)
+    out = record_counter(tmp_path, CounterEnv, 40)
     bc = shoal.BC(env=lambda: CounterEnv(), input=str(out), seed=1, save_outputs=False, verbose=0, train_freq=7)
     rollout = bc.algorithm.rollout.start_rollout()
     bc.collector.collect(rollout)
@@ -280,3 +263,57 @@ def test_a_dataset_made_by_minari_s_data_collector_trains_in_shoal(tmp_path, mon
     assert result["replay_size"] >= 1000 and made.total_steps > 300
     (row,) = dataset_summary(tmp_path / "cartpole" / "random-v0")
     assert row["episodes"] == 30 and row["steps"] == made.total_steps
+
+
+@pytest.mark.slow
+def test_ray_rollout_workers_write_the_same_dataset(ray_cluster, tmp_path):
+    out = tmp_path / "data"
+    with shoal.PPO(env="CartPole-v1", backend="ray", num_workers=2, seed=1, output=str(out), **QUIET) as algo:
+        algo.learn(1024)
+        written = algo.dataset_writer.close()
+    assert written["default_policy"]["steps"] == algo.timesteps_total
+    assert sum(len(ep) for ep in episodes_of(out)) == algo.timesteps_total
+
+
+def test_a_dataset_larger_than_the_buffer_trains_through_it(tmp_path):
+    out = record(tmp_path, steps=2048)
+    settings = dict(buffer_size=500, train_freq=100, learning_starts=200)
+    with shoal.BC(env="CartPole-v1", input=str(out), **settings, **QUIET) as bc:
+        result = bc.learn(3000)
+    assert result["replay_size"] <= 500 < 2048 and result["num_gradient_steps"] > 0  # never the whole dataset
+
+
+def test_bc_imitates_box_actions(tmp_path):
+    """Recorded actions a = 0.5 * target on a one-step task: BC's mean action follows."""
+    from conftest import TargetEnv
+
+    env = TargetEnv()
+    shard = ShardWriter(tmp_path / "d" / "default_policy" / "part-00000-v0", env.observation_space, env.action_space)
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        target = rng.uniform(-1, 1, 1).astype(np.float32)
+        action = 0.5 * target
+        episode = EpisodeArrays(
+            np.stack([target, target]), action[None], np.zeros(1), np.ones(1, bool), np.zeros(1, bool)
+        )
+        shard.add(episode)
+    shard.close()
+    settings = dict(seed=1, learning_rate=3e-3, train_freq=500, gradient_steps=200, learning_starts=500)
+    with shoal.BC(env=TargetEnv, input=str(tmp_path / "d"), **settings, **QUIET) as bc:
+        bc.learn(5000)
+        obs = np.array([[-0.8], [0.0], [0.6]], dtype=np.float32)
+        actions = bc.compute_actions(obs, deterministic=True)
+    assert actions[:, 0] == pytest.approx([-0.4, 0.0, 0.3], abs=0.08)
+
+
+def test_next_step_autoreset_envs_write_whole_episodes(tmp_path):
+    """gymnasium's vector CartPole resets on the step after an episode's end (a step that is not a
+    transition): every written episode starts from a reset and ends at its one done step."""
+    out = record(tmp_path, steps=4096, vectorization_mode="vector_entry_point", num_envs=16)
+    episodes = episodes_of(out)
+    assert sum(len(ep) for ep in episodes) > 3500
+    for ep in episodes:
+        assert np.abs(ep.observations[0]).max() <= 0.05  # CartPole starts within 0.05 of upright and still
+        assert (ep.rewards == 1).all() and not (ep.terminations[:-1] | ep.truncations[:-1]).any()
+        if ep.terminations[-1]:
+            assert np.abs(ep.observations[-1]).max() > 0  # the true last observation, where it fell

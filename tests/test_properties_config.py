@@ -128,6 +128,11 @@ BY_HAND: dict[str, st.SearchStrategy] = {
     "advantage_estimator": st.sampled_from(["gae", "vtrace", "shoal.algos.on_policy:rollout_gae"]),
     "use_sde": st.just(False),  # Box actions only: a ConfigError on CartPole (tested below)
     "info_keys": st.lists(st.sampled_from(["x", "is_success"]), max_size=2, unique=True),  # CartPole gives neither
+    "output": st.just(None),  # writes datasets: tests/test_offline.py
+    "input": st.just("sampler"),  # PPO reads no datasets (its refusal: tests/test_offline.py)
+    "off_policy_estimation_methods": st.just([]),  # needs a dataset: tests/test_offline_learners.py
+    "off_policy_estimation_input": st.just(None),
+    "off_policy_estimation_config": st.just({}),
 }
 JOINT = {  # drawn together in `valid_configs`
     "rollout_fragment_length",

@@ -34,8 +34,6 @@ def check_offline(c: TrainerConfig) -> None:
             f"input={shorten(repr(spec))}: {name} learns from its own policy's steps, so it takes input='sampler' "
             f"only; the replay learners (dqn, sac, td3) and the offline ones (bc, marwil, cql) read datasets."
         )
-    if not reads and c.NEEDS_DATASET:
-        raise ConfigError(f"{name} learns from recorded steps only: set input to a dataset folder (e.g. input=data/).")
     if reads and c.output is not None:
         raise ConfigError(f"output={shorten(repr(c.output))} writes what the envs give, but input reads a dataset.")
     if c.off_policy_estimation_methods and c.off_policy_estimation_input is None and not isinstance(spec, str):

@@ -142,7 +142,7 @@ class TrainerConfig(ConfigModel):
     """Episodes of that dataset the estimates read (its first ones)."""
     off_policy_estimation_config: dict[str, Any] = Field(default_factory=dict)
     """Settings of fitted Q evaluation for `dm` and `dr` (`iterations`, `epochs_per_iteration`, `hidden`, `lr`,
-    `batch_size`); unset ones are 20, 2, [64, 64], 1e-3 and 256."""
+    `batch_size`); unset ones are `3 / (1 - gamma)` (at most 300), 1, [64, 64], 1e-3 and 256."""
     # discount, the learner's steps, and the network every policy is built with
     gamma: float = Field(default=0.98, ge=0.0, le=1.0)
     """Discount factor of future rewards."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shoal import distributed
+from shoal.errors import ConfigError
 from shoal.offline.minari_files import DatasetError, DatasetFile, EpisodeArrays, dataset_folders
 from shoal.offline.reader import DatasetReader, dataset_inputs, open_source
 from shoal.offline.writer import DatasetWriter, WriterSettings, stored_spaces
@@ -72,6 +73,11 @@ def dataset_reader(config: TrainerConfig, env: EnvInfo) -> DatasetReader | None:
     """The reader ``input`` asks for (None for ``input='sampler'``), its datasets opened and checked
     against the env's spaces."""
     if config.input == "sampler":
+        if config.NEEDS_DATASET:  # checked here, not in the config: its defaults alone are built without one
+            name = type(config).__name__.removesuffix("Config")
+            raise ConfigError(
+                f"{name} learns from recorded steps only: set input to a dataset folder (e.g. input=data/)."
+            )
         return None
     ids = config.policy_ids
     if len(ids) > 1:

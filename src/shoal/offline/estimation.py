@@ -11,6 +11,7 @@ reported beside them. Discrete actions: the probabilities of every action are ne
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,16 @@ from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folder
 
 METHODS = ("is", "wis", "dm", "dr")
 NEEDS_BEHAVIOUR = ("is", "wis", "dr")
-FQE_DEFAULTS: dict[str, Any] = {"iterations": 20, "epochs_per_iteration": 2, "hidden": (64, 64)}
-"""Fitted Q evaluation at each evaluation: few passes, so that an estimate costs seconds."""
+FQE_DEFAULTS: dict[str, Any] = {"epochs_per_iteration": 1, "hidden": (64, 64)}
+"""Fitted Q evaluation's settings unless ``off_policy_estimation_config`` says otherwise; its
+``iterations`` come from ``gamma`` (``fqe_iterations``)."""
+
+
+def fqe_iterations(gamma: float) -> int:
+    """Regressions enough for values ``gamma`` discounts over its horizon: after ``k`` of them a
+    value holds at most ``k`` discounted rewards, so ``k = 3 / (1 - gamma)`` (at most 300) reaches
+    95% of an infinite horizon's (on CartPole with gamma 0.99, 20 reached 18.2 of 99.3)."""
+    return 300 if gamma >= 0.99 else max(1, math.ceil(3 / (1 - gamma)))
 
 
 @dataclass
@@ -163,7 +172,7 @@ def _fitted_values(
         probs[:, 1:][valid],
         gamma=gamma,
         seed=seed,
-        **(FQE_DEFAULTS | fqe),
+        **(FQE_DEFAULTS | {"iterations": fqe_iterations(gamma)} | fqe),
     )
     with torch.no_grad():
         q = q_net(obs.flatten(0, 1)).view(*valid.shape, -1)

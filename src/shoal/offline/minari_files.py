@@ -246,31 +246,31 @@ class DatasetFile:
         with handle:
             for k in range(self.total_episodes) if order is None else order:
                 name = f"episode_{k}"
-                if name not in handle:
+                group = handle.get(name)
+                if group is None:
                     raise DatasetError(
                         f"dataset file '{path}' lists {self.total_episodes} episodes but has no '{name}'."
                     )
-                yield self._read_group(handle[name], f"'{path}' {name}")
+                yield self._read_group(group, f"'{path}' {name}")
 
     def _read_group(self, group: Any, where: str) -> EpisodeArrays:
+        """One episode's arrays (one lookup per field: an HDF5 lookup costs more than a short read)."""
         arrays = {}
         for key in ("observations", "actions", "rewards", "terminations", "truncations"):
-            if key not in group:
+            field = group.get(key)
+            if field is None:
                 raise DatasetError(f"dataset {where} has no field '{key}'.")
-            if not hasattr(group[key], "shape"):
+            if not hasattr(field, "shape"):
                 raise DatasetError(
                     f"dataset {where} field '{key}' is a group (a Dict or Tuple space); shoal reads flat arrays."
                 )
             try:
-                arrays[key] = group[key][()]
+                arrays[key] = field[()]
             except OSError as e:
                 raise DatasetError(f"dataset {where} field '{key}' cannot be read (a truncated file?): {e}.") from None
-        infos = (
-            {key: value[()] for key, value in group["infos"].items() if hasattr(value, "shape")}
-            if "infos" in group
-            else {}
-        )
-        return EpisodeArrays(**arrays, infos=infos)
+        infos = group.get("infos")
+        values = {} if infos is None else {key: value[()] for key, value in infos.items() if hasattr(value, "shape")}
+        return EpisodeArrays(**arrays, infos=values)
 
     def _episodes_through_minari(self) -> Iterator[EpisodeArrays]:
         try:
