@@ -50,7 +50,8 @@ def test_marwil_with_beta_0_is_behaviour_cloning_plus_a_value_function(tmp_path)
             {"obs": torch.randn(32, 4), "action": torch.randint(0, 2, (32,)), "return_to_go": torch.rand(32) * 10},
             batch_size=[32],
         )
-        log_prob, _, value = policy.evaluate(batch["obs"], batch["action"], False)
+        with torch.no_grad():
+            log_prob, _, value = policy.evaluate(batch["obs"], batch["action"], False)
         stats, _ = learner.learn(batch.clone(), None)
     assert float(stats["policy_loss"]) == pytest.approx(float(-log_prob.mean()), rel=1e-5)
     assert float(stats["vf_loss"]) == pytest.approx(float(0.5 * (batch["return_to_go"] - value).square().mean()))
