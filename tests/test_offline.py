@@ -317,3 +317,11 @@ def test_next_step_autoreset_envs_write_whole_episodes(tmp_path):
         assert (ep.rewards == 1).all() and not (ep.terminations[:-1] | ep.truncations[:-1]).any()
         if ep.terminations[-1]:
             assert np.abs(ep.observations[-1]).max() > 0  # the true last observation, where it fell
+
+
+def test_a_second_run_into_the_same_output_adds_shards_after_the_first_s(tmp_path):
+    out = record(tmp_path, steps=512)
+    record(tmp_path, steps=512, seed=2)
+    shards = dataset_folders(out)
+    assert [f.parent.name for f in shards] == ["part-00000-v0", "part-00001-v0"]
+    assert sum(DatasetFile.open(f).total_steps for f in shards) == 1024

@@ -14,6 +14,7 @@ removed.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import traceback
@@ -111,7 +112,9 @@ class DatasetWriter:
         else:
             rows, steps = truncations.row.cpu().numpy(), truncations.step.cpu().numpy()
             final, next_step = truncations.obs.cpu().numpy(), truncations.next_step
-        item = ("block", Block(fields, rows, steps, final, next_step))
+        self._put(("block", Block(fields, rows, steps, final, next_step)))
+
+    def _put(self, item: tuple[str, Any]) -> None:
         while True:  # a writer that died with a full queue must not leave training waiting for it
             try:
                 self.queue.put(item, timeout=1.0)
@@ -125,7 +128,8 @@ class DatasetWriter:
         if self.summary is not None:
             return self.summary
         if self.process.is_alive():
-            self.queue.put(("close", None))
+            with contextlib.suppress(OutputError):  # a writer that failed says why below
+                self._put(("close", None))
         self.process.join()
         outcome: tuple[str, Any] = self.results.recv() if self.results.poll() else ("error", "it ended early")
         self.summary = {}
@@ -254,12 +258,20 @@ class EpisodeAssembler:
         return policy, episode
 
 
+def next_shard(folder: Path) -> int:
+    """The number of the next shard in a policy's folder: after the shards already there (a run
+    writing into another's ``output``, or a resumed one, adds its own)."""
+    numbers = [int(p.name.split("-")[1]) for p in folder.glob("part-*-v0") if p.name.split("-")[1].isdigit()]
+    return max(numbers, default=-1) + 1
+
+
 def _write_loop(settings: WriterSettings, inbox: Any, results: Connection) -> None:
     """The writer process: episodes from each block into each policy's current shard, a new shard
     once one passes ``max_file_size``; reports the summary (or the error) once at the end."""
     assembler = EpisodeAssembler(settings)
     shards: dict[str, ShardWriter] = {}
     counts = {pid: {"episodes": 0, "steps": 0, "shards": 0} for pid in settings.written}
+    first = {pid: next_shard(settings.folder / pid) for pid in settings.written}  # after an earlier run's
 
     def write(episodes: list[tuple[str, EpisodeArrays]]) -> None:
         for pid, episode in episodes:
@@ -267,7 +279,7 @@ def _write_loop(settings: WriterSettings, inbox: Any, results: Connection) -> No
                 continue
             shard = shards.get(pid)
             if shard is None:
-                final = settings.folder / pid / f"part-{counts[pid]['shards']:05d}-v0"
+                final = settings.folder / pid / f"part-{first[pid] + counts[pid]['shards']:05d}-v0"
                 meta = settings.metadata | {"shoal_policy_id": pid}
                 shard = shards[pid] = ShardWriter(final, settings.observation_space, settings.action_space, **meta)
             shard.add(episode)
