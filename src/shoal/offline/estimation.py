@@ -25,7 +25,6 @@ from shoal.models.qpolicy import QPolicy
 from shoal.offline import estimators
 from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folders
 
-METHODS = ("is", "wis", "dm", "dr")
 NEEDS_BEHAVIOUR = ("is", "wis", "dr")
 FQE_DEFAULTS: dict[str, Any] = {"epochs_per_iteration": 1, "hidden": (64, 64)}
 """Fitted Q evaluation's settings unless ``off_policy_estimation_config`` says otherwise; its
