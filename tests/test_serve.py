@@ -79,9 +79,9 @@ def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
         def on_episode_end(self, trainer, episode):
             seen.append(round(episode.episode_reward, 3))
 
-    def good(url, seed):
+    def good(server, seed):
         env = gym.make("CartPole-v1")
-        with PolicyClient(url) as client:
+        with PolicyClient(server.url) as client:
             for n in range(10_000):
                 obs, _ = env.reset(seed=seed + n)
                 try:
@@ -98,6 +98,7 @@ def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
                 except (ServerError, ConnectionError) as e:
                     if "shutting down" not in str(e):  # the end of training
                         errors.append(repr(e))
+                        server.session.close()  # ends the run now: the failure is reported, not a stalled run
                     return
 
     def hostile(url):
@@ -115,13 +116,13 @@ def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
             # now and then (each holds a slot, or its group, for client_timeout_s): an episode
             # started and abandoned after a bad request, and one that vanishes owing a step's result
             with PolicyClient(url) as client:
-                if rounds % 20 == 1:
+                if rounds % 100 == 50:
                     eid = client.start_episode(wait_s=10)
                     try:
                         client.get_action(eid, [0.0, 0.0, 0.0])
                     except ServerError as e:
                         refused.append(("start+get", e.status == 400, str(e)[:80]))
-                if rounds % 20 == 0:
+                if rounds % 100 == 0:
                     eid = client.start_episode(wait_s=10)
                     client.get_action(eid, [0.0, 0.0, 0.0, 0.0])
                     vanished.append(eid)
@@ -129,7 +130,7 @@ def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
 
     def start(server):
         for i, fn in enumerate([good, good]):
-            threading.Thread(target=fn, args=(server.url, 1000 * (i + 1)), daemon=True).start()
+            threading.Thread(target=fn, args=(server, 1000 * (i + 1)), daemon=True).start()
         threading.Thread(target=hostile, args=(server.url,), daemon=True).start()
 
     settings = dict(
@@ -139,12 +140,14 @@ def test_served_episodes_train_ppo_while_a_hostile_client_is_refused():
         total_timesteps=8_000,
         save_outputs=False,
         verbose=0,
-        client_timeout_s=0.5,
+        client_timeout_s=2.0,  # a good client slowed down by a loaded machine is not given up on
         callbacks=[Seen()],
     )
-    _, result = serve_training(settings, on_ready=start, port=0)
-    stop.set()
-    assert not errors, errors
+    try:
+        _, result = serve_training(settings, on_ready=start, port=0)
+    finally:
+        stop.set()
+        assert not errors, errors
     assert refused and all(ok for _, ok, _ in refused), [r for r in refused if not r[1]][:5]
     assert {path for path, _, _ in refused} >= {"/v1/get_action", "/v1/teleport", "start+get"}
     # every episode training saw is one a good client ended; at most one per slot was still unreported
