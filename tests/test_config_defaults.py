@@ -166,12 +166,12 @@ KEY_COUNTS = {
     SurrogateConfig: 66 + 7,
     PPOConfig: 78 + 2 + 7,
     GRPOConfig: 70 + 7,
-    OffPolicyConfig: 73 + 7,
-    DQNConfig: 82 + 1 + 7,
-    ReplayActorCriticConfig: 73 + 7,
-    SACConfig: 76 + 2 + 7,
-    TD3Config: 77 + 1 + 7,
-    MADDPGConfig: 75 + 1 + 7,
+    OffPolicyConfig: 73 + 7 + 1,
+    DQNConfig: 82 + 1 + 7 + 1,
+    ReplayActorCriticConfig: 73 + 7 + 1,
+    SACConfig: 76 + 2 + 7 + 1,
+    TD3Config: 77 + 1 + 7 + 1,
+    MADDPGConfig: 75 + 1 + 7 + 1,
 }
 ALIASES = {
     TrainerConfig: {"minibatch_size": "sgd_minibatch_size"},

@@ -1,7 +1,7 @@
 """The loop every replay learner shares: collect a phase, store it, learn from replay.
 
     training_step: phases until timesteps_per_iteration env steps are in, each:
-        collect [N, T+1] (T = train_freq) -> replay.add -> after learning_starts:
+        collect [N, T+1] (T = train_freq, or an episode of each env) -> replay.add -> after learning_starts:
         gradient_steps x (each trained policy: sample its rows -> transitions: the buffer's n-step
         windows -> n_step_returns [-> importance_weights] -> learner.prepare -> learner.learn
         [-> priorities])
@@ -90,6 +90,14 @@ def transitions(replay: ReplayBuffer, index: torch.Tensor, *, n_step: int, gamma
     return batch
 
 
+def played(rollout: TensorDict) -> TensorDict:
+    """The slots of a rollout collected episode by episode (``until_done``) that its envs stepped: up
+    to the last step any row took, and the observation after it. The padding behind would take
+    replay columns and hold nothing to learn from."""
+    stepped = rollout["valid"][:, :-1].any(0).nonzero()
+    return rollout[:, : int(stepped[-1]) + 2] if len(stepped) else rollout
+
+
 def bootstrapped(batch: TensorDict, next_value: torch.Tensor) -> torch.Tensor:
     """The learning target ``R_n + discount * V(s_n)`` of ``transitions``' ``batch``: ``discount``
     is 0 after a terminal step, where ``next_value`` is not read (it may be inf)."""
@@ -109,9 +117,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
 
     def __init__(self, config: ConfigT, env: EnvInfo):
         super().__init__(config, env)
-        horizon = config.rollout_fragment_length
-        assert horizon is not None  # filled when the config is validated
-        self.rollout = RolloutBuffer(env, horizon, self.extra_fields(), config.device)
+        self.rollout = RolloutBuffer(env, config.rollout_capacity, self.extra_fields(), config.device)
         self.replay = self.make_replay()
         self.generator = torch.Generator().manual_seed(config.seed)  # on the CPU: draws move to the buffer's device
         self.learners: dict[str, LearnerT] = {
@@ -149,6 +155,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
 
     @property
     def steps_per_iteration(self) -> int:
+        if self.config.train_freq_unit == "episode":
+            return self.config.timesteps_per_iteration  # about: the last phase's episodes may run past it
         return self.config.phases * super().steps_per_iteration
 
     def phase_progress(self, steps: int) -> float:
@@ -173,11 +181,14 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         device = torch.device(c.device)
         totals = {pid: Statistics(self.STAT_NAMES, device) for pid in self.learners}
         collected = 0
-        for _ in range(c.phases):
+        by_episode = c.train_freq_unit == "episode"
+        while collected < c.timesteps_per_iteration:
             self.before_phase(self.phase_progress(collected))
             rollout = self.rollout.start_rollout()
-            steps = self.collect(collector, rollout, self.rollout_states())
+            steps = self.collect(collector, rollout, self.rollout_states(), until_done=by_episode)
             self.rollout.add(rollout)
+            if by_episode:
+                rollout = played(rollout)
             self.update_obs_stats(rollout)
             self.replay.add(rollout, collector.truncations)
             before = self.timesteps

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field, model_validator
 
@@ -24,6 +24,11 @@ class OffPolicyConfig(TrainerConfig):
     uniformly at random meanwhile)."""
     gradient_steps: int = Field(default=1, ge=-1)
     """Minibatch steps after each collection phase; -1: as many as the env steps the phase collected."""
+    train_freq_unit: Literal["step", "episode"] = "step"
+    """What a collection phase counts: `step`, `rollout_fragment_length` steps of every env; `episode`, each env
+    plays until it has ended an episode (at most the longest episode: `horizon` or the env's declared limit), so
+    the policy holds still through whole episodes and learns between them. `train_freq=[1, "episode"]`, as
+    rl-baselines3-zoo writes it, sets it."""
     timesteps_per_iteration: int = Field(default=1000, ge=1)
     """Env steps per iteration (one logged result): whole collection phases until at least this many."""
     n_step: int = Field(default=1, ge=1)
@@ -57,6 +62,43 @@ class OffPolicyConfig(TrainerConfig):
     READS_DATASETS: ClassVar[bool] = True
     ALIASES: ClassVar[dict[str, str]] = {"train_freq": "rollout_fragment_length", **TrainerConfig.ALIASES}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_train_freq_pair(cls, data: Any) -> Any:
+        """Stable-Baselines3's pair: `train_freq=[n, "step"]` is `n` steps, `[1, "episode"]` is
+        `train_freq_unit="episode"`."""
+        if not isinstance(data, dict):
+            return data
+        for key in ("train_freq", "rollout_fragment_length"):
+            pair = data.get(key)
+            if not isinstance(pair, list | tuple):
+                continue
+            count, unit = pair if len(pair) == 2 else (None, None)
+            if unit not in ("step", "episode") or not isinstance(count, int) or count < 1:
+                raise ConfigError(
+                    f"{key}={pair!r}: give a step count, or a pair [n, 'step'] or [1, 'episode'] (Stable-Baselines3's "
+                    f"train_freq)."
+                )
+            if unit == "episode" and count != 1:
+                raise ConfigError(
+                    f"{key}={pair!r}: a collection phase plays one episode per env; use [1, 'episode'], or count "
+                    f"steps with [n, 'step']."
+                )
+            data = dict(data)
+            if unit == "step":
+                data[key] = count
+                continue
+            del data[key]
+            if data.setdefault("train_freq_unit", "episode") != "episode":
+                raise ConfigError(f"{key}={pair!r} and train_freq_unit={data['train_freq_unit']!r} disagree; set one.")
+        counted = [k for k in ("train_freq", "rollout_fragment_length") if data.get(k) is not None]
+        if data.get("train_freq_unit") == "episode" and counted:
+            raise ConfigError(
+                f"{counted[0]}={data[counted[0]]} counts steps, and train_freq_unit='episode' has each phase play an "
+                f"episode per env instead; set one of them."
+            )
+        return data
+
     @model_validator(mode="after")
     def _check_gradient_steps(self) -> OffPolicyConfig:
         if self.gradient_steps == 0:
@@ -73,9 +115,38 @@ class OffPolicyConfig(TrainerConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_episode_phases(self) -> OffPolicyConfig:
+        if self.train_freq_unit == "step":
+            return self
+        if self.longest_episode is None:
+            raise ConfigError(
+                f"train_freq_unit='episode' keeps room for each env's longest episode, and env '{self.env}' declares "
+                f"no step limit; set horizon=N (the most steps an episode takes)."
+            )
+        reads = self.input != "sampler"
+        if reads or self.recurrent:
+            raise ConfigError(
+                "train_freq_unit='episode' paces collection from live envs by their episodes; "
+                + (
+                    "a dataset (input) is read in phases of steps: leave train_freq_unit='step'."
+                    if reads
+                    else "sequence replay (a recurrent core) stores states every few steps: count steps instead."
+                )
+            )
+        return self
+
+    @property
+    def rollout_capacity(self) -> int:
+        """Slots of each row of a collection phase's rollout: ``rollout_fragment_length`` steps, or
+        with ``train_freq_unit='episode'`` the longest episode."""
+        if self.train_freq_unit == "episode":
+            return cast(int, self.longest_episode)  # checked when validated
+        return cast(int, self.rollout_fragment_length)  # filled when validated
+
     @property
     def phases(self) -> int:
-        """Collection phases per iteration."""
+        """Collection phases per iteration (with ``train_freq_unit='episode'``, as many as it takes)."""
         batch = int(self.train_batch_size or 1)  # filled when validated
         return max(1, -(-self.timesteps_per_iteration // batch))
 
@@ -83,12 +154,12 @@ class OffPolicyConfig(TrainerConfig):
         """The buffer must hold more than a collection phase of every agent row."""
         super().check_batch(agents_per_env)
         rows = self.num_envs * agents_per_env
-        frag = int(self.rollout_fragment_length or 1)
+        frag = self.rollout_capacity
         if self.buffer_size // rows <= frag:
+            phase = "an episode" if self.train_freq_unit == "episode" else "rollout_fragment_length"
             raise ConfigError(
                 f"buffer_size={self.buffer_size} holds {self.buffer_size // rows} steps of each of the {rows} agent "
-                f"rows, not more than a collection phase (rollout_fragment_length={frag}); "
-                f"try buffer_size={rows * (frag + 1) * 10}."
+                f"rows, not more than a collection phase ({phase}={frag}); try buffer_size={rows * (frag + 1) * 10}."
             )
 
 

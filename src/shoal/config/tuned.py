@@ -91,8 +91,8 @@ def apply_tuned(
     Every key set replaces the tuned one whole, under either of its names (``config_class``'s
     ``ALIASES``), dicts too: ``model_config={"hiddens": [64]}`` is the whole model config. Setting
     ``model`` drops the tuned ``model_config``, written for the tuned model. Setting one of
-    ``rollout_fragment_length``, ``train_batch_size`` and ``batch_size`` drops the tuned values
-    of all three; and where minibatches must divide the batch (PPO, GRPO), a batch reshaped by
+    ``rollout_fragment_length``, ``train_batch_size``, ``batch_size`` and ``train_freq_unit``
+    drops the tuned values of all four; and where minibatches must divide the batch (PPO, GRPO), a batch reshaped by
     the keys set keeps the tuned number of minibatches (else the default minibatch size)."""
     use = settings.get("tuned", True)
     if not isinstance(use, bool):
@@ -118,8 +118,9 @@ def apply_tuned(
     return (supplied | settings, path) if supplied else (settings, None)
 
 
-BATCH_SHAPE = {"rollout_fragment_length", "train_batch_size", "batch_size"}
-"""Keys that say the same thing (with ``num_envs``): how many steps an iteration collects."""
+BATCH_SHAPE = {"rollout_fragment_length", "train_batch_size", "batch_size", "train_freq_unit"}
+"""Keys that say the same thing (with ``num_envs``): how many steps an iteration (a replay
+learner's phase) collects."""
 
 
 def _same_minibatch_count(tuned: dict[str, Any], settings: dict[str, Any]) -> int | None:
