@@ -42,8 +42,11 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         settings["tuned"] = False
     if args.run_dir:
         settings["run_dir"] = args.run_dir
-    if "env" not in settings and not args.resume:
-        raise ShoalError("no environment given: pass ENV (e.g. `shoal train CartPole-v1`) or set env in --config.")
+    if "env" not in settings and not args.resume and settings.get("input", "sampler") == "sampler":
+        raise ShoalError(
+            "no environment given: pass ENV (e.g. `shoal train CartPole-v1`), set env in --config, or learn from "
+            "datasets with input=DIR."
+        )
     return settings
 
 
@@ -87,14 +90,14 @@ def _run_dir_of(resume: str) -> str:
 
 def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> dict[str, Any]:
     """What ``train`` and ``serve`` print when a run ends: a finished training run on local envs is
-    also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes)."""
+    also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes), one with no env not."""
     from shoal.train.run_state import stop_reason
 
     command = "serve" if algo.config.backend == "external" else "train"
     if algo.stop_reason is not None:
         hint = f"; continue with: shoal {command} --resume {algo.run_dir}" if algo.run_dir else ""
         print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)
-    finished = algo.stop_reason not in EXIT_CODES
+    finished = algo.stop_reason not in EXIT_CODES and algo.config.env is not None
     return {
         "env": algo.env_name,
         "timesteps_total": algo.timesteps_total,

@@ -29,6 +29,10 @@ def check_offline(c: TrainerConfig) -> None:
         )
     reads = spec != "sampler"
     name = type(c).__name__.removesuffix("Config")
+    if c.env is None and not reads:
+        raise ConfigError(
+            "env=None: a run with no env learns from datasets only; set input to a dataset folder, or give env."
+        )
     if reads and not c.READS_DATASETS:
         raise ConfigError(
             f"input={shorten(repr(spec))}: {name} learns from its own policy's steps, so it takes input='sampler' "

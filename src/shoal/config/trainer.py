@@ -43,7 +43,9 @@ class TrainerConfig(ConfigModel):
     subclass, or `'package.module:Class'`."""
     env: Any = "CartPole-v1"
     """The environment: a Gymnasium id, `'module:EnvId'`, a name given to `shoal.register_env`,
-    `'pettingzoo:<module>'`, `'vmas:<scenario>'`, an env instance, a factory or a Gymnasium `VectorEnv`."""
+    `'pettingzoo:<module>'`, `'vmas:<scenario>'`, an env instance, a factory or a Gymnasium `VectorEnv`. None: no
+    env, with `input` (the datasets' spaces; no evaluation episodes). A run given `input` and no env takes the
+    env its datasets were recorded on, or None when this machine does not have it."""
     tuned: bool = True
     """Start from the tuned config shoal ships for this (algo, env) pair, when there is one (`configs/<algo>/<env>.yaml`
     in a clone); every key you set still overrides it. False: the defaults below."""
@@ -350,7 +352,7 @@ class TrainerConfig(ConfigModel):
         object or a policy_mapping_fn function becomes its repr (``env_is_object`` says which;
         such objects are passed again when a checkpoint is loaded)."""
         data = self.model_dump(by_alias=True)
-        if not isinstance(data["env"], str):
+        if self.env_is_object:
             data["env"] = repr(self.env)
         for key in ("algo", "model"):  # classes are stored as 'module:Class', importable on load
             if isinstance(data[key], type):
@@ -362,7 +364,7 @@ class TrainerConfig(ConfigModel):
 
     @property
     def env_is_object(self) -> bool:
-        return not isinstance(self.env, str)
+        return not isinstance(self.env, str) and self.env is not None
 
     @property
     def episode_rules(self) -> EpisodeRules:

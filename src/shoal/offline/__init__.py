@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from shoal import distributed
 from shoal.errors import ConfigError
 from shoal.offline.minari_files import DatasetError, DatasetFile, EpisodeArrays, dataset_folders
+from shoal.offline.no_env import recorded_env, recorded_name
 from shoal.offline.reader import DatasetReader, dataset_inputs, open_source
 from shoal.offline.writer import DatasetWriter, WriterSettings, stored_spaces
 
@@ -25,6 +26,8 @@ __all__ = [
     "dataset_folders",
     "dataset_reader",
     "dataset_writer",
+    "recorded_env",
+    "recorded_name",
 ]
 
 

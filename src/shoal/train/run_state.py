@@ -69,7 +69,8 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
     t.env_restarts.total = counters.get("env_restarts", 0)
     t.env_restarts.workers = counters.get("worker_restarts", 0)
     t.analysis = MetricAnalysis(state["analysis"])
-    if not t.backend.load_state_dict(state["backend"]):
+    steps_envs = t.config.input == "sampler"  # a run reading datasets has no episodes under way in its envs
+    if steps_envs and not t.backend.load_state_dict(state["backend"]):
         warn(
             f"env '{t.env_name}': the episodes under way were not saved ({state['backend']['reason']}); "
             f"the resumed run starts new episodes instead of continuing them."
@@ -132,7 +133,9 @@ def saved_run(
 def _keeps_identity(path: Path, stored: dict[str, Any], merged: dict[str, Any]) -> None:
     """Refuse settings that change what the checkpoint's networks were built for (the keys of its
     config fingerprint): its state could not be loaded into them."""
-    if not isinstance(merged.get("env"), str):  # an env object passed again stands for the stored one
+    # an env object passed again stands for the stored one, and an env given to a run that had none
+    # for its datasets' spaces (the datasets are checked against it as the run starts)
+    if not isinstance(merged.get("env"), str) or stored.get("env") is None:
         merged = {**merged, "env": stored.get("env")}
     if lineage.fingerprint(merged) == lineage.fingerprint(stored):
         return

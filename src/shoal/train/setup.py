@@ -22,6 +22,7 @@ from shoal.config.tuned import TunedStart, start_from_tuned
 from shoal.envs.registry import env_name
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, shorten
+from shoal.offline.no_env import recorded_spaces
 from shoal.vector import VecBackend
 from shoal.vector.base import seed_everything
 from shoal.vector.build import build_backend, with_action_rules
@@ -62,6 +63,8 @@ def prepare_process(config: TrainerConfig) -> None:
 def training_backend(config: TrainerConfig) -> VecBackend:
     """The envs a run trains on: local ones, those of its Ray rollout workers (``backend='ray'``), or
     the slots external simulators call into (``backend='external'``: the env only names the spaces)."""
+    if config.env is None:  # learning from datasets alone: their spaces stand in for the env
+        return recorded_spaces(config)
     if config.backend == "external":
         probe = build_backend(config, 1)
         try:

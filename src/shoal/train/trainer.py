@@ -57,6 +57,8 @@ class Trainer:
         settings = dict(config or {}) | overrides
         if env is not None:
             settings["env"] = env
+        elif "env" not in settings and settings.get("input", "sampler") != "sampler":
+            settings["env"] = offline.recorded_env(settings["input"])  # None: the datasets' spaces, no env
         algo_cls, settings, self._tuned = setup.algorithm_settings(self.algo, type(self).__name__, settings)
         self.tuned_config = self._tuned.path
         """The tuned config file the settings started from (None: none; see the key ``tuned``)."""
@@ -68,7 +70,7 @@ class Trainer:
         if c.verbose:
             self._tuned.announce()
         setup.prepare_process(c)
-        self.env_name = env_name(c.env)
+        self.env_name = env_name(c.env) if c.env is not None else offline.recorded_name(c.input)
         self.run_dir = setup.run_dir(c, algo_cls.implementation(c).name, self.env_name)  # checked before envs start
         """Where logs and checkpoints go (None with ``save_outputs=False``)."""
         self.run_id = lineage.new_run_id()
@@ -184,8 +186,13 @@ class Trainer:
             **({"num_worker_restarts": self.env_restarts.workers} if c.recreate_failed_workers else {}),
             **stats,
         }
-        if c.evaluation_interval and self.iteration % c.evaluation_interval == 0:
-            result["evaluation"] = self.evaluate()
+        plays = c.env is not None  # a run with no env estimates from datasets only
+        if (
+            c.evaluation_interval
+            and self.iteration % c.evaluation_interval == 0
+            and (plays or c.off_policy_estimation_methods)
+        ):
+            result["evaluation"] = self.evaluate() if plays else {}
             if c.off_policy_estimation_methods:
                 result["evaluation"]["off_policy_estimation"] = self.estimate_off_policy()
             self.callbacks("on_evaluate_end", self, result["evaluation"])
@@ -370,6 +377,12 @@ class Trainer:
         policy's mean agent return.
         """
         c = self.config
+        if c.env is None:
+            raise ConfigError(
+                f"this run has no env to evaluate in: it learns from datasets recorded on '{self.env_name}'. Give "
+                f"env=... (shoal.{type(self).__name__}.from_checkpoint(run, env=...) for a saved run), or set "
+                f"off_policy_estimation_methods to estimate the policy's return from the data."
+            )
         video = None if video_dir is None else Path(video_dir)
         writes = faults.run_writes("the evaluation video", video, self.run_dir, within=video) if video else None
         with writes or contextlib.nullcontext():
