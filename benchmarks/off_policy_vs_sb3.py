@@ -101,6 +101,8 @@ TD3_PENDULUM = dict(
     buffer_size=200_000,
     learning_starts=10_000,
     action_noise_std=0.1,
+    train_freq=[1, "episode"],  # learning after each episode, as the zoo's settings and shoal's tuned config do
+    gradient_steps=-1,
     net_arch=[400, 300],
 )
 
