@@ -61,6 +61,8 @@ noise = kwargs.pop("action_noise_std", None)
 if noise is not None:
     kwargs["action_noise"] = NormalActionNoise(np.zeros(1), noise * np.ones(1))
 kwargs["policy_kwargs"] = dict(net_arch=kwargs.pop("net_arch"))
+if isinstance(kwargs.get("train_freq"), list):  # JSON has no tuples; SB3 reads (1, "episode") only as one
+    kwargs["train_freq"] = tuple(kwargs["train_freq"])
 model = getattr(stable_baselines3, s["algo"].upper())("MlpPolicy", gym.make(s["env"]), seed=s["seed"], **kwargs)
 start = time.perf_counter()
 model.learn(s["steps"])

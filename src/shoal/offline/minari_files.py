@@ -150,16 +150,20 @@ class ShardWriter:
         return int(self.file.id.get_filesize())
 
     def add(self, episode: EpisodeArrays) -> None:
+        # h5py's low-level calls: the same groups, datasets and attributes as its high-level API
+        # writes, in half the time (a short episode costs more in those calls than in its bytes)
+        from h5py import h5g
+
         index = self.metadata["total_episodes"]
-        group = self.file.create_group(f"episode_{index}")
-        group.attrs["id"] = index
-        group.attrs["total_steps"] = len(episode)
+        group = h5g.create(self.file.id, f"episode_{index}".encode())
+        _write_scalar(group, b"id", index)
+        _write_scalar(group, b"total_steps", len(episode))
         for key in ("observations", "actions", "rewards", "terminations", "truncations"):
-            group.create_dataset(key, data=getattr(episode, key))
+            _write_array(group, key.encode(), getattr(episode, key))
         if episode.infos:
-            infos = group.create_group("infos")
+            infos = h5g.create(group, b"infos")
             for key, value in episode.infos.items():
-                infos.create_dataset(key, data=value)
+                _write_array(infos, key.encode(), value)
         self.metadata["total_episodes"] = index + 1
         self.metadata["total_steps"] += len(episode)
 
@@ -184,6 +188,23 @@ class ShardWriter:
 
 
 # ----- reading ------------------------------------------------------------------------------------
+def _write_array(group: Any, name: bytes, array: Array) -> None:
+    """A contiguous dataset ``name`` in ``group`` (an h5py GroupID) holding ``array``."""
+    from h5py import h5d, h5s, h5t
+
+    array = np.ascontiguousarray(array)
+    dataset = h5d.create(group, name, h5t.py_create(array.dtype, logical=True), h5s.create_simple(array.shape))
+    dataset.write(h5s.ALL, h5s.ALL, array)
+
+
+def _write_scalar(group: Any, name: bytes, value: int) -> None:
+    """An int64 attribute ``name`` of ``group`` (an h5py GroupID)."""
+    from h5py import h5a, h5s, h5t
+
+    data = np.asarray(value, dtype=np.int64)
+    h5a.create(group, name, h5t.py_create(data.dtype), h5s.create(h5s.SCALAR)).write(data)
+
+
 def dataset_folders(path: Path) -> list[Path]:
     """The ``data`` folders of the Minari datasets at ``path``: a dataset's folder or its ``data``
     folder, a policy's folder of shards, or a folder of several of them; hidden (unfinished) shards
