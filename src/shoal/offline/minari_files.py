@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.errors import ConfigError
+from shoal.offline.structured import flatten_steps, is_structured, read_node
 
 METADATA = "metadata.json"
 MAIN_FILE = "main_data.hdf5"
@@ -96,11 +97,14 @@ def space_from_json(text: str, where: str) -> gym.Space[Any]:
             return gym.spaces.MultiDiscrete(body["nvec"], dtype=body["dtype"], start=body.get("start"))
         if kind == "MultiBinary":
             return gym.spaces.MultiBinary(body["n"])
-    except (KeyError, TypeError, ValueError) as e:
+        if kind == "Dict":  # observations only: read flattened (shoal.offline.structured)
+            return gym.spaces.Dict({k: space_from_json(sub, where) for k, sub in body["subspaces"].items()})
+        if kind == "Tuple":
+            return gym.spaces.Tuple([space_from_json(sub, where) for sub in body["subspaces"]])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise DatasetError(f"{where}: not a space Minari writes ({e!r}).") from None
     raise DatasetError(
-        f"{where}: shoal reads Box, Discrete, MultiDiscrete and MultiBinary spaces, not {kind}; flatten the "
-        f"dataset's observations first."
+        f"{where}: shoal reads Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple spaces, not {kind}."
     )
 
 
@@ -281,12 +285,16 @@ class DatasetFile:
             field = group.get(key)
             if field is None:
                 raise DatasetError(f"dataset {where} has no field '{key}'.")
-            if not hasattr(field, "shape"):
-                raise DatasetError(
-                    f"dataset {where} field '{key}' is a group (a Dict or Tuple space); shoal reads flat arrays."
-                )
+            space = self.observation_space if key == "observations" else None
             try:
-                arrays[key] = field[()]
+                if space is not None and is_structured(space):  # per key in Minari's layout: flat rows here
+                    arrays[key] = flatten_steps(space, read_node(field, space))
+                elif hasattr(field, "shape"):
+                    arrays[key] = field[()]
+                else:
+                    raise KeyError("a group (a Dict or Tuple space) where shoal reads an array")
+            except KeyError as e:
+                raise DatasetError(f"dataset {where} field '{key}' does not hold its space: {e.args[0]}.") from None
             except OSError as e:
                 raise DatasetError(f"dataset {where} field '{key}' cannot be read (a truncated file?): {e}.") from None
         infos = group.get("infos")
@@ -301,10 +309,12 @@ class DatasetFile:
                 f"dataset '{self.folder}' is stored as '{self.metadata['data_format']}', which shoal reads through "
                 f"Minari: pip install 'shoal[offline]' (or store it as hdf5)."
             ) from None
+        space = self.observation_space
         for episode in minari.MinariDataset(self.folder).iterate_episodes():
             infos = {k: v for k, v in (episode.infos or {}).items() if isinstance(v, np.ndarray)}
+            obs = episode.observations
             yield EpisodeArrays(
-                np.asarray(episode.observations),
+                flatten_steps(space, obs) if is_structured(space) else np.asarray(obs),
                 np.asarray(episode.actions),
                 np.asarray(episode.rewards),
                 np.asarray(episode.terminations),

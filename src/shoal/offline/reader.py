@@ -25,6 +25,7 @@ from tensordict import TensorDict
 from shoal.collect.truncations import Truncations
 from shoal.envs.spaces import EnvInfo
 from shoal.offline.minari_files import DatasetError, DatasetFile, EpisodeArrays, dataset_folders, same_space
+from shoal.offline.structured import is_structured
 from shoal.offline.writer import stored_spaces
 
 
@@ -80,8 +81,11 @@ def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Sour
     files = [DatasetFile.open(folder) for folder in folders]
     obs_space, act_space = stored_spaces(env)
     for file in files:
+        # a dataset of a Dict, Tuple or discrete space (Minari's) holds the env's own space, flattened
+        # as it is read; shoal's own datasets hold what the rollout stores
+        structured = is_structured(file.observation_space)
         for key, mine, theirs in (
-            ("observation_space", obs_space, file.observation_space),
+            ("observation_space", env.obs_spec.space if structured else obs_space, file.observation_space),
             ("action_space", act_space, file.action_space),
         ):
             if not same_space(mine, theirs):
