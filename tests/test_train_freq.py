@@ -64,8 +64,10 @@ def test_the_zoo_pair_and_its_errors():
         DQNConfig.build(train_freq=[2, "episode"])
     with pytest.raises(ConfigError, match=r"train_freq=\[1, 'episodes'\]: give a step count, or a pair"):
         DQNConfig.build(train_freq=[1, "episodes"])
-    with pytest.raises(ConfigError, match="rollout_fragment_length=16 counts steps, and train_freq_unit='episode'"):
-        DQNConfig.build(train_freq_unit="episode", rollout_fragment_length=16)
+    with pytest.raises(ConfigError, match=r"play an episode per env, and rollout_fragment_length=16 counts steps"):
+        DQNConfig.build(train_freq=[1, "episode"], rollout_fragment_length=16)
+    saved = TD3Config.build(env="Pendulum-v1", train_freq=[1, "episode"]).settings()  # as config.yaml holds it
+    assert TD3Config.build(**saved).rollout_capacity == 200
     with pytest.raises(ConfigError, match=r"and train_freq_unit='step' disagree"):
         DQNConfig.build(train_freq=[1, "episode"], train_freq_unit="step")
     with pytest.raises(ConfigError, match="a dataset \\(input\\) is read in phases of steps"):

@@ -27,8 +27,8 @@ class OffPolicyConfig(TrainerConfig):
     train_freq_unit: Literal["step", "episode"] = "step"
     """What a collection phase counts: `step`, `rollout_fragment_length` steps of every env; `episode`, each env
     plays until it has ended an episode (at most the longest episode: `horizon` or the env's declared limit), so
-    the policy holds still through whole episodes and learns between them. `train_freq=[1, "episode"]`, as
-    rl-baselines3-zoo writes it, sets it."""
+    the policy holds still through whole episodes and learns between them, and `rollout_fragment_length` does
+    not apply. `train_freq=[1, "episode"]`, as rl-baselines3-zoo writes it, sets it."""
     timesteps_per_iteration: int = Field(default=1000, ge=1)
     """Env steps per iteration (one logged result): whole collection phases until at least this many."""
     n_step: int = Field(default=1, ge=1)
@@ -89,14 +89,14 @@ class OffPolicyConfig(TrainerConfig):
                 data[key] = count
                 continue
             del data[key]
+            counted = [k for k in ("train_freq", "rollout_fragment_length") if data.get(k) is not None]
+            if counted:
+                raise ConfigError(
+                    f"{key}={pair!r} has each phase play an episode per env, and {counted[0]}={data[counted[0]]} "
+                    f"counts steps; set one of them."
+                )
             if data.setdefault("train_freq_unit", "episode") != "episode":
                 raise ConfigError(f"{key}={pair!r} and train_freq_unit={data['train_freq_unit']!r} disagree; set one.")
-        counted = [k for k in ("train_freq", "rollout_fragment_length") if data.get(k) is not None]
-        if data.get("train_freq_unit") == "episode" and counted:
-            raise ConfigError(
-                f"{counted[0]}={data[counted[0]]} counts steps, and train_freq_unit='episode' has each phase play an "
-                f"episode per env instead; set one of them."
-            )
         return data
 
     @model_validator(mode="after")
