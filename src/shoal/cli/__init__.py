@@ -88,6 +88,11 @@ def _run_dir_of(resume: str) -> str:
     return str(run_dir_of(Path(resume)) or resume)
 
 
+def _number(value: Any) -> Any:
+    """A float JSON can hold: NaN (no episode ended, as when reading datasets) becomes null."""
+    return None if isinstance(value, float) and value != value else value
+
+
 def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> dict[str, Any]:
     """What ``train`` and ``serve`` print when a run ends: a finished training run on local envs is
     also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes), one with no env not."""
@@ -102,7 +107,7 @@ def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> di
         "env": algo.env_name,
         "timesteps_total": algo.timesteps_total,
         "time_total_s": round(algo.time_total_s, 2),
-        "episode_reward_mean": result.get("episode_reward_mean"),
+        "episode_reward_mean": _number(result.get("episode_reward_mean")),
         "stop_reason": stop_reason(algo),
         "evaluation": algo.evaluate(eval_episodes) if finished and command == "train" else None,
         "run_dir": str(algo.run_dir) if algo.run_dir else None,

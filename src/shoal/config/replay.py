@@ -129,7 +129,8 @@ class OffPolicyConfig(TrainerConfig):
             raise ConfigError(
                 "train_freq_unit='episode' paces collection from live envs by their episodes; "
                 + (
-                    "a dataset (input) is read in phases of steps: leave train_freq_unit='step'."
+                    "a dataset (input) is read in phases of steps: pass train_freq_unit='step' (a tuned config's "
+                    "train_freq=[1, 'episode'] sets 'episode')."
                     if reads
                     else "sequence replay (a recurrent core) stores states every few steps: count steps instead."
                 )

@@ -54,7 +54,7 @@ def dataset_writer(
     metadata: dict[str, Any] = {"algorithm_name": f"shoal {algo_name}", "shoal_env": env.name}
     if env_spec is not None:
         metadata["env_spec"] = env_spec
-    folder = Path(config.output)
+    folder = Path(config.output).expanduser()
     if distributed.world_size() > 1:  # each data-parallel rank collects its own steps
         folder = folder / f"rank-{distributed.rank()}"
     settings = WriterSettings(

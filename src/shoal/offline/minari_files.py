@@ -145,10 +145,6 @@ class ShardWriter:
         self.file = h5py.File(self.tmp / "data" / MAIN_FILE, "w")
 
     @property
-    def steps(self) -> int:
-        return int(self.metadata["total_steps"])
-
-    @property
     def size(self) -> int:
         """Bytes written so far."""
         return int(self.file.id.get_filesize())
@@ -191,7 +187,6 @@ class ShardWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-# ----- reading ------------------------------------------------------------------------------------
 def _write_array(group: Any, name: bytes, array: Array) -> None:
     """A contiguous dataset ``name`` in ``group`` (an h5py GroupID) holding ``array``."""
     from h5py import h5d, h5s, h5t
@@ -209,6 +204,7 @@ def _write_scalar(group: Any, name: bytes, value: int) -> None:
     h5a.create(group, name, h5t.py_create(data.dtype), h5s.create(h5s.SCALAR)).write(data)
 
 
+# ----- reading ------------------------------------------------------------------------------------
 def dataset_folders(path: Path) -> list[Path]:
     """The ``data`` folders of the Minari datasets at ``path``: a dataset's folder or its ``data``
     folder, a policy's folder of shards, or a folder of several of them; hidden (unfinished) shards

@@ -30,13 +30,12 @@ from shoal.offline.writer import stored_spaces
 
 
 def dataset_inputs(spec: Any) -> dict[str, float]:
-    """``input`` as folders and mixing weights: one folder, a list (equal weights) or a dict of
-    folder -> weight."""
+    """``input`` as folders (``~`` expanded) and mixing weights: one folder, a list (equal weights)
+    or a dict of folder -> weight."""
     if isinstance(spec, str):
-        return {spec: 1.0}
-    if isinstance(spec, list):
-        return {str(path): 1.0 for path in spec}
-    return {str(path): float(weight) for path, weight in dict(spec).items()}
+        spec = [spec]
+    weights = dict.fromkeys(spec, 1.0) if isinstance(spec, list) else dict(spec)
+    return {str(Path(path).expanduser()): float(weight) for path, weight in weights.items()}
 
 
 @dataclass
@@ -93,9 +92,10 @@ def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Sour
                     f"dataset '{file.folder / 'metadata.json'}' field '{key}' is {theirs}; env '{env.name}' has "
                     f"{mine}. Train on the env the data was recorded from."
                 )
-    if not sum(f.total_steps for f in files):
+    source = Source(path, files, weight)
+    if not source.total_steps:
         raise DatasetError(f"input '{path}' holds no steps ({len(files)} empty dataset(s)).")
-    return Source(path, files, weight)
+    return source
 
 
 class DatasetReader:
@@ -159,7 +159,7 @@ class DatasetReader:
                 if t == horizon:  # the last slot: the observation the next rollout starts from
                     obs[row, t] = torch.from_numpy(np.asarray(episode.observations[pos]))
                     if mask is not None:
-                        mask[row, t] = _mask(episode, pos, 1)[0]
+                        mask[row, t] = _mask(episode, pos, 1)
                     break
                 k = min(horizon - t, len(episode) - pos)
                 steps = slice(t, t + k)
@@ -216,11 +216,13 @@ def returns_to_go(rewards: Any, gamma: float) -> Any:
 
 
 def _mask(episode: EpisodeArrays, pos: int, k: int) -> torch.Tensor:
-    """The recorded action masks of observations ``pos .. pos + k`` (all actions allowed without)."""
+    """The recorded action masks of observations ``pos .. pos + k`` (all actions allowed without: a
+    dataset recorded without masks, such as a DataCollector's), broadcast into the rollout's slots."""
     recorded = episode.infos.get("action_mask")
     if recorded is None:
         return torch.tensor(True)
-    return torch.from_numpy(np.asarray(recorded[pos : pos + k], dtype=bool))
+    masks = torch.from_numpy(np.asarray(recorded[pos : pos + k], dtype=bool))
+    return masks[0] if k == 1 else masks
 
 
 def _check_episode(episode: EpisodeArrays, where: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import queue
 import traceback
 from collections.abc import Sequence
@@ -121,7 +122,7 @@ class DatasetWriter:
                 return
             except queue.Full:
                 if not self.process.is_alive():
-                    self._check(self.results.recv() if self.results.poll() else ("error", "it ended early"))
+                    self._check(self._outcome())
 
     def close(self) -> dict[str, Any]:
         """Finish every dataset; returns what was written (episodes, steps and shards per policy)."""
@@ -131,7 +132,7 @@ class DatasetWriter:
             with contextlib.suppress(OutputError):  # a writer that failed says why below
                 self._put(("close", None))
         self.process.join()
-        outcome: tuple[str, Any] = self.results.recv() if self.results.poll() else ("error", "it ended early")
+        outcome = self._outcome()
         self.summary = {}
         self._check(outcome)
         summary: dict[str, Any] = outcome[1]
@@ -140,7 +141,18 @@ class DatasetWriter:
 
     def _raise_if_failed(self) -> None:
         if self.results.poll():
-            self._check(self.results.recv())
+            self._check(self._outcome())
+
+    def _outcome(self) -> tuple[str, Any]:
+        """What the writer process reported; a process that died without a word (killed) is said so."""
+        try:
+            if self.results.poll():
+                outcome: tuple[str, Any] = self.results.recv()
+                return outcome
+        except (EOFError, OSError):
+            pass
+        code = self.process.exitcode
+        return "error", f"its process ended early (exit code {code}) without a report; was it killed?"
 
     def _check(self, outcome: tuple[str, Any]) -> None:
         kind, detail = outcome
@@ -184,8 +196,11 @@ class EpisodeAssembler:
         f = block.fields
         valid, first = f["valid"][:, :-1], f["first"][:, :-1]
         done = (f["terminated"][:, :-1] | f["truncated"][:, :-1]) & valid
-        finished = []
+        finished: list[tuple[str, EpisodeArrays]] = []
         for row in range(valid.shape[0]):
+            if not valid[row].all():
+                self._add_row_with_turns(block, row, finished)
+                continue
             pieces = self.open.setdefault(row, [])
             start = 0
             for end in [*np.flatnonzero(done[row]).tolist(), None]:
@@ -200,6 +215,50 @@ class EpisodeAssembler:
                     pieces.clear()
                 start = stop
         return [(pid, ep) for pid, ep in finished if pid in self.settings.written]
+
+    def _add_row_with_turns(self, block: Block, row: int, finished: list[tuple[str, EpisodeArrays]]) -> None:
+        """A row with steps that are not its decisions (the other players' turns, a dead agent's
+        padding, a next-step reset), step by step, as the learners read them: such a step's reward
+        goes to the row's last decision, and its done flag ends that decision's episode (the loser
+        of a turn-based game learns it lost on the winner's move)."""
+        f = block.fields
+        pieces = self.open.setdefault(row, [])
+        taken: list[int] = []  # this block's decisions in the open episode
+
+        def last_decision() -> tuple[Block, int] | None:
+            if taken:
+                return block, taken[-1]
+            return (pieces[-1][0], int(pieces[-1][2][-1])) if pieces else None
+
+        def end_episode(t: int) -> None:
+            if taken:
+                pieces.append((block, row, np.array(taken)))
+                taken.clear()
+            finished.append(self._episode(pieces, self._final_obs(block, row, t)))
+            pieces.clear()
+
+        for t in range(f["valid"].shape[1] - 1):
+            ends = bool(f["terminated"][row, t] or f["truncated"][row, t])
+            if f["valid"][row, t]:
+                if f["first"][row, t] and (pieces or taken):  # the open episode was abandoned (a reset)
+                    pieces.clear()
+                    taken.clear()
+                taken.append(t)
+                if ends:
+                    end_episode(t)
+                continue
+            owner = last_decision()
+            if owner is None:  # no episode open: a reset step, or the turns before this row's first
+                continue
+            owner_block, step = owner
+            owner_block.fields["reward"][row, step] += f["reward"][row, t]
+            if ends:
+                terminated = bool(f["terminated"][row, t])
+                owner_block.fields["terminated"][row, step] = terminated
+                owner_block.fields["truncated"][row, step] = not terminated
+                end_episode(t)
+        if taken:
+            pieces.append((block, row, np.array(taken)))
 
     def flush(self) -> list[tuple[str, EpisodeArrays]]:
         """The episodes still under way, each cut at its last step as a truncation (its final
@@ -290,9 +349,15 @@ def _write_loop(settings: WriterSettings, inbox: Any, results: Connection) -> No
                 counts[pid]["shards"] += 1
                 del shards[pid]
 
+    parent = os.getppid()
     try:
         while True:
-            kind, block = inbox.get()
+            try:
+                kind, block = inbox.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:  # the training process was killed: drop the shard under way
+                    raise RuntimeError("the training process ended without closing the dataset") from None
+                continue
             if kind == "close":
                 break
             write(assembler.add(block))

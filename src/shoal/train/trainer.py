@@ -70,6 +70,12 @@ class Trainer:
         if c.verbose:
             self._tuned.announce()
         setup.prepare_process(c)
+        if c.off_policy_estimation_methods and c.evaluation_interval is None:
+            warn(
+                f"off_policy_estimation_methods={c.off_policy_estimation_methods} are reported at each evaluation, "
+                f"and evaluation_interval is None: set it to have them in the metrics (estimate_off_policy() "
+                f"estimates on demand)."
+            )
         self.env_name = env_name(c.env) if c.env is not None else offline.recorded_name(c.input)
         self.run_dir = setup.run_dir(c, algo_cls.implementation(c).name, self.env_name)  # checked before envs start
         """Where logs and checkpoints go (None with ``save_outputs=False``)."""

@@ -1,0 +1,72 @@
+"""Offline data of turn-based games and of runs that go wrong: a player's episode ends on the move
+that ends the game (the loser's too), a masked env reads a dataset recorded without masks, a killed
+writer is reported as such, and ``~`` in folders is the home directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import shoal
+from shoal.errors import OutputError
+from shoal.offline import DatasetFile, dataset_folders
+
+h5py = pytest.importorskip("h5py")
+QUIET = dict(save_outputs=False, verbose=0)
+CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"
+
+
+@pytest.fixture(scope="module")
+def games(tmp_path_factory):
+    """Connect four played by one PPO policy for both players, written with ``output``."""
+    out = tmp_path_factory.mktemp("games") / "data"
+    with shoal.PPO(env=CONNECT_FOUR, seed=1, num_envs=4, output=str(out), **QUIET) as ppo:
+        ppo.learn(3000)
+    return out
+
+
+def test_each_player_s_episode_ends_with_its_game(games):
+    episodes = [ep for folder in dataset_folders(games) for ep in DatasetFile.open(folder).episodes()]
+    ended = [ep for ep in episodes if ep.terminations[-1]]
+    assert len(ended) >= 40
+    for episode in episodes:
+        assert len(episode) <= 21  # a player makes at most 21 of a game's 42 moves
+        assert not (episode.terminations[:-1] | episode.truncations[:-1]).any()
+    # every finished game gave one player +1 and the other -1 (a draw: 0 to both)
+    outcomes = sorted(round(float(ep.rewards.sum())) for ep in ended)
+    assert set(outcomes) <= {-1, 0, 1} and outcomes.count(-1) == outcomes.count(1) > 0
+
+
+def test_a_masked_env_reads_a_dataset_recorded_without_masks(games, tmp_path):
+    bare = tmp_path / "bare"
+    for folder in dataset_folders(games):
+        target = bare / folder.relative_to(games)
+        target.mkdir(parents=True)
+        (target / "metadata.json").write_bytes((folder / "metadata.json").read_bytes())
+        with h5py.File(folder / "main_data.hdf5") as src, h5py.File(target / "main_data.hdf5", "w") as dst:
+            for name, group in src.items():
+                src.copy(group, dst, name)
+                del dst[f"{name}/infos/action_mask"]
+    with shoal.DQN(env=CONNECT_FOUR, input=str(bare), learning_starts=64, train_freq=64, **QUIET) as dqn:
+        result = dqn.train()
+    assert result["replay_size"] >= 1000
+
+
+def test_a_killed_writer_is_reported_as_killed(tmp_path):
+    with shoal.PPO(env="CartPole-v1", output=str(tmp_path / "data"), **QUIET) as ppo:
+        ppo.train()
+        os.kill(ppo.dataset_writer.process.pid, signal.SIGKILL)
+        ppo.dataset_writer.process.join()
+        with pytest.raises(OutputError, match=r"its process ended early \(exit code -9\) without a report; was it"):
+            ppo.train()
+
+
+def test_folders_may_start_at_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with shoal.PPO(env="CartPole-v1", output="~/data", **QUIET) as ppo:
+        ppo.train()
+    assert dataset_folders(tmp_path / "data")
+    with shoal.DQN(env="CartPole-v1", input="~/data", learning_starts=100, **QUIET) as dqn:
+        assert dqn.train()["replay_size"] >= 1000
