@@ -210,6 +210,8 @@ def test_input_refuses_what_it_cannot_read(tmp_path):
         ("nan_obs", r"episode_0: field 'observations' holds \[ *nan .* at step 0"),
         ("short_actions", r"field 'actions' has \d+ rows, 'rewards' \d+"),
         ("truncate_file", r"cannot be read as HDF5 \(truncated or not HDF5\?\)"),
+        ("action_7", r"episode_0: field 'actions' holds 7 at step 2, outside Discrete\(2\)"),
+        ("wide_obs", r"episode_0: field 'observations' has rows of shape \(5,\); env 'CartPole-v1' observes \(4,\)"),
     ],
 )
 def test_a_damaged_dataset_is_refused_naming_the_file_and_the_field(tmp_path, damage, message):
@@ -224,6 +226,12 @@ def test_a_damaged_dataset_is_refused_naming_the_file_and_the_field(tmp_path, da
                 del group["rewards"]
             elif damage == "nan_obs":
                 group["observations"][0, 0] = np.nan
+            elif damage == "action_7":
+                group["actions"][2] = 7
+            elif damage == "wide_obs":
+                obs = group["observations"][()]
+                del group["observations"]
+                group["observations"] = np.concatenate([obs, obs[:, :1]], axis=1)
             else:
                 actions = group["actions"][()]
                 del group["actions"]

@@ -1,10 +1,13 @@
-"""Offline data of turn-based games and of runs that go wrong: a player's episode ends on the move
-that ends the game (the loser's too), a masked env reads a dataset recorded without masks, a killed
-writer is reported as such, and ``~`` in folders is the home directory."""
+"""Offline data of turn-based games and of runs off the common path: a player's episode ends on the
+move that ends the game (the loser's too), a masked env reads a dataset recorded without masks, a
+killed writer is reported as such, ``~`` in folders is the home directory, a torchrun run's rank
+folders read as one input, and the recorded env spec keeps the run's env_config."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -70,3 +73,16 @@ def test_folders_may_start_at_the_home_directory(tmp_path, monkeypatch):
     assert dataset_folders(tmp_path / "data")
     with shoal.DQN(env="CartPole-v1", input="~/data", learning_starts=100, **QUIET) as dqn:
         assert dqn.train()["replay_size"] >= 1000
+
+
+def test_rank_folders_read_as_one_input_and_the_spec_keeps_env_config(tmp_path):
+    out = tmp_path / "data"
+    env_config = {"g": 3.0, "max_episode_steps": 50}
+    with shoal.PPO(env="Pendulum-v1", env_config=env_config, output=str(out / "rank-0"), **QUIET) as ppo:
+        ppo.train()
+    shutil.copytree(out / "rank-0", out / "rank-1")  # as two torchrun ranks leave it
+    (folder, _) = dataset_folders(out)
+    spec = json.loads(json.loads((folder / "metadata.json").read_text())["env_spec"])
+    assert spec["kwargs"]["g"] == 3.0 and spec["max_episode_steps"] == 50
+    with shoal.BC(env="Pendulum-v1", input=str(out), **QUIET) as bc:
+        assert bc.train()["timesteps_total"] > 0

@@ -106,9 +106,10 @@ class OffPolicyEstimator:
             )
         if len(config.policy_ids) > 1:
             raise DatasetError("off_policy_estimation_methods estimate one policy; this config has several.")
-        path = config.off_policy_estimation_input or config.input
+        path = Path(config.off_policy_estimation_input or config.input).expanduser()
+        open_source(path, 1.0, env, config.policy_ids[0])  # its spaces checked against the env's
         self.config, self.actions = config, env.act_spec.nvec[0]
-        self.logged = load_logged(Path(path), config.off_policy_estimation_episodes)
+        self.logged = load_logged(path, config.off_policy_estimation_episodes)
 
     def __call__(self, policy: Any) -> dict[str, float]:
         from shoal.offline.estimation import estimate_policy

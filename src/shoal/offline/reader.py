@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -66,15 +67,17 @@ def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Sour
     if not path.exists():
         raise DatasetError(f"input '{path}' does not exist.")
     folders = dataset_folders(path)
-    if (path / policy_id).is_dir():  # the output of a run with several policies: this policy's own
-        folders = dataset_folders(path / policy_id)
-    else:
-        owners = sorted({f.relative_to(path).parts[0] for f in folders if len(f.relative_to(path).parts) > 2})
-        if len(owners) > 1:
-            raise DatasetError(
-                f"input '{path}' holds the datasets of policies {owners}, none named '{policy_id}'; give the folder "
-                f"of one of them (e.g. '{path / owners[0]}')."
-            )
+    # a run's output holds <policy>/part-<k>-v0/data (under rank-<k>/ with torchrun): the policy
+    # folder is the third part from the end
+    owner = {f: f.relative_to(path).parts[-3] for f in folders if len(f.relative_to(path).parts) > 2}
+    owners = sorted(set(owner.values()))
+    if policy_id in owners:  # the output of a run with several policies: this policy's own
+        folders = [f for f in folders if owner.get(f) == policy_id]
+    elif len(owners) > 1:
+        raise DatasetError(
+            f"input '{path}' holds the datasets of policies {owners}, none named '{policy_id}'; give the folder "
+            f"of one of them (e.g. '{path / owners[0]}')."
+        )
     if not folders:
         raise DatasetError(f"input '{path}' holds no dataset (no data/metadata.json under it).")
     files = [DatasetFile.open(folder) for folder in folders]
@@ -125,7 +128,7 @@ class DatasetReader:
     def _next_episode(self) -> EpisodeArrays:
         k = 0 if len(self.streams) == 1 else int(self.rng.choice(len(self.streams), p=self.weights))
         where, episode = next(self.streams[k])
-        _check_episode(episode, where)
+        _check_episode(episode, where, self.env)
         return episode
 
     def collect(
@@ -225,8 +228,9 @@ def _mask(episode: EpisodeArrays, pos: int, k: int) -> torch.Tensor:
     return masks[0] if k == 1 else masks
 
 
-def _check_episode(episode: EpisodeArrays, where: str) -> None:
-    """Lengths that agree and numbers that are finite, or one message naming the field."""
+def _check_episode(episode: EpisodeArrays, where: str, env: EnvInfo) -> None:
+    """Lengths that agree, numbers that are finite, and observations and actions of the env's
+    shapes (and Discrete actions in range), or one message naming the field."""
     n = len(episode.rewards)
     if n == 0:
         raise DatasetError(f"{where} has an episode of no steps.")
@@ -240,3 +244,21 @@ def _check_episode(episode: EpisodeArrays, where: str) -> None:
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             bad = int(np.argwhere(~np.isfinite(values))[0][0])
             raise DatasetError(f"{where}: field '{key}' holds {values.reshape(len(values), -1)[bad]} at step {bad}.")
+    obs, act = episode.observations, np.asarray(episode.actions)
+    if obs.shape[1:] != env.obs_spec.shape:
+        raise DatasetError(
+            f"{where}: field 'observations' has rows of shape {obs.shape[1:]}; env '{env.name}' observes "
+            f"{env.obs_spec.shape}."
+        )
+    if act.shape[1:] != env.act_spec.shape:
+        raise DatasetError(
+            f"{where}: field 'actions' has rows of shape {act.shape[1:]}; env '{env.name}' acts with "
+            f"{env.act_spec.shape}."
+        )
+    space = env.act_spec.space
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        low, high = space.start, space.start + (space.n if isinstance(space, gym.spaces.Discrete) else space.nvec)
+        outside = (act.astype(np.int64) != act) | (act < low) | (act >= high)
+        if outside.any():
+            bad = int(np.argwhere(outside)[0][0])
+            raise DatasetError(f"{where}: field 'actions' holds {act[bad]} at step {bad}, outside {space}.")

@@ -42,7 +42,7 @@ def record_dataset(
             env,
             algorithm.name,
             list(trainer.policies),
-            setup.env_spec_json(c.env),
+            setup.env_spec_json(c.env, c.env_config),
             max_episodes=episodes,
             deterministic=not explore,
         )

@@ -104,15 +104,21 @@ def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> 
     )
 
 
-def env_spec_json(env: Any) -> str | None:
-    """The Gymnasium spec of a registered env id as JSON, which a dataset records so that Minari can
-    make the env again (None for anything else)."""
+def env_spec_json(env: Any, env_config: dict[str, Any]) -> str | None:
+    """The Gymnasium spec of a registered env id, with the run's ``env_config`` (``gym.make``'s
+    keyword arguments) in it, as JSON, which a dataset records so that Minari can make the env again
+    (None for anything else)."""
     if not isinstance(env, str) or ":" in env:
         return None
     try:
+        import dataclasses
+
         import gymnasium as gym
 
-        return gym.spec(env).to_json()
+        spec = gym.spec(env)
+        kwargs = dict(env_config)
+        steps = kwargs.pop("max_episode_steps", spec.max_episode_steps)
+        return dataclasses.replace(spec, kwargs={**spec.kwargs, **kwargs}, max_episode_steps=steps).to_json()
     except Exception:  # not a Gymnasium id (a shoal name, PettingZoo, VMAS) or a spec that does not serialize
         return None
 

@@ -106,7 +106,11 @@ class Trainer:
             self.collector.take_restarts = self.env_restarts.take
             self.collector.reset(c.seed)
             self.dataset_writer = offline.dataset_writer(
-                c, env_info, self.algorithm.name, self.algorithm.trained_policy_ids, setup.env_spec_json(c.env)
+                c,
+                env_info,
+                self.algorithm.name,
+                self.algorithm.trained_policy_ids,
+                setup.env_spec_json(c.env, c.env_config),
             )
             """The writer of ``output`` (None without it), closed with the trainer."""
             if self.dataset_writer is not None:
