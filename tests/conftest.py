@@ -170,3 +170,15 @@ def build_ppo(config, env, dtype=torch.float32):
         return PPOAlgorithm.implementation(config)(config, env)
     finally:
         torch.set_default_dtype(previous)
+
+
+def play_randomly(env, episodes: int, seed: int = 0) -> None:
+    """Play ``episodes`` whole episodes of uniformly random Discrete actions (e.g. through Minari's
+    DataCollector), episode k reset with seed k."""
+    rng = np.random.default_rng(seed)
+    for k in range(episodes):
+        env.reset(seed=k)
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+            done = terminated or truncated

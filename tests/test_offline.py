@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import CounterEnv
+from conftest import CounterEnv, play_randomly
 
 import shoal
 from shoal.cli import main
@@ -256,13 +256,7 @@ def test_a_dataset_made_by_minari_s_data_collector_trains_in_shoal(tmp_path, mon
     pytest.importorskip("jax")  # what minari's DataCollector records with
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
     env = minari.DataCollector(gym.make("CartPole-v1"))
-    rng = np.random.default_rng(0)
-    for k in range(30):
-        env.reset(seed=k)
-        done = False
-        while not done:
-            _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
-            done = terminated or truncated
+    play_randomly(env, 30)
     made = env.create_dataset(dataset_id="cartpole/random-v0", algorithm_name="uniform random", eval_env="CartPole-v1")
     with shoal.DQN(
         env="CartPole-v1", input=str(tmp_path / "cartpole" / "random-v0"), seed=1, learning_starts=100, **QUIET

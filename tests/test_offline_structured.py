@@ -8,6 +8,7 @@ import shutil
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import play_randomly
 
 import shoal
 from shoal.offline import DatasetError, DatasetFile, dataset_folders
@@ -77,13 +78,7 @@ def corridor_data(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINARI_DATASETS_PATH", str(root))
         env = minari.DataCollector(DictCorridor())
-        rng = np.random.default_rng(0)
-        for k in range(80):
-            env.reset(seed=k)
-            done = False
-            while not done:
-                _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
-                done = terminated or truncated
+        play_randomly(env, 80)
         env.create_dataset(dataset_id="corridor/random-v0", algorithm_name="uniform random")
         loaded = minari.load_dataset("corridor/random-v0")
         episodes = list(loaded.iterate_episodes())
