@@ -13,6 +13,7 @@ import shoal
 from shoal.cli import main
 from shoal.config import BCConfig
 from shoal.errors import ConfigError, EnvError
+from shoal.train.recording import record_dataset
 
 pytest.importorskip("h5py")
 QUIET = dict(save_outputs=False, verbose=0)
@@ -64,6 +65,9 @@ def test_with_no_env_the_datasets_spaces_train_and_estimates_replace_evaluation(
             bc.evaluate()
     with shoal.BC.from_checkpoint(run, env="CartPole-v1", verbose=0) as bc:  # ... or with the env to play
         assert bc.evaluate(2)["episodes"] == 2
+    with pytest.raises(ConfigError, match="learned from datasets with no env \\(recorded on 'ArmRig'\\); recording"):
+        record_dataset(run, tmp_path / "recorded", 2)
+    assert not (tmp_path / "recorded").exists()
 
 
 def test_no_env_needs_datasets(capsys):

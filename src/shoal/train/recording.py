@@ -34,6 +34,11 @@ def record_dataset(
     trainer = Trainer.from_checkpoint(path, **local, **({} if seed is None else {"seed": seed}))
     with trainer:
         c, algorithm = trainer.config, trainer.algorithm
+        if c.env is None:
+            raise ConfigError(
+                f"'{path}' learned from datasets with no env (recorded on '{trainer.env_name}'); recording plays its "
+                f"policies in an env, so record a run trained with one."
+            )
         critic = build.central_critic(c.central_critic, trainer.backend, trainer.env_name)
         env = setup.env_info(trainer.backend, trainer.env_name, critic)
         recording = c.model_copy(update={"output": str(out)})
