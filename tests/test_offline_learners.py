@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -16,6 +17,7 @@ from shoal.cli import main
 from shoal.offline import DatasetFile, dataset_folders
 from shoal.offline.minari_files import DatasetError, EpisodeArrays, ShardWriter
 from shoal.offline.reader import returns_to_go
+from shoal.offline.writer import EpisodeQuota
 
 pytest.importorskip("h5py")
 QUIET = dict(save_outputs=False, verbose=0)
@@ -123,6 +125,63 @@ def test_record_writes_whole_episodes_deterministic_or_exploring(tmp_path, capsy
     assert all((ep.infos["action_log_prob"][:-1] == 0).all() for ep in greedy)  # its own choice, probability 1
     assert any((ep.infos["action_log_prob"][:-1] < 0).any() for ep in explored)
     assert main(["dataset", "record", str(run), "--episodes", "0", "--out", str(tmp_path / "z")]) == 2
+
+
+class LongOrShort(CounterEnv):
+    """Every other instance plays 40-step episodes, the others 2-step ones."""
+
+    made = 0
+
+    def __init__(self):
+        super().__init__(limit=40 if LongOrShort.made % 2 else 2)
+        LongOrShort.made += 1
+
+
+gym.register("LongOrShort-v0", entry_point=LongOrShort)
+
+
+def test_record_takes_each_row_s_episodes_in_turn_so_short_episodes_are_not_favoured(tmp_path):
+    run = tmp_path / "run"
+    with shoal.PPO(env="LongOrShort-v0", num_envs=4, sgd_minibatch_size=64, seed=1, run_dir=str(run), verbose=0) as ppo:
+        ppo.learn(256)
+    # in 64 steps the short rows end 64 episodes; the first 8 to finish would all be short
+    assert main(["dataset", "record", str(run), "--episodes", "8", "--out", str(tmp_path / "d")]) == 0
+    lengths = [len(ep) for f in dataset_folders(tmp_path / "d") for ep in DatasetFile.open(f).episodes()]
+    assert sorted(lengths) == [2] * 4 + [40] * 4
+
+
+def quota_episode(length: int) -> EpisodeArrays:
+    return EpisodeArrays(
+        observations=np.zeros((length + 1, 1), np.float32),
+        actions=np.zeros(length, np.int64),
+        rewards=np.full(length, float(length), np.float32),
+        terminations=np.zeros(length, bool),
+        truncations=np.eye(length, dtype=bool)[-1],
+    )
+
+
+def test_episode_quota_takes_rows_in_turn_waits_for_a_long_episode_and_skips_unwritten_policies():
+    quota = EpisodeQuota(3, ["learner"])
+    acting = np.arange(3)
+    # row 1 plays a fixed opponent; row 2 is in a long episode while row 0 ends three short ones
+    finished = [("learner", 0, quota_episode(2)), ("opponent", 1, quota_episode(2))] * 3
+    taken = quota.offer(finished, acting)
+    assert [len(ep) for _, ep in taken] == [2]  # row 0's first, then row 1's (skipped); waits for row 2
+    assert not quota.full
+    taken = quota.offer([("learner", 2, quota_episode(30))], acting)
+    assert [len(ep) for _, ep in taken] == [30, 2]  # row 2's first, then row 0's second
+    assert quota.full
+    assert quota.offer([("learner", 2, quota_episode(5))], acting) == []
+    assert quota.counts == {"learner": 3}
+
+
+def test_episode_quota_waits_for_a_row_that_starts_acting_late():
+    quota = EpisodeQuota(3, ["p"])
+    assert len(quota.offer([("p", 0, quota_episode(1))], np.array([0]))) == 1
+    assert len(quota.offer([("p", 0, quota_episode(1))], np.array([0, 5]))) == 1  # row 5 acts from now on
+    assert quota.offer([("p", 0, quota_episode(1))], np.array([0, 5])) == []  # row 5's first episode is awaited
+    assert [len(ep) for _, ep in quota.offer([("p", 5, quota_episode(7))], np.array([0, 5]))] == [7]
+    assert quota.full
 
 
 def test_mixing_weights_draw_each_input_s_episodes(tmp_path):

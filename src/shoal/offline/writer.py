@@ -14,11 +14,13 @@ removed.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import multiprocessing as mp
 import os
 import queue
 import traceback
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 
 QUEUED_ROLLOUTS = 8
 """Rollouts waiting for the writer process at most; one more makes training wait for it."""
+
+Finished = tuple[str, int, EpisodeArrays]
+"""A whole episode with its policy id and the agent row that played it."""
 
 
 def stored_spaces(env: EnvInfo) -> tuple[gym.Space[Any], gym.Space[Any]]:
@@ -79,8 +84,8 @@ class WriterSettings:
     max_file_size: int
     metadata: dict[str, Any]
     max_episodes: int | None = None
-    """Write this many episodes per policy, then no more; the episodes under way at the end are
-    dropped instead of cut (a recording of whole episodes)."""
+    """Write this many episodes per policy, chosen in ``EpisodeQuota``'s order, then no more; the
+    episodes under way at the end are dropped instead of cut (a recording of whole episodes)."""
     deterministic: bool = False
     """The policies took their most likely action: its probability was 1 (log-probability 0) for
     discrete actions, and is not a density for Box actions (NaN)."""
@@ -96,7 +101,10 @@ class DatasetWriter:
         context = mp.get_context("fork")  # the writer imports nothing the training process lacks
         self.queue = context.Queue(QUEUED_ROLLOUTS)
         self.results, child_end = context.Pipe(duplex=False)
-        self.process = context.Process(target=_write_loop, args=(settings, self.queue, child_end), daemon=True)
+        self.full = context.Event()
+        """Set once every written policy has ``max_episodes`` episodes (a recording is complete)."""
+        args = (settings, self.queue, child_end, self.full)
+        self.process = context.Process(target=_write_loop, args=args, daemon=True)
         self.process.start()
         child_end.close()
         self.summary: dict[str, Any] | None = None
@@ -191,12 +199,12 @@ class EpisodeAssembler:
         self.settings = settings
         self.open: dict[int, list[tuple[Block, int, Array]]] = {}  # row -> (block, row, steps) pieces
 
-    def add(self, block: Block) -> list[tuple[str, EpisodeArrays]]:
-        """The episodes ``block`` ends, each with its policy id."""
+    def add(self, block: Block) -> list[Finished]:
+        """The episodes ``block`` ends, each with its policy id and agent row, in each row's order."""
         f = block.fields
         valid, first = f["valid"][:, :-1], f["first"][:, :-1]
         done = (f["terminated"][:, :-1] | f["truncated"][:, :-1]) & valid
-        finished: list[tuple[str, EpisodeArrays]] = []
+        finished: list[Finished] = []
         for row in range(valid.shape[0]):
             if not valid[row].all():
                 self._add_row_with_turns(block, row, finished)
@@ -214,9 +222,9 @@ class EpisodeAssembler:
                     finished.append(self._episode(pieces, self._final_obs(block, row, end)))
                     pieces.clear()
                 start = stop
-        return [(pid, ep) for pid, ep in finished if pid in self.settings.written]
+        return finished
 
-    def _add_row_with_turns(self, block: Block, row: int, finished: list[tuple[str, EpisodeArrays]]) -> None:
+    def _add_row_with_turns(self, block: Block, row: int, finished: list[Finished]) -> None:
         """A row with steps that are not its decisions (the other players' turns, a dead agent's
         padding, a next-step reset), step by step, as the learners read them: such a step's reward
         goes to the row's last decision, and its done flag ends that decision's episode (the loser
@@ -260,17 +268,16 @@ class EpisodeAssembler:
         if taken:
             pieces.append((block, row, np.array(taken)))
 
-    def flush(self) -> list[tuple[str, EpisodeArrays]]:
+    def flush(self) -> list[Finished]:
         """The episodes still under way, each cut at its last step as a truncation (its final
         observation is the one collected after that step)."""
         out = []
         for pieces in self.open.values():
             if pieces:
                 block, row, steps = pieces[-1]
-                pid, episode = self._episode(pieces, block.fields["obs"][row, steps[-1] + 1])
+                pid, row, episode = self._episode(pieces, block.fields["obs"][row, steps[-1] + 1])
                 episode.truncations[-1] = not episode.terminations[-1]
-                if pid in self.settings.written:
-                    out.append((pid, episode))
+                out.append((pid, row, episode))
         self.open.clear()
         return out
 
@@ -285,7 +292,7 @@ class EpisodeAssembler:
         hit = np.flatnonzero((block.truncated_rows == row) & (block.truncated_steps == step))
         return np.asarray(block.final_obs[hit[0]]) if len(hit) else np.zeros_like(obs[row, step])
 
-    def _episode(self, pieces: Sequence[tuple[Block, int, Array]], final_obs: Array) -> tuple[str, EpisodeArrays]:
+    def _episode(self, pieces: Sequence[tuple[Block, int, Array]], final_obs: Array) -> Finished:
         def cat(key: str) -> Array:
             return np.concatenate([b.fields[key][r, s] for b, r, s in pieces])
 
@@ -314,7 +321,7 @@ class EpisodeAssembler:
             for k, key in enumerate(self.settings.info_keys):
                 episode.infos[key] = np.concatenate([[np.nan], values[:, k]]).astype(np.float32)
         assert len(episode.observations) == n + 1
-        return policy, episode
+        return policy, first_row, episode
 
 
 def next_shard(folder: Path) -> int:
@@ -324,17 +331,58 @@ def next_shard(folder: Path) -> int:
     return max(numbers, default=-1) + 1
 
 
-def _write_loop(settings: WriterSettings, inbox: Any, results: Connection) -> None:
+class EpisodeQuota:
+    """Picks ``per_policy`` episodes of each written policy without favouring short ones.
+
+    Taking the first episodes to finish would: short episodes finish first. Instead each agent row's
+    episodes are taken in turn, in rounds (every row's first episode, in row order, then every row's
+    second, ...), waiting for a row whose episode is still under way, so which episodes are taken
+    does not depend on their lengths. Rows never seen acting (absent agents) are not waited for.
+    """
+
+    def __init__(self, per_policy: int, written: Sequence[str]):
+        self.per_policy = per_policy
+        self.counts = dict.fromkeys(written, 0)
+        self.waiting: dict[int, deque[tuple[str, EpisodeArrays]]] = {}  # row -> its finished episodes, in order
+        self.turn = 0  # the row whose episode is taken next (or the first after it, of those waited for)
+
+    @property
+    def full(self) -> bool:
+        return min(self.counts.values(), default=self.per_policy) >= self.per_policy
+
+    def offer(self, finished: list[Finished], acting_rows: Array) -> list[tuple[str, EpisodeArrays]]:
+        """The episodes to write now, of those just ``finished``; ``acting_rows`` are the rows that
+        acted in the block, which are waited for from now on."""
+        for row in acting_rows.tolist():
+            self.waiting.setdefault(row, deque())
+        for pid, row, episode in finished:
+            self.waiting.setdefault(row, deque()).append((pid, episode))
+        taken: list[tuple[str, EpisodeArrays]] = []
+        rows = sorted(self.waiting)
+        i = bisect.bisect_left(rows, self.turn) % max(len(rows), 1)
+        while rows and not self.full and self.waiting[rows[i]]:
+            pid, episode = self.waiting[rows[i]].popleft()
+            if self.counts.get(pid, self.per_policy) < self.per_policy:  # not a policy written, or one done
+                self.counts[pid] += 1
+                taken.append((pid, episode))
+            i = (i + 1) % len(rows)
+        if rows:
+            self.turn = rows[i]
+        return taken
+
+
+def _write_loop(settings: WriterSettings, inbox: Any, results: Connection, full: Any) -> None:
     """The writer process: episodes from each block into each policy's current shard, a new shard
     once one passes ``max_file_size``; reports the summary (or the error) once at the end."""
     assembler = EpisodeAssembler(settings)
+    quota = None if settings.max_episodes is None else EpisodeQuota(settings.max_episodes, settings.written)
     shards: dict[str, ShardWriter] = {}
     counts = {pid: {"episodes": 0, "steps": 0, "shards": 0} for pid in settings.written}
     first = {pid: next_shard(settings.folder / pid) for pid in settings.written}  # after an earlier run's
 
     def write(episodes: list[tuple[str, EpisodeArrays]]) -> None:
         for pid, episode in episodes:
-            if settings.max_episodes is not None and counts[pid]["episodes"] >= settings.max_episodes:
+            if pid not in counts:  # a policy that is not trained (a fixed opponent)
                 continue
             shard = shards.get(pid)
             if shard is None:
@@ -360,9 +408,15 @@ def _write_loop(settings: WriterSettings, inbox: Any, results: Connection) -> No
                 continue
             if kind == "close":
                 break
-            write(assembler.add(block))
-        if settings.max_episodes is None:
-            write(assembler.flush())
+            finished = assembler.add(block)
+            if quota is None:
+                write([(pid, episode) for pid, _, episode in finished])
+                continue
+            write(quota.offer(finished, np.flatnonzero(block.fields["valid"].any(axis=1))))
+            if quota.full:
+                full.set()
+        if quota is None:
+            write([(pid, episode) for pid, _, episode in assembler.flush()])
         for pid, shard in shards.items():
             shard.close()
             counts[pid]["shards"] += 1

@@ -2,7 +2,8 @@
 
 The run's newest good checkpoint is loaded with its own envs stepped in this process, and its
 policies act through the same collector and dataset writer as in training (``output``), until
-each policy has ``episodes`` whole episodes; the episodes under way then are dropped. Without
+each policy has ``episodes`` whole episodes, taken from its agent rows in turn so that short
+episodes are not favoured (``EpisodeQuota``); the episodes under way then are dropped. Without
 ``explore`` every policy takes its most likely action (DQN's greedy one, TD3's actor output without
 noise); with it, it acts as it did in training (sampling, epsilon-greedy, exploration noise).
 """
@@ -58,15 +59,10 @@ def record_dataset(
         collector.deterministic = not explore
         collector.reset(c.seed if seed is None else seed)
         rollout = RolloutBuffer(env, HORIZON, algorithm.extra_fields(), c.device).rollout
-        done = dict.fromkeys(trainer.policies, 0)
-        ids = list(trainer.policies)
         try:
-            while min(done.values()) < episodes:
+            while not writer.full.wait(0):  # the writer says when it has taken enough
                 collector.collect(rollout)
                 writer(rollout, collector.truncations)
-                ended = (rollout["done"] & rollout["valid"])[:, :-1]
-                for index, pid in enumerate(ids):
-                    done[pid] += int((ended & (rollout["policy_id"][:, :-1] == index)).sum())
         finally:
             summary = writer.close()
     return summary
