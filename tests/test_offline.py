@@ -7,7 +7,9 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import CounterEnv, play_randomly
@@ -107,10 +109,33 @@ def test_shards_rotate_and_an_unfinished_one_is_never_read(tmp_path):
     shards = dataset_folders(out)
     assert len(shards) >= 3
     assert sum(DatasetFile.open(f).total_steps for f in shards) == 4096
-    hidden = out / "default_policy" / ".part-00099-v0.tmp-1" / "data"  # a writer that died half way
+    hidden = out / "default_policy" / ".part-x1b2.tmp" / "data"  # a writer that died half way
     shutil.copytree(shards[0], hidden)
     (hidden / "main_data.hdf5").write_bytes(b"half")
     assert dataset_folders(out) == shards
+
+
+def test_writers_sharing_a_folder_each_take_a_shard_name_of_their_own(tmp_path, monkeypatch):
+    env = gym.make("CartPole-v1")
+    folder = tmp_path / "d" / "default_policy"
+    first, second = (ShardWriter(folder, env.observation_space, env.action_space) for _ in range(2))
+    for steps, shard in ((3, first), (5, second)):
+        episode = EpisodeArrays(
+            np.zeros((steps + 1, 4), np.float32),
+            np.zeros(steps, np.int64),
+            np.ones(steps),
+            np.eye(steps, dtype=bool)[-1],
+            np.zeros(steps, bool),
+        )
+        shard.add(episode)
+    assert second.close().name == "part-00000-v0"
+    with monkeypatch.context() as m:  # another writer takes part-00000 between the listing and the claim
+        m.setattr(type(folder), "glob", lambda self, pattern: iter(()))
+        assert first.close().name == "part-00001-v0"
+    shards = dataset_folders(tmp_path / "d")
+    assert [DatasetFile.open(f).total_steps for f in shards] == [5, 3]
+    ids = [DatasetFile.open(f).metadata["dataset_id"] for f in shards]
+    assert ids == ["default_policy/part-00000-v0", "default_policy/part-00001-v0"]
 
 
 def test_a_refused_write_ends_the_run_with_one_message_and_whole_shards(tmp_path, monkeypatch):
@@ -290,7 +315,7 @@ def test_bc_imitates_box_actions(tmp_path):
     from conftest import TargetEnv
 
     env = TargetEnv()
-    shard = ShardWriter(tmp_path / "d" / "default_policy" / "part-00000-v0", env.observation_space, env.action_space)
+    shard = ShardWriter(tmp_path / "d" / "default_policy", env.observation_space, env.action_space)
     rng = np.random.default_rng(0)
     for _ in range(500):
         target = rng.uniform(-1, 1, 1).astype(np.float32)
@@ -327,3 +352,37 @@ def test_a_second_run_into_the_same_output_adds_shards_after_the_first_s(tmp_pat
     shards = dataset_folders(out)
     assert [f.parent.name for f in shards] == ["part-00000-v0", "part-00001-v0"]
     assert sum(DatasetFile.open(f).total_steps for f in shards) == 1024
+
+
+def test_an_episode_spanning_many_rollouts_keeps_only_its_own_steps():
+    from shoal.offline.writer import Block, EpisodeAssembler, WriterSettings
+
+    env = gym.make("CartPole-v1")
+    settings = WriterSettings(Path("."), ("p",), ("p",), env.observation_space, env.action_space, (), 1 << 20, {})
+    assembler = EpisodeAssembler(settings)
+    rows, horizon = 8, 16
+    blocks = []
+    for k in range(5):  # row 0 plays one long episode; the other rows end one every block
+        fields = {
+            "obs": np.full((rows, horizon + 1, 4), k, np.float32),
+            "action": np.zeros((rows, horizon + 1), np.int64),
+            "reward": np.ones((rows, horizon + 1), np.float32),
+            "terminated": np.zeros((rows, horizon + 1), bool),
+            "truncated": np.zeros((rows, horizon + 1), bool),
+            "first": np.zeros((rows, horizon + 1), bool),
+            "valid": np.ones((rows, horizon + 1), bool),
+            "policy_id": np.zeros((rows, horizon + 1), np.int64),
+        }
+        fields["terminated"][1:, horizon - 1] = True
+        fields["first"][:, 0] = k == 0
+        empty = np.zeros(0, np.int64)
+        blocks.append(Block(fields, empty, empty, fields["obs"][:0, 0], next_step=False))
+        assert len(assembler.add(blocks[-1])) == rows - 1
+    pieces = assembler.open[0]
+    assert len(pieces) == 5
+    for piece, block in zip(pieces, blocks):
+        assert not any(np.shares_memory(piece.fields[key], block.fields[key]) for key in block.fields)
+        assert piece.fields["obs"].shape == (horizon, 4)
+    [(pid, row, episode)] = assembler.flush()
+    assert (pid, row, len(episode)) == ("p", 0, 5 * horizon) and episode.truncations[-1]
+    assert (episode.observations[-1] == 4).all()  # the observation after the last step collected

@@ -81,7 +81,7 @@ def test_box_cql_keeps_the_values_of_actions_the_data_never_took_lower_than_sac(
 
     rng = np.random.default_rng(0)
     shard = ShardWriter(
-        tmp_path / "narrow" / "default_policy" / "part-00000-v0",
+        tmp_path / "narrow" / "default_policy",
         TargetEnv().observation_space,
         TargetEnv().action_space,
     )

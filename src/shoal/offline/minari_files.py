@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,19 +121,19 @@ def same_space(a: gym.Space[Any], b: gym.Space[Any]) -> bool:
 
 # ----- writing ------------------------------------------------------------------------------------
 class ShardWriter:
-    """One Minari dataset being written: built in a hidden folder beside its final place and moved
-    there in one rename by ``close``, so a crash or a full disk leaves the whole shards before it
-    and no part of this one."""
+    """One Minari dataset being written into ``folder``: built in a hidden folder there and moved to
+    the next free ``part-<k>-v0`` in one rename by ``close``, so a crash or a full disk leaves the
+    whole shards before it and no part of this one, and writers sharing a folder (two runs with one
+    ``output``) each take a name of their own."""
 
-    def __init__(self, final: Path, observation_space: gym.Space[Any], action_space: gym.Space[Any], **meta: Any):
+    def __init__(self, folder: Path, observation_space: gym.Space[Any], action_space: gym.Space[Any], **meta: Any):
         import h5py  # only when writing: the extra shoal[offline]
 
-        self.final = final
-        self.tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        (self.tmp / "data").mkdir(parents=True)
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=".part-", suffix=".tmp", dir=folder))  # hidden: readers skip it
+        (self.tmp / "data").mkdir()
         self.metadata: dict[str, Any] = {
-            "dataset_id": f"{final.parent.name}/{final.name}",
             "minari_version": FORMAT_VERSION,
             "data_format": "hdf5",
             "jpeg_encoding": False,
@@ -170,6 +171,8 @@ class ShardWriter:
     def close(self) -> Path:
         """Finish the file and move the shard into place; returns its final folder."""
         self.file.close()
+        final = claim_shard(self.folder)
+        self.metadata["dataset_id"] = f"{self.folder.name}/{final.name}"
         self.metadata["dataset_size"] = round(os.path.getsize(self.tmp / "data" / MAIN_FILE) / 1e6, 1)
         with open(self.tmp / "data" / METADATA, "w") as f:
             json.dump(self.metadata, f)
@@ -177,14 +180,27 @@ class ShardWriter:
             os.fsync(f.fileno())
         with open(self.tmp / "data" / MAIN_FILE, "rb+") as f:
             os.fsync(f.fileno())
-        self.tmp.replace(self.final)
-        return self.final
+        self.tmp.replace(final)  # onto the empty folder claimed, which no reader lists
+        return final
 
     def abandon(self) -> None:
         """Drop the shard under way (after a failed write)."""
         with contextlib.suppress(Exception):  # a file that failed to grow may fail to close too
             self.file.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def claim_shard(folder: Path) -> Path:
+    """The next free ``part-<k>-v0`` of ``folder``, after every shard there, made as an empty folder:
+    making it fails if another writer took that name first, and then the next is tried."""
+    taken = [int(p.name.split("-")[1]) for p in folder.glob("part-*-v0") if p.name.split("-")[1].isdigit()]
+    k = max(taken, default=-1) + 1
+    while True:
+        try:
+            (folder / f"part-{k:05d}-v0").mkdir()
+            return folder / f"part-{k:05d}-v0"
+        except FileExistsError:
+            k += 1
 
 
 def _write_array(group: Any, name: bytes, array: Array) -> None:

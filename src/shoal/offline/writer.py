@@ -191,13 +191,29 @@ _WRITTEN = (
 )
 
 
+@dataclass
+class Piece:
+    """Steps of one agent row in one block, copied out of it, so that an episode spanning many
+    rollouts holds only its own steps and not every block it touched."""
+
+    fields: dict[str, Array]
+    after: Array
+    """The observation collected after the last step (a cut episode's final one)."""
+
+    @classmethod
+    def of(cls, block: Block, row: int, steps: Array) -> Piece:
+        return cls(
+            {key: value[row, steps] for key, value in block.fields.items()}, block.fields["obs"][row, steps[-1] + 1]
+        )
+
+
 class EpisodeAssembler:
     """Cuts each agent row's steps, rollout after rollout, into whole episodes: a row's open episode
     is kept as pieces until the step that ends it arrives."""
 
     def __init__(self, settings: WriterSettings):
         self.settings = settings
-        self.open: dict[int, list[tuple[Block, int, Array]]] = {}  # row -> (block, row, steps) pieces
+        self.open: dict[int, list[Piece]] = {}  # row -> the pieces of its open episode
 
     def add(self, block: Block) -> list[Finished]:
         """The episodes ``block`` ends, each with its policy id and agent row, in each row's order."""
@@ -217,9 +233,9 @@ class EpisodeAssembler:
                 if len(steps) and first[row, steps[0]] and pieces:
                     pieces.clear()  # the open episode was abandoned (the envs were reset): its end is unknown
                 if len(steps):
-                    pieces.append((block, row, steps))
+                    pieces.append(Piece.of(block, row, steps))
                 if end is not None and pieces:
-                    finished.append(self._episode(pieces, self._final_obs(block, row, end)))
+                    finished.append(self._episode(pieces, row, self._final_obs(block, row, end)))
                     pieces.clear()
                 start = stop
         return finished
@@ -233,16 +249,17 @@ class EpisodeAssembler:
         pieces = self.open.setdefault(row, [])
         taken: list[int] = []  # this block's decisions in the open episode
 
-        def last_decision() -> tuple[Block, int] | None:
+        def last_decision() -> tuple[dict[str, Array], Any] | None:
+            """The fields holding the row's last decision, and its index there."""
             if taken:
-                return block, taken[-1]
-            return (pieces[-1][0], int(pieces[-1][2][-1])) if pieces else None
+                return f, (row, taken[-1])
+            return (pieces[-1].fields, -1) if pieces else None
 
         def end_episode(t: int) -> None:
             if taken:
-                pieces.append((block, row, np.array(taken)))
+                pieces.append(Piece.of(block, row, np.array(taken)))
                 taken.clear()
-            finished.append(self._episode(pieces, self._final_obs(block, row, t)))
+            finished.append(self._episode(pieces, row, self._final_obs(block, row, t)))
             pieces.clear()
 
         for t in range(f["valid"].shape[1] - 1):
@@ -258,24 +275,23 @@ class EpisodeAssembler:
             owner = last_decision()
             if owner is None:  # no episode open: a reset step, or the turns before this row's first
                 continue
-            owner_block, step = owner
-            owner_block.fields["reward"][row, step] += f["reward"][row, t]
+            fields, at = owner
+            fields["reward"][at] += f["reward"][row, t]
             if ends:
                 terminated = bool(f["terminated"][row, t])
-                owner_block.fields["terminated"][row, step] = terminated
-                owner_block.fields["truncated"][row, step] = not terminated
+                fields["terminated"][at] = terminated
+                fields["truncated"][at] = not terminated
                 end_episode(t)
         if taken:
-            pieces.append((block, row, np.array(taken)))
+            pieces.append(Piece.of(block, row, np.array(taken)))
 
     def flush(self) -> list[Finished]:
         """The episodes still under way, each cut at its last step as a truncation (its final
         observation is the one collected after that step)."""
         out = []
-        for pieces in self.open.values():
+        for row, pieces in self.open.items():
             if pieces:
-                block, row, steps = pieces[-1]
-                pid, row, episode = self._episode(pieces, block.fields["obs"][row, steps[-1] + 1])
+                pid, row, episode = self._episode(pieces, row, pieces[-1].after)
                 episode.truncations[-1] = not episode.terminations[-1]
                 out.append((pid, row, episode))
         self.open.clear()
@@ -292,12 +308,12 @@ class EpisodeAssembler:
         hit = np.flatnonzero((block.truncated_rows == row) & (block.truncated_steps == step))
         return np.asarray(block.final_obs[hit[0]]) if len(hit) else np.zeros_like(obs[row, step])
 
-    def _episode(self, pieces: Sequence[tuple[Block, int, Array]], final_obs: Array) -> Finished:
+    def _episode(self, pieces: Sequence[Piece], row: int, final_obs: Array) -> Finished:
         def cat(key: str) -> Array:
-            return np.concatenate([b.fields[key][r, s] for b, r, s in pieces])
+            return np.concatenate([piece.fields[key] for piece in pieces])
 
-        first_block, first_row, first_steps = pieces[0]
-        policy = self.settings.policy_ids[int(first_block.fields["policy_id"][first_row, first_steps[0]])]
+        first = pieces[0].fields
+        policy = self.settings.policy_ids[int(first["policy_id"][0])]
         obs = cat("obs")
         episode = EpisodeArrays(
             observations=np.concatenate([obs, final_obs[None]]),
@@ -307,28 +323,21 @@ class EpisodeAssembler:
             truncations=cat("truncated"),
         )
         n = len(obs)
-        if "action_mask" in first_block.fields:
+        if "action_mask" in first:
             mask = cat("action_mask")
             episode.infos["action_mask"] = np.concatenate([mask, np.ones_like(mask[:1])])
         if self.settings.deterministic:
             box = isinstance(self.settings.action_space, gym.spaces.Box)
             episode.infos["action_log_prob"] = np.full(n + 1, np.nan if box else 0.0, np.float32)
             episode.infos["action_log_prob"][-1] = np.nan
-        elif "sample_log_prob" in first_block.fields:
+        elif "sample_log_prob" in first:
             episode.infos["action_log_prob"] = np.append(cat("sample_log_prob"), np.nan).astype(np.float32)
-        if "info" in first_block.fields:  # row t + 1 holds the info of step t
+        if "info" in first:  # row t + 1 holds the info of step t
             values = cat("info")
             for k, key in enumerate(self.settings.info_keys):
                 episode.infos[key] = np.concatenate([[np.nan], values[:, k]]).astype(np.float32)
         assert len(episode.observations) == n + 1
-        return policy, first_row, episode
-
-
-def next_shard(folder: Path) -> int:
-    """The number of the next shard in a policy's folder: after the shards already there (a run
-    writing into another's ``output``, or a resumed one, adds its own)."""
-    numbers = [int(p.name.split("-")[1]) for p in folder.glob("part-*-v0") if p.name.split("-")[1].isdigit()]
-    return max(numbers, default=-1) + 1
+        return policy, row, episode
 
 
 class EpisodeQuota:
@@ -378,7 +387,6 @@ def _write_loop(settings: WriterSettings, inbox: Any, results: Connection, full:
     quota = None if settings.max_episodes is None else EpisodeQuota(settings.max_episodes, settings.written)
     shards: dict[str, ShardWriter] = {}
     counts = {pid: {"episodes": 0, "steps": 0, "shards": 0} for pid in settings.written}
-    first = {pid: next_shard(settings.folder / pid) for pid in settings.written}  # after an earlier run's
 
     def write(episodes: list[tuple[str, EpisodeArrays]]) -> None:
         for pid, episode in episodes:
@@ -386,9 +394,9 @@ def _write_loop(settings: WriterSettings, inbox: Any, results: Connection, full:
                 continue
             shard = shards.get(pid)
             if shard is None:
-                final = settings.folder / pid / f"part-{first[pid] + counts[pid]['shards']:05d}-v0"
                 meta = settings.metadata | {"shoal_policy_id": pid}
-                shard = shards[pid] = ShardWriter(final, settings.observation_space, settings.action_space, **meta)
+                folder = settings.folder / pid
+                shard = shards[pid] = ShardWriter(folder, settings.observation_space, settings.action_space, **meta)
             shard.add(episode)
             counts[pid]["episodes"] += 1
             counts[pid]["steps"] += len(episode)
