@@ -386,3 +386,19 @@ def test_an_episode_spanning_many_rollouts_keeps_only_its_own_steps():
     [(pid, row, episode)] = assembler.flush()
     assert (pid, row, len(episode)) == ("p", 0, 5 * horizon) and episode.truncations[-1]
     assert (episode.observations[-1] == 4).all()  # the observation after the last step collected
+
+
+def test_an_arrow_dataset_is_read_in_the_order_asked_for(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("jax")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    env = minari.DataCollector(gym.make("CartPole-v1"), data_format="arrow")
+    play_randomly(env, 6)
+    made = env.create_dataset(dataset_id="cartpole/arrow-v0", algorithm_name="uniform random")
+    lengths = [len(ep.rewards) for ep in made.iterate_episodes()]
+    (folder,) = dataset_folders(tmp_path / "cartpole" / "arrow-v0")
+    file = DatasetFile.open(folder)
+    assert file.metadata["data_format"] == "arrow"
+    order = [4, 0, 5, 2]
+    assert [len(ep) for ep in file.episodes(order)] == [lengths[k] for k in order]
+    assert [len(ep) for ep in file.episodes()] == lengths

@@ -15,6 +15,7 @@ import pytest
 import shoal
 from shoal.errors import OutputError
 from shoal.offline import DatasetFile, dataset_folders
+from shoal.offline.info import dataset_summary
 
 h5py = pytest.importorskip("h5py")
 QUIET = dict(save_outputs=False, verbose=0)
@@ -86,3 +87,5 @@ def test_rank_folders_read_as_one_input_and_the_spec_keeps_env_config(tmp_path):
     assert spec["kwargs"]["g"] == 3.0 and spec["max_episode_steps"] == 50
     with shoal.BC(env="Pendulum-v1", input=str(out), **QUIET) as bc:
         assert bc.train()["timesteps_total"] > 0
+    [summary] = dataset_summary(out)  # the ranks' shards summarized as their policy's
+    assert summary["policy"] == "default_policy" and summary["shards"] == 2

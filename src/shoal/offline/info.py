@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folders
+from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folders, owning_policy
 
 
 def space_label(space: Any) -> str:
@@ -25,9 +25,8 @@ def dataset_summary(path: Path) -> list[dict[str, Any]]:
     if not folders:
         raise DatasetError(f"'{path}' holds no dataset (no data/metadata.json under it).")
     groups: dict[str, list[DatasetFile]] = {}
-    for folder in folders:
-        parts = folder.relative_to(path).parts if folder != path else ()
-        group = parts[0] if len(parts) > 2 else "."  # <policy>/<shard>/data: the policy's folder
+    for folder in folders:  # the shards of each policy, over every torchrun rank's folder
+        group = owning_policy(path, folder) or "."
         groups.setdefault(group, []).append(DatasetFile.open(folder))
     rows = []
     for group, files in groups.items():

@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +236,14 @@ def dataset_folders(path: Path) -> list[Path]:
     )
 
 
+def owning_policy(path: Path, folder: Path) -> str | None:
+    """The policy whose shard ``folder`` (one of ``dataset_folders(path)``) is: a run's output holds
+    ``<policy>/part-<k>-v0/data``, under ``rank-<k>/`` with torchrun, so the policy's folder is the
+    third part from the end; None for a lone dataset."""
+    parts = folder.relative_to(path).parts
+    return parts[-3] if len(parts) > 2 else None
+
+
 @dataclass
 class DatasetFile:
     """One Minari dataset's metadata, read and checked; ``episodes()`` streams its episodes."""
@@ -269,9 +277,9 @@ class DatasetFile:
 
     def episodes(self, order: Sequence[int] | None = None) -> Iterator[EpisodeArrays]:
         """The episodes in ``order`` (indices; None: all in order), read one at a time, so a dataset
-        larger than memory streams. Datasets not stored as HDF5 are read in order."""
+        larger than memory streams."""
         if self.metadata["data_format"] != "hdf5":
-            yield from self._episodes_through_minari()
+            yield from self._episodes_through_minari(range(self.total_episodes) if order is None else order)
             return
         import h5py
 
@@ -313,7 +321,7 @@ class DatasetFile:
         values = {} if infos is None else {key: value[()] for key, value in infos.items() if hasattr(value, "shape")}
         return EpisodeArrays(**arrays, infos=values)
 
-    def _episodes_through_minari(self) -> Iterator[EpisodeArrays]:
+    def _episodes_through_minari(self, order: Iterable[int]) -> Iterator[EpisodeArrays]:
         try:
             import minari
         except ImportError:
@@ -321,8 +329,8 @@ class DatasetFile:
                 f"dataset '{self.folder}' is stored as '{self.metadata['data_format']}', which shoal reads through "
                 f"Minari: pip install 'shoal[offline]' (or store it as hdf5)."
             ) from None
-        space = self.observation_space
-        for episode in minari.MinariDataset(self.folder).iterate_episodes():
+        space, dataset = self.observation_space, minari.MinariDataset(self.folder)
+        for episode in (e for k in order for e in dataset.iterate_episodes([k])):  # one at a time: streamed
             infos = {k: v for k, v in (episode.infos or {}).items() if isinstance(v, np.ndarray)}
             obs = episode.observations
             yield EpisodeArrays(

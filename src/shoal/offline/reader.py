@@ -25,7 +25,14 @@ from tensordict import TensorDict
 
 from shoal.collect.truncations import Truncations
 from shoal.envs.spaces import EnvInfo
-from shoal.offline.minari_files import DatasetError, DatasetFile, EpisodeArrays, dataset_folders, same_space
+from shoal.offline.minari_files import (
+    DatasetError,
+    DatasetFile,
+    EpisodeArrays,
+    dataset_folders,
+    owning_policy,
+    same_space,
+)
 from shoal.offline.structured import is_structured
 from shoal.offline.writer import stored_spaces
 
@@ -67,10 +74,8 @@ def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Sour
     if not path.exists():
         raise DatasetError(f"input '{path}' does not exist.")
     folders = dataset_folders(path)
-    # a run's output holds <policy>/part-<k>-v0/data (under rank-<k>/ with torchrun): the policy
-    # folder is the third part from the end
-    owner = {f: f.relative_to(path).parts[-3] for f in folders if len(f.relative_to(path).parts) > 2}
-    owners = sorted(set(owner.values()))
+    owner = {f: owning_policy(path, f) for f in folders}
+    owners = sorted({o for o in owner.values() if o is not None})
     if policy_id in owners:  # the output of a run with several policies: this policy's own
         folders = [f for f in folders if owner.get(f) == policy_id]
     elif len(owners) > 1:
