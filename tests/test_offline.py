@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -402,3 +404,84 @@ def test_an_arrow_dataset_is_read_in_the_order_asked_for(tmp_path, monkeypatch):
     order = [4, 0, 5, 2]
     assert [len(ep) for ep in file.episodes(order)] == [lengths[k] for k in order]
     assert [len(ep) for ep in file.episodes()] == lengths
+
+
+def test_the_dataset_holds_the_env_s_rewards_not_the_learner_s_scaled_ones(tmp_path):
+    out = record(tmp_path, steps=2048, normalize_reward=True, clip_rewards=0.5)
+    episodes = episodes_of(out)
+    assert len(episodes) > 10
+    for ep in episodes:
+        assert (ep.rewards == 1.0).all()  # CartPole's reward, every step
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_the_dataset_holds_box_actions_as_the_env_took_them(tmp_path, normalize):
+    out = record(tmp_path, steps=1024, env="Pendulum-v1", sgd_minibatch_size=256, normalize_actions=normalize)
+    actions = np.concatenate([ep.actions for ep in episodes_of(out)])
+    assert np.abs(actions).max() <= 2.0  # Pendulum's bounds: clipped (or rescaled from [-1, 1]) as sent
+    assert np.abs(actions).max() > 1.5  # in the env's units, not the policy's unit range
+    # a learner acting in [-1, 1] reads them back in its own units
+    with shoal.BC(env="Pendulum-v1", input=str(out), normalize_actions=True, train_freq=200, **QUIET) as bc:
+        rollout = bc.algorithm.rollout.start_rollout()
+        bc.collector.collect(rollout)
+        read = rollout["action"][rollout["valid"]]
+    assert read.abs().max() <= 1.0 and read.abs().max() > 0.75
+
+
+def test_box_actions_outside_the_env_s_bounds_are_refused_naming_the_step(tmp_path):
+    env = gym.make("Pendulum-v1")
+    shard = ShardWriter(tmp_path / "d" / "default_policy", env.observation_space, env.action_space)
+    actions = np.zeros((3, 1), np.float32)
+    actions[1] = 5.0
+    shard.add(
+        EpisodeArrays(np.zeros((4, 3), np.float32), actions, np.zeros(3), np.eye(3, dtype=bool)[-1], np.zeros(3, bool))
+    )
+    shard.close()
+    with (
+        pytest.raises(DatasetError, match=r"episode_0: field 'actions' holds \[5.\] at step 1, outside the bounds"),
+        shoal.BC(env="Pendulum-v1", input=str(tmp_path / "d"), train_freq=3, **QUIET) as bc,
+    ):
+        bc.train()
+
+
+def test_a_run_never_closed_still_finishes_its_dataset(tmp_path):
+    out = str(tmp_path / "d")
+    script = f"import shoal\nshoal.PPO(env='CartPole-v1', num_envs=2, save_outputs=False, output={out!r}).learn(512)\n"
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    (shard,) = dataset_folders(tmp_path / "d")
+    assert DatasetFile.open(shard).total_steps == 512
+
+
+def test_a_pass_interleaves_the_episodes_of_every_shard(tmp_path):
+    from shoal.offline.reader import Source
+
+    env = gym.make("CartPole-v1")
+    folder = tmp_path / "d" / "default_policy"
+    for steps in (1, 2):  # shard 0: one-step episodes, shard 1: two-step ones
+        shard = ShardWriter(folder, env.observation_space, env.action_space)
+        for _ in range(20):
+            shard.add(
+                EpisodeArrays(
+                    np.zeros((steps + 1, 4), np.float32),
+                    np.zeros(steps, np.int64),
+                    np.ones(steps),
+                    np.eye(steps, dtype=bool)[-1],
+                    np.zeros(steps, bool),
+                )
+            )
+        shard.close()
+    files = [DatasetFile.open(f) for f in dataset_folders(tmp_path / "d")]
+    stream = Source(tmp_path / "d", files, 1.0).episodes(np.random.default_rng(0))
+    first_pass = [len(next(stream)[1]) for _ in range(40)]
+    assert sorted(first_pass) == [1] * 20 + [2] * 20  # every episode once per pass
+    assert set(first_pass[:10]) == {1, 2}  # both shards from the start
+
+
+def test_info_of_a_dataset_with_no_episodes_says_n_a_for_its_returns(tmp_path, capsys):
+    env = gym.make("CartPole-v1")
+    ShardWriter(tmp_path / "d" / "default_policy", env.observation_space, env.action_space).close()
+    assert main(["dataset", "info", str(tmp_path / "d"), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["episodes"] == 0 and row["return_mean"] is None and row["length_mean"] is None
+    assert main(["dataset", "info", str(tmp_path / "d")]) == 0
+    assert "n/a" in capsys.readouterr().out

@@ -224,10 +224,14 @@ def test_each_evaluation_reports_the_off_policy_estimates(tmp_path):
     )
     with shoal.BC(**settings) as bc:
         result = bc.train()
+        gamma = bc.config.gamma
     estimates = result["evaluation"]["off_policy_estimation"]
     assert set(estimates) == {"v_behaviour", "is", "wis", "dm", "dr"}
     assert all(math.isfinite(v) for v in estimates.values())
-    assert 0 < estimates["v_behaviour"] < 100  # discounted (0.99) returns of CartPole's 1-per-step rewards
+    # v_behaviour: the mean discounted return of the first 20 recorded episodes, read in file order
+    episodes = [ep for f in dataset_folders(data) for ep in DatasetFile.open(f).episodes()][:20]
+    returns = [float(np.sum(ep.rewards * gamma ** np.arange(len(ep)))) for ep in episodes]
+    assert estimates["v_behaviour"] == pytest.approx(np.mean(returns), rel=1e-5)
 
 
 def test_estimates_that_need_what_a_dataset_lacks_are_refused(tmp_path):
@@ -235,9 +239,46 @@ def test_estimates_that_need_what_a_dataset_lacks_are_refused(tmp_path):
     with shoal.DQN(env="CartPole-v1", output=str(folder), learning_starts=10**9, **QUIET) as dqn:
         dqn.learn(1000)  # no log-probabilities: DQN stores none
     settings = dict(env="CartPole-v1", input=str(folder), off_policy_estimation_methods=["is"], **QUIET)
-    with shoal.BC(**settings) as bc, pytest.raises(DatasetError, match=r"need the behaviour policy's probabilities"):
-        bc.estimate_off_policy()
+    with pytest.raises(DatasetError, match=r"need the behaviour policy's probabilities"):
+        shoal.BC(**settings)  # refused before training
     with shoal.BC(**(settings | {"off_policy_estimation_methods": ["dm"]})) as bc:
         assert set(bc.estimate_off_policy()) == {"v_behaviour", "dm"}
     with pytest.raises(shoal.ConfigError, match="need recorded episodes"):
         shoal.PPO(env="CartPole-v1", off_policy_estimation_methods=["is"], **QUIET)
+    missing = settings | {
+        "off_policy_estimation_input": str(tmp_path / "nowhere"),
+        "off_policy_estimation_methods": ["dm"],
+    }
+    with pytest.raises(
+        DatasetError, match=r"off_policy_estimation_input '.*nowhere' \(the episodes .*\) does not exist"
+    ):
+        shoal.BC(**missing)
+    with pytest.raises(DatasetError, match=r"need Discrete actions"):
+        shoal.SAC(
+            env="Pendulum-v1", off_policy_estimation_input=str(folder), off_policy_estimation_methods=["dm"], **QUIET
+        )
+
+
+def test_estimates_read_checked_episodes_and_only_the_legal_actions(tmp_path):
+    env = gym.make("CartPole-v1")
+    shard = ShardWriter(tmp_path / "bad" / "default_policy", env.observation_space, env.action_space)
+    rewards = np.array([1.0, np.nan, 1.0])
+    shard.add(
+        EpisodeArrays(
+            np.zeros((4, 4), np.float32), np.zeros(3, np.int64), rewards, np.eye(3, dtype=bool)[-1], np.zeros(3, bool)
+        )
+    )
+    shard.close()
+    with pytest.raises(DatasetError, match=r"episode_0: field 'rewards' holds \[nan\] at step 1"):
+        shoal.BC(env="CartPole-v1", input=str(tmp_path / "bad"), off_policy_estimation_methods=["dm"], **QUIET)
+    from shoal.offline.estimation import action_probabilities
+
+    with shoal.DQN(env="CartPole-v1", seed=1, **QUIET) as dqn:
+        policy = dqn.get_policy()
+        policy.epsilon = 0.2
+        obs = torch.randn(6, 4)
+        mask = torch.tensor([[True, False]] * 3 + [[False, True]] * 3)
+        probs = action_probabilities(policy, obs, False, 2, mask)
+        assert torch.equal(probs, mask.float())  # one legal action: taken with probability 1
+        free = action_probabilities(policy, obs, False, 2)
+        assert torch.allclose(free.sort(1).values, torch.tensor([0.1, 0.9]).expand(6, 2))  # 0.2 spread over both

@@ -46,11 +46,13 @@ def test_a_dataset_of_a_registered_env_evaluates_in_it(recorded):
     assert result["evaluation"]["episodes"] == 2
 
 
-def test_with_no_env_the_datasets_spaces_train_and_estimates_replace_evaluation(recorded, tmp_path):
+def test_with_no_env_the_datasets_spaces_train_and_estimates_replace_evaluation(recorded, tmp_path, capsys):
     _, robot = recorded
     run = tmp_path / "run"
     settings = ["input=" + str(robot), "total_timesteps=600", "evaluation_interval=1", f"run_dir={run}"]
     assert main(["train", "--algo", "bc", *settings, "off_policy_estimation_methods=[is, wis]", "verbose=0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["evaluation"] is None and set(summary["off_policy_estimation"]) == {"v_behaviour", "is", "wis"}
     assert yaml.safe_load((run / "config.yaml").read_text())["env"] is None
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert "evaluation/episode_reward_mean" not in last  # no episode was played

@@ -58,6 +58,8 @@ class Collector(Protocol):
     truncations: Truncations | None
     """The last rollout's truncated steps and the true final observation of each (None before the
     first ``collect``)."""
+    raw_reward: torch.Tensor
+    """``[N, T+1]``: the last rollout's rewards as the env gave them, before scaling and clipping."""
 
     def collect(
         self,
@@ -178,9 +180,10 @@ class Algorithm(Generic[ConfigT, PolicyT]):
         self.trajectory_hooks: list[Callable[[Trajectory], None]] = []
         """Called after ``postprocess_trajectory`` with each policy's ``Trajectory`` (the trainer adds
         its callbacks' ``on_postprocess_trajectory`` here)."""
-        self.rollout_sinks: list[Callable[[TensorDict, Truncations | None], None]] = []
+        self.rollout_sinks: list[Callable[[TensorDict, Collector], None]] = []
         """Called after each collect with the rollout as the envs gave it (before postprocessing) and
-        its truncations (the trainer adds the dataset writer of ``output`` here)."""
+        the collector (its truncations and the env's own rewards); the trainer adds the dataset
+        writer of ``output`` here."""
 
     @classmethod
     def implementation(cls, config: TrainerConfig, env: EnvInfo | None = None) -> type[Algorithm[Any, Any]]:
@@ -237,7 +240,7 @@ class Algorithm(Generic[ConfigT, PolicyT]):
             policy.start_collection()
         steps = collector.collect(rollout, start_states, until_done, whole)
         for sink in self.rollout_sinks:
-            sink(rollout, collector.truncations)
+            sink(rollout, collector)
         if self.trajectory_hooks or type(self).postprocess_trajectory is not Algorithm.postprocess_trajectory:
             valid = rollout["valid"][:, :-1]
             for index, pid in enumerate(self.policies):

@@ -95,14 +95,17 @@ def _number(value: Any) -> Any:
 
 def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> dict[str, Any]:
     """What ``train`` and ``serve`` print when a run ends: a finished training run on local envs is
-    also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes), one with no env not."""
+    also evaluated (``eval_episodes``; None: the run's evaluation_num_episodes), one with no env not;
+    a run with ``off_policy_estimation_methods`` also gives their estimates of its final policy."""
     from shoal.train.run_state import stop_reason
 
     command = "serve" if algo.config.backend == "external" else "train"
     if algo.stop_reason is not None:
         hint = f"; continue with: shoal {command} --resume {algo.run_dir}" if algo.run_dir else ""
         print(f"shoal: stopped ({algo.stop_reason}) at {algo.timesteps_total} steps{hint}", file=sys.stderr)
-    finished = algo.stop_reason not in EXIT_CODES and algo.config.env is not None
+    done = algo.stop_reason not in EXIT_CODES
+    finished = done and algo.config.env is not None
+    estimates = algo.estimate_off_policy() if done and algo.config.off_policy_estimation_methods else None
     return {
         "env": algo.env_name,
         "timesteps_total": algo.timesteps_total,
@@ -110,6 +113,7 @@ def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> di
         "episode_reward_mean": _number(result.get("episode_reward_mean")),
         "stop_reason": stop_reason(algo),
         "evaluation": algo.evaluate(eval_episodes) if finished and command == "train" else None,
+        "off_policy_estimation": None if estimates is None else {k: _number(v) for k, v in estimates.items()},
         "run_dir": str(algo.run_dir) if algo.run_dir else None,
     }
 
@@ -194,9 +198,8 @@ def dataset(args: argparse.Namespace) -> int:
     for row in rows:
         table = Table("", "", title=f"{args.path}: {row.pop('policy')}", show_header=False)
         for key, value in row.items():
-            table.add_row(
-                key, f"{value:,.2f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
-            )
+            text = "n/a" if value is None else f"{value:,.2f}" if isinstance(value, float) else value
+            table.add_row(key, f"{value:,}" if isinstance(value, int) else text)
         Console(width=120).print(table)
     return 0
 

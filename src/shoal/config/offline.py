@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from shoal.errors import ConfigError, shorten
@@ -10,7 +11,14 @@ if TYPE_CHECKING:
     from shoal.config.trainer import TrainerConfig
 
 
+def absolute(path: str) -> str:
+    """``path`` from the root (``~`` expanded): a saved run's config finds its datasets from any
+    working directory."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def check_offline(c: TrainerConfig) -> None:
+    """Checks the dataset keys, and makes their folders absolute."""
     spec = c.input
     if isinstance(spec, dict):
         bad = {k: w for k, w in spec.items() if not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0}
@@ -28,6 +36,18 @@ def check_offline(c: TrainerConfig) -> None:
             f"dict of folder -> mixing weight."
         )
     reads = spec != "sampler"
+    if reads:
+        c.input = (
+            absolute(spec)
+            if isinstance(spec, str)
+            else [absolute(p) for p in spec]
+            if isinstance(spec, list)
+            else {absolute(p): w for p, w in spec.items()}
+        )
+    if c.output is not None:
+        c.output = absolute(c.output)
+    if c.off_policy_estimation_input is not None:
+        c.off_policy_estimation_input = absolute(c.off_policy_estimation_input)
     name = type(c).__name__.removesuffix("Config")
     if c.env is None and not reads:
         raise ConfigError(

@@ -14,6 +14,10 @@ from shoal.offline.reader import DatasetReader, dataset_inputs, open_source
 from shoal.offline.writer import DatasetWriter, WriterSettings, stored_spaces
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
     from shoal.config import TrainerConfig
     from shoal.envs.spaces import EnvInfo
 
@@ -37,13 +41,15 @@ def dataset_writer(
     algo_name: str,
     written: list[str],
     env_spec: str | None,
+    env_actions: Callable[[torch.Tensor], torch.Tensor],
     *,
     max_episodes: int | None = None,
     deterministic: bool = False,
 ) -> DatasetWriter | None:
     """The writer ``output`` asks for (None without it): the steps of the ``written`` policies (the
-    trained ones, in training), each policy's datasets in a folder of its own; ``max_episodes`` and
-    ``deterministic`` as ``WriterSettings`` has them (a recording)."""
+    trained ones, in training), each policy's datasets in a folder of its own, with the actions as
+    ``env_actions`` turns them into the env's; ``max_episodes`` and ``deterministic`` as
+    ``WriterSettings`` has them (a recording)."""
     if config.output is None:
         return None
     try:
@@ -69,7 +75,7 @@ def dataset_writer(
         max_episodes=max_episodes,
         deterministic=deterministic,
     )
-    return DatasetWriter(settings)
+    return DatasetWriter(settings, env_actions)
 
 
 def dataset_reader(config: TrainerConfig, env: EnvInfo) -> DatasetReader | None:
@@ -89,7 +95,7 @@ def dataset_reader(config: TrainerConfig, env: EnvInfo) -> DatasetReader | None:
         )
     inputs = dataset_inputs(config.input)
     sources = [open_source(Path(path), weight, env, ids[0]) for path, weight in inputs.items()]
-    return DatasetReader(sources, env, config.seed, config.gamma)
+    return DatasetReader(sources, env, config.seed, config.gamma, config.normalize_actions)
 
 
 class OffPolicyEstimator:
@@ -97,7 +103,7 @@ class OffPolicyEstimator:
     at each call (``shoal.offline.estimation``)."""
 
     def __init__(self, config: TrainerConfig, env: EnvInfo):
-        from shoal.offline.estimation import load_logged
+        from shoal.offline.estimation import check_methods, load_logged
 
         if env.act_spec.kind != "discrete":
             raise DatasetError(
@@ -106,10 +112,19 @@ class OffPolicyEstimator:
             )
         if len(config.policy_ids) > 1:
             raise DatasetError("off_policy_estimation_methods estimate one policy; this config has several.")
+        if config.recurrent:
+            raise DatasetError(
+                "off_policy_estimation_methods read each recorded step alone, which a recurrent core (model_config "
+                "core) cannot; estimate a feedforward policy."
+            )
+        key = "off_policy_estimation_input" if config.off_policy_estimation_input else "input"
         path = Path(config.off_policy_estimation_input or config.input).expanduser()
+        if not path.exists():
+            raise DatasetError(f"{key} '{path}' (the episodes off_policy_estimation_methods read) does not exist.")
         open_source(path, 1.0, env, config.policy_ids[0])  # its spaces checked against the env's
         self.config, self.actions = config, env.act_spec.nvec[0]
-        self.logged = load_logged(path, config.off_policy_estimation_episodes)
+        self.logged = load_logged(path, config.off_policy_estimation_episodes, env, env.mask_size > 0)
+        check_methods(self.logged, list(config.off_policy_estimation_methods))
 
     def __call__(self, policy: Any) -> dict[str, float]:
         from shoal.offline.estimation import estimate_policy

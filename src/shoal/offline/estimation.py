@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,10 @@ from shoal.models.policy import ActorCriticPolicy, Policy
 from shoal.models.qpolicy import QPolicy
 from shoal.offline import estimators
 from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folders
+from shoal.offline.reader import check_episode
+
+if TYPE_CHECKING:
+    from shoal.envs.spaces import EnvInfo
 
 NEEDS_BEHAVIOUR = ("is", "wis", "dr")
 FQE_DEFAULTS: dict[str, Any] = {"epochs_per_iteration": 1, "hidden": (64, 64)}
@@ -50,13 +54,17 @@ class LoggedEpisodes:
     behaviour_log_prob: torch.Tensor | None
     """None when the dataset did not record it (``dm`` alone can run then)."""
     where: str
+    action_mask: torch.Tensor | None = None
+    """``[E, T + 1, A]`` bool: the legal actions at each observation, for a masked env (else None)."""
 
 
-def load_logged(path: Path, episodes: int) -> LoggedEpisodes:
-    """The first ``episodes`` episodes of the datasets at ``path``."""
+def load_logged(path: Path, episodes: int, env: EnvInfo, masked: bool) -> LoggedEpisodes:
+    """The first ``episodes`` episodes of the datasets at ``path``, each checked as training checks
+    what it reads; with ``masked`` their legal actions too (all legal where none were recorded)."""
     read = []
     for folder in dataset_folders(path):
-        for episode in DatasetFile.open(folder).episodes():
+        for k, episode in enumerate(DatasetFile.open(folder).episodes()):
+            check_episode(episode, f"dataset '{folder}' episode_{k}", env)
             read.append(episode)
             if len(read) == episodes:
                 break
@@ -71,12 +79,15 @@ def load_logged(path: Path, episodes: int) -> LoggedEpisodes:
     terminated = np.zeros((e, t), dtype=bool)
     valid = np.zeros((e, t), dtype=bool)
     logp = np.full((e, t), np.nan, dtype=np.float32)
+    mask = np.ones((e, t + 1, int(env.act_spec.nvec[0])), dtype=bool) if masked else None
     for i, ep in enumerate(read):
         n = len(ep)
         obs[i, : n + 1], action[i, :n], reward[i, :n] = ep.observations, ep.actions, ep.rewards
         terminated[i, :n], valid[i, :n] = ep.terminations, True
         if "action_log_prob" in ep.infos:
             logp[i, :n] = ep.infos["action_log_prob"][:n]
+        if mask is not None and "action_mask" in ep.infos:
+            mask[i, : n + 1] = ep.infos["action_mask"].astype(bool)
     known = bool(np.isfinite(logp[valid]).all())
     return LoggedEpisodes(
         obs=torch.from_numpy(obs),
@@ -86,24 +97,41 @@ def load_logged(path: Path, episodes: int) -> LoggedEpisodes:
         valid=torch.from_numpy(valid),
         behaviour_log_prob=torch.from_numpy(logp) if known else None,
         where=str(path),
+        action_mask=None if mask is None else torch.from_numpy(mask),
     )
 
 
+def check_methods(logged: LoggedEpisodes, methods: list[str]) -> None:
+    """The ``methods`` can run on ``logged``: the importance-weighted ones need the behaviour policy's
+    probabilities."""
+    if logged.behaviour_log_prob is None and (missing := [m for m in methods if m in NEEDS_BEHAVIOUR]):
+        raise DatasetError(
+            f"off_policy_estimation_methods {missing} need the behaviour policy's probabilities, which the dataset "
+            f"'{logged.where}' does not hold (infos 'action_log_prob'); 'dm' needs none."
+        )
+
+
 @torch.no_grad()
-def action_probabilities(policy: Policy, obs: torch.Tensor, deterministic: bool, actions: int) -> torch.Tensor:
-    """``[B, A]``: the probability the policy takes each action at ``obs``: its most likely action
-    with ``deterministic``; else its distribution (epsilon-greedy for Q-policies)."""
+def action_probabilities(
+    policy: Policy, obs: torch.Tensor, deterministic: bool, actions: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, A]``: the probability the policy takes each action at ``obs`` (among the legal ones of
+    ``mask``, as it acts): its most likely action with ``deterministic``; else its distribution
+    (epsilon-greedy for Q-policies, the random share spread over the legal actions). A feedforward
+    policy: each step is read alone."""
     rows = len(obs)
     if isinstance(policy, QPolicy):
-        greedy = F.one_hot(policy.q_values(obs).argmax(-1), actions).float()
+        q = policy.q_values(obs)
+        legal = torch.ones_like(q, dtype=torch.bool) if mask is None else mask
+        greedy = F.one_hot(q.masked_fill(~legal, -torch.inf).argmax(-1), actions).float()
         eps = 0.0 if deterministic else float(policy.epsilon)
-        return (1 - eps) * greedy + eps / actions
+        return (1 - eps) * greedy + eps * legal / legal.sum(-1, keepdim=True)
     if deterministic or not isinstance(policy, ActorCriticPolicy):
         state, first = policy.initial_state(rows), torch.ones(rows, dtype=torch.bool)
-        action, _, _ = policy.act(obs, state, first, deterministic=True)
+        action, _, _ = policy.act(obs, state, first, mask, deterministic=True)
         return F.one_hot(action.long(), actions).float()
     params, _ = policy(obs)
-    each = [policy.score(params, torch.full((rows,), a, dtype=torch.long), False, None)[0] for a in range(actions)]
+    each = [policy.score(params, torch.full((rows,), a, dtype=torch.long), False, mask)[0] for a in range(actions)]
     return torch.stack(each, dim=1).exp()
 
 
@@ -120,13 +148,10 @@ def estimate_policy(
 ) -> dict[str, float]:
     """Each method's estimate of ``policy``'s discounted return from the episodes' first states,
     and ``v_behaviour``, the recorded episodes' own."""
-    if logged.behaviour_log_prob is None and (missing := [m for m in methods if m in NEEDS_BEHAVIOUR]):
-        raise DatasetError(
-            f"off_policy_estimation_methods {missing} need the behaviour policy's probabilities, which the dataset "
-            f"'{logged.where}' does not hold (infos 'action_log_prob'); 'dm' needs none."
-        )
+    check_methods(logged, methods)
     e, t = logged.action.shape
-    probs = action_probabilities(policy, logged.obs.flatten(0, 1), deterministic, actions).view(e, t + 1, actions)
+    mask = None if logged.action_mask is None else logged.action_mask.flatten(0, 1)
+    probs = action_probabilities(policy, logged.obs.flatten(0, 1), deterministic, actions, mask).view(e, t + 1, actions)
     taken = probs[:, :-1].gather(2, logged.action.unsqueeze(-1)).squeeze(-1)
     target_logp = torch.where(logged.valid, taken.clamp_min(1e-30).log(), 0.0)
     out: dict[str, float] = {}

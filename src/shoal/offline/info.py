@@ -39,7 +39,8 @@ def dataset_summary(path: Path) -> list[dict[str, Any]]:
         if len(spaces) > 1:
             raise DatasetError(f"the datasets of '{path / group}' disagree on their spaces: {sorted(spaces)}.")
         obs, act = spaces.pop()
-        r = np.array(returns) if returns else np.zeros(1)
+        r = np.array(returns if returns else [np.nan])  # no episodes: None (null; 'n/a' in the table)
+        stats = {"mean": r.mean(), "std": r.std(), "min": r.min(), "max": r.max()}
         rows.append(
             {
                 "policy": group,
@@ -48,11 +49,8 @@ def dataset_summary(path: Path) -> list[dict[str, Any]]:
                 "shards": len(files),
                 "episodes": len(returns),
                 "steps": int(sum(lengths)),
-                "return_mean": float(r.mean()),
-                "return_std": float(r.std()),
-                "return_min": float(r.min()),
-                "return_max": float(r.max()),
-                "length_mean": float(np.mean(lengths)) if lengths else 0.0,
+                **{f"return_{k}": float(v) if returns else None for k, v in stats.items()},
+                "length_mean": float(np.mean(lengths)) if lengths else None,
             }
         )
     return rows

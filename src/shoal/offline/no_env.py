@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 def first_dataset(spec: Any) -> DatasetFile:
     """The first dataset ``input`` names (a folder, a list of them, or folders with weights)."""
     path = Path(next(iter(dataset_inputs(spec))))
-    folders = dataset_folders(path) if path.exists() else []
+    if not path.exists():
+        raise DatasetError(f"input '{path}' does not exist.")
+    folders = dataset_folders(path)
     if not folders:
         raise DatasetError(f"input '{path}' holds no dataset (no data/metadata.json under it).")
     return DatasetFile.open(folders[0])

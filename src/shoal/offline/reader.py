@@ -48,7 +48,7 @@ def dataset_inputs(spec: Any) -> dict[str, float]:
 
 @dataclass
 class Source:
-    """One input: its datasets, read in order and again from the first when they run out."""
+    """One input: its datasets, read in passes."""
 
     path: Path
     files: list[DatasetFile]
@@ -59,14 +59,16 @@ class Source:
         return sum(f.total_steps for f in self.files)
 
     def episodes(self, rng: np.random.Generator) -> Iterator[tuple[str, EpisodeArrays]]:
-        """(where, episode) for every episode, pass after pass, each pass in a new random order of
-        the episodes within each dataset file and of the files (episodes are read one at a time)."""
+        """(where, episode) for every episode, pass after pass, each pass in a new random order of all
+        the episodes of every dataset file (shards interleave: a run's output, whose shards follow
+        its training, is not read one stage at a time), read one at a time."""
+        counts = [f.total_episodes for f in self.files]
         while True:
-            for f in rng.permutation(len(self.files)):
-                file = self.files[int(f)]
-                order = rng.permutation(file.total_episodes).tolist()
-                for k, episode in zip(order, file.episodes(order)):
-                    yield f"dataset '{file.folder}' episode_{k}", episode
+            orders = [rng.permutation(n).tolist() for n in counts]
+            streams = [iter(zip(order, f.episodes(order))) for order, f in zip(orders, self.files)]
+            for f in rng.permutation(np.repeat(np.arange(len(self.files)), counts)).tolist():
+                k, episode = next(streams[f])
+                yield f"dataset '{self.files[f].folder}' episode_{k}", episode
 
 
 def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Source:
@@ -109,8 +111,14 @@ def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Sour
 class DatasetReader:
     """The collector of ``input=``: recorded episodes, row by row, into the rollout."""
 
-    def __init__(self, sources: list[Source], env: EnvInfo, seed: int, gamma: float = 0.99):
+    def __init__(self, sources: list[Source], env: EnvInfo, seed: int, gamma: float = 0.99, unit_actions: bool = False):
+        """``unit_actions`` (``normalize_actions``): the policy acts in [-1, 1], so the recorded Box
+        actions, which are the env's, are rescaled from its bounds."""
         self.sources, self.env, self.gamma = sources, env, gamma
+        space = env.act_spec.space
+        self.unit = None
+        if unit_actions and isinstance(space, gym.spaces.Box):
+            self.unit = ((space.high + space.low) / 2, (space.high - space.low) / 2)
         weights = np.array([s.weight for s in sources])
         self.weights = weights / weights.sum()
         self.rng = np.random.default_rng(seed)
@@ -122,6 +130,7 @@ class DatasetReader:
         self.current: list[EpisodeArrays | None] = [None] * env.num_rows
         self.returns: list[Any] = [None] * env.num_rows  # each row's episode's returns to go, when asked for
         self.position = np.zeros(env.num_rows, dtype=np.int64)
+        self.raw_reward = torch.zeros(0, 0)  # the recorded rewards are the env's own: the rollout's
 
     def reset(self, seed: int | Sequence[int] | None) -> None:
         """Each row starts a new episode at its next collect (the inputs are drawn anew from ``seed``)."""
@@ -133,7 +142,10 @@ class DatasetReader:
     def _next_episode(self) -> EpisodeArrays:
         k = 0 if len(self.streams) == 1 else int(self.rng.choice(len(self.streams), p=self.weights))
         where, episode = next(self.streams[k])
-        _check_episode(episode, where, self.env)
+        check_episode(episode, where, self.env)
+        if self.unit is not None:
+            center, half_range = self.unit
+            episode.actions = ((episode.actions - center) / half_range).astype(np.float32)
         return episode
 
     def collect(
@@ -146,6 +158,7 @@ class DatasetReader:
         start = time.perf_counter()
         horizon = rollout.batch_size[1] - 1
         obs, action, reward = rollout["obs"], rollout["action"], rollout["reward"]
+        self.raw_reward = reward
         term, trunc, first = rollout["terminated"], rollout["truncated"], rollout["first"]
         mask = rollout.get("action_mask", None)
         to_go = rollout.get("return_to_go", None)
@@ -233,7 +246,7 @@ def _mask(episode: EpisodeArrays, pos: int, k: int) -> torch.Tensor:
     return masks[0] if k == 1 else masks
 
 
-def _check_episode(episode: EpisodeArrays, where: str, env: EnvInfo) -> None:
+def check_episode(episode: EpisodeArrays, where: str, env: EnvInfo) -> None:
     """Lengths that agree, numbers that are finite, and observations and actions of the env's
     shapes (and Discrete actions in range), or one message naming the field."""
     n = len(episode.rewards)
@@ -267,3 +280,16 @@ def _check_episode(episode: EpisodeArrays, where: str, env: EnvInfo) -> None:
         if outside.any():
             bad = int(np.argwhere(outside)[0][0])
             raise DatasetError(f"{where}: field 'actions' holds {act[bad]} at step {bad}, outside {space}.")
+    elif isinstance(space, gym.spaces.Box):  # the env's actions, within its bounds (give float rounding room)
+        low, high = space.low, space.high
+        below, above = (
+            act < low - 1e-5 * np.maximum(1.0, np.abs(low)),
+            act > high + 1e-5 * np.maximum(1.0, np.abs(high)),
+        )
+        outside = (below | above).reshape(n, -1).any(axis=1)
+        if outside.any():
+            bad = int(np.flatnonzero(outside)[0])
+            raise DatasetError(
+                f"{where}: field 'actions' holds {act[bad]} at step {bad}, outside the bounds of {space}: a dataset "
+                f"holds the actions the env took."
+            )

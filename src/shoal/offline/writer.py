@@ -14,6 +14,7 @@ removed.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import multiprocessing as mp
@@ -21,7 +22,7 @@ import os
 import queue
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,7 +39,7 @@ from shoal.offline.minari_files import Array, EpisodeArrays, ShardWriter
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-    from shoal.collect import Truncations
+    from shoal.algos.base import Collector
     from shoal.envs.spaces import EnvInfo
 
 QUEUED_ROLLOUTS = 8
@@ -95,8 +96,9 @@ class DatasetWriter:
     """Hands each collected rollout to the writer process (``__call__``); ``close`` writes the
     episodes still under way as truncated at the last step collected and closes every shard."""
 
-    def __init__(self, settings: WriterSettings):
-        self.settings = settings
+    def __init__(self, settings: WriterSettings, env_actions: Callable[[torch.Tensor], torch.Tensor]):
+        """``env_actions``: the policies' actions as the env takes them (the backend's ``bounded_actions``)."""
+        self.settings, self.env_actions = settings, env_actions
         settings.folder.mkdir(parents=True, exist_ok=True)
         context = mp.get_context("fork")  # the writer imports nothing the training process lacks
         self.queue = context.Queue(QUEUED_ROLLOUTS)
@@ -108,12 +110,21 @@ class DatasetWriter:
         self.process.start()
         child_end.close()
         self.summary: dict[str, Any] | None = None
+        # a trainer never closed (a script that ends after learn()) still finishes its datasets: this
+        # runs before multiprocessing's own exit handler ends the (daemon) writer process
+        atexit.register(self._close_at_exit)  # unregistered by close
 
-    def __call__(self, rollout: TensorDict, truncations: Truncations | None) -> None:
+    def __call__(self, rollout: TensorDict, collector: Collector) -> None:
+        """Queue the rollout ``collector`` just filled: its steps as the env saw them, the env's own
+        rewards (before scaling and clipping) and its Box actions as the env took them (clipped or
+        rescaled), where the rollout keeps the learner's rewards and the policy's own samples."""
         self._raise_if_failed()
         fields: dict[str, Array] = {
             key: cast(torch.Tensor, rollout[key]).detach().cpu().numpy().copy() for key in _WRITTEN if key in rollout
         }
+        fields["reward"] = collector.raw_reward.cpu().numpy().copy()
+        fields["action"] = self.env_actions(cast(torch.Tensor, rollout["action"])).detach().cpu().numpy().copy()
+        truncations = collector.truncations
         if truncations is None or not len(truncations):
             rows = steps = np.zeros(0, dtype=np.int64)
             final = fields["obs"][:0, 0]
@@ -132,10 +143,15 @@ class DatasetWriter:
                 if not self.process.is_alive():
                     self._check(self._outcome())
 
+    def _close_at_exit(self) -> None:
+        with contextlib.suppress(OutputError):  # too late to report: the run has ended
+            self.close()
+
     def close(self) -> dict[str, Any]:
         """Finish every dataset; returns what was written (episodes, steps and shards per policy)."""
         if self.summary is not None:
             return self.summary
+        atexit.unregister(self._close_at_exit)
         if self.process.is_alive():
             with contextlib.suppress(OutputError):  # a writer that failed says why below
                 self._put(("close", None))

@@ -31,7 +31,8 @@ def record_dataset(
     the dataset folder ``out``; returns what was written per policy."""
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: record at least one episode.")
-    local = dict(backend="local", ray_address=None, remote_worker_envs=False, save_outputs=False, verbose=0)
+    local: dict[str, Any] = dict(backend="local", ray_address=None, remote_worker_envs=False, save_outputs=False)
+    local |= dict(verbose=0, off_policy_estimation_methods=[], evaluation_interval=None)  # recording estimates nothing
     trainer = Trainer.from_checkpoint(path, **local, **({} if seed is None else {"seed": seed}))
     with trainer:
         c, algorithm = trainer.config, trainer.algorithm
@@ -49,6 +50,7 @@ def record_dataset(
             algorithm.name,
             list(trainer.policies),
             setup.env_spec_json(c.env, c.env_config),
+            trainer.backend.bounded_actions,
             max_episodes=episodes,
             deterministic=not explore,
         )
@@ -62,7 +64,7 @@ def record_dataset(
         try:
             while not writer.full.wait(0):  # the writer says when it has taken enough
                 collector.collect(rollout)
-                writer(rollout, collector.truncations)
+                writer(rollout, collector)
         finally:
             summary = writer.close()
     return summary

@@ -111,10 +111,13 @@ class Trainer:
                 self.algorithm.name,
                 self.algorithm.trained_policy_ids,
                 setup.env_spec_json(c.env, c.env_config),
+                self.backend.bounded_actions,
             )
             """The writer of ``output`` (None without it), closed with the trainer."""
             if self.dataset_writer is not None:
                 self.algorithm.rollout_sinks.append(self.dataset_writer)
+            # the estimates' dataset read and checked now: a bad one stops the run before it trains
+            self._estimator = offline.OffPolicyEstimator(c, env_info) if c.off_policy_estimation_methods else None
         except BaseException:  # the envs (worker processes, Ray actors) must not outlive a failed start
             self.backend.close()
             raise
@@ -130,7 +133,6 @@ class Trainer:
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
         self._resume_point: tuple[int, int] | None = None  # set by from_checkpoint: logs continue after it
         self._logger: RunLogger | None = None
-        self._estimator: offline.OffPolicyEstimator | None = None
         try:
             data_parallel.start(self)
         except BaseException:
@@ -411,8 +413,7 @@ class Trainer:
         """The policy's discounted return as each of ``off_policy_estimation_methods`` estimates it
         on recorded episodes, and ``v_behaviour``, theirs (``shoal.offline.estimation``)."""
         if self._estimator is None:
-            env = setup.env_info(self.backend, self.env_name, None)
-            self._estimator = offline.OffPolicyEstimator(self.config, env)
+            raise ConfigError("estimate_off_policy needs off_policy_estimation_methods set (e.g. ['is', 'wis']).")
         return self._estimator(self.get_policy())
 
     def close(self) -> None:
