@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -384,6 +386,7 @@ def test_an_episode_spanning_many_rollouts_keeps_only_its_own_steps():
     assert len(pieces) == 5
     for piece, block in zip(pieces, blocks):
         assert not any(np.shares_memory(piece.fields[key], block.fields[key]) for key in block.fields)
+        assert not np.shares_memory(piece.after, block.fields["obs"])
         assert piece.fields["obs"].shape == (horizon, 4)
     [(pid, row, episode)] = assembler.flush()
     assert (pid, row, len(episode)) == ("p", 0, 5 * horizon) and episode.truncations[-1]
@@ -485,3 +488,63 @@ def test_info_of_a_dataset_with_no_episodes_says_n_a_for_its_returns(tmp_path, c
     assert row["episodes"] == 0 and row["return_mean"] is None and row["length_mean"] is None
     assert main(["dataset", "info", str(tmp_path / "d")]) == 0
     assert "n/a" in capsys.readouterr().out
+
+
+def test_rows_acting_in_a_block_leave_out_its_last_slot_and_absent_rows_are_passed_over():
+    from shoal.offline.writer import Block, EpisodeQuota, acting
+
+    valid = np.zeros((3, 5), bool)
+    valid[:, -1] = True  # the rollout's last slot starts the next one: it is no step of this block
+    valid[0, :2] = valid[2, 1:4] = True
+    empty = np.zeros(0, np.int64)
+    block = Block({"valid": valid}, empty, empty, np.zeros((0, 1)), next_step=False)
+    assert acting(block).tolist() == [0, 2]
+
+    quota = EpisodeQuota(2, ["p"])
+    one = EpisodeArrays(np.zeros((2, 1)), np.zeros(1), np.ones(1), np.ones(1, bool), np.zeros(1, bool))
+    assert len(quota.offer([("p", 0, one), ("p", 1, one)], np.array([0, 1, 2]))) == 2  # row 2 is under way
+    assert quota.counts["p"] == 2 and quota.full
+    quota = EpisodeQuota(2, ["p"])
+    assert len(quota.offer([("p", 0, one)], np.array([0, 1]))) == 1  # waits for row 1, which acts
+    assert len(quota.offer([("p", 0, one)], np.array([0]))) == 1  # row 1 is gone: passed over
+    quota = EpisodeQuota(1, ["p"])
+    quota.offer([("p", 0, one)] * 50, np.array([0, 1]))
+    assert len(quota.waiting[0]) <= 1  # a row's episodes past what a policy can take are not kept
+
+
+def test_a_writer_stuck_at_close_is_stopped_after_the_timeout(tmp_path):
+    algo = shoal.PPO(env="CartPole-v1", num_envs=2, output=str(tmp_path / "d"), **QUIET)
+    try:
+        algo.learn(128)
+        writer = algo.dataset_writer
+        os.kill(writer.process.pid, signal.SIGSTOP)  # as a writer blocked on a hung disk
+        with pytest.raises(OutputError, match=r"had not finished after 1 s and was stopped"):
+            writer.close(timeout=1.0)
+        assert not writer.process.is_alive()
+    finally:
+        algo.close()
+
+
+def test_shards_have_the_umask_s_permissions(tmp_path):
+    env = gym.make("CartPole-v1")
+    old = os.umask(0o022)
+    try:
+        shard = ShardWriter(tmp_path / "d" / "p", env.observation_space, env.action_space).close()
+    finally:
+        os.umask(old)
+    assert shard.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_bad_estimation_dataset_stops_the_run_before_it_writes_and_input_names_folders_once(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        shoal.DQN(
+            env="CartPole-v1",
+            output=str(tmp_path / "out"),
+            off_policy_estimation_input=str(tmp_path / "nowhere"),
+            off_policy_estimation_methods=["dm"],
+            evaluation_interval=1,
+            **QUIET,
+        )
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match=r"input names one folder more than once: \['./d', 'd'\]"):
+        shoal.BC(env="CartPole-v1", input={"d": 1, "./d": 2}, **QUIET)

@@ -150,6 +150,20 @@ def test_record_takes_each_row_s_episodes_in_turn_so_short_episodes_are_not_favo
     assert sorted(lengths) == [2] * 4 + [40] * 4
 
 
+gym.register("Endless-v0", entry_point=lambda: CounterEnv(limit=10**9))
+
+
+def test_record_stops_and_says_so_when_no_episode_ends(tmp_path, monkeypatch):
+    from shoal.train import recording
+
+    run = tmp_path / "run"
+    with shoal.PPO(env="Endless-v0", num_envs=2, sgd_minibatch_size=64, seed=1, run_dir=str(run), verbose=0) as ppo:
+        ppo.learn(128)
+    monkeypatch.setattr(recording, "STALLED_STEPS", 640)
+    with pytest.raises(shoal.ConfigError, match=r"no episode of 'Endless-v0' ended in 640 steps of each env"):
+        recording.record_dataset(run, tmp_path / "d", 2)
+
+
 def quota_episode(length: int) -> EpisodeArrays:
     return EpisodeArrays(
         observations=np.zeros((length + 1, 1), np.float32),

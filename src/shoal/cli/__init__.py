@@ -124,8 +124,14 @@ def evaluate(args: argparse.Namespace) -> int:
 
     checkpoint = resolve_checkpoint(args.path)
     # evaluation steps envs of its own here: a Ray run's workers are not started again
-    algo = Trainer.from_checkpoint(
-        checkpoint, save_outputs=False, verbose=0, backend="local", ray_address=None, remote_worker_envs=False
+    algo = Trainer.from_checkpoint(  # no estimates either: evaluation plays the envs
+        checkpoint,
+        save_outputs=False,
+        verbose=0,
+        backend="local",
+        ray_address=None,
+        remote_worker_envs=False,
+        off_policy_estimation_methods=[],
     )
     with algo:
         video_dir = None

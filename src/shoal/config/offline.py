@@ -36,6 +36,10 @@ def check_offline(c: TrainerConfig) -> None:
             f"dict of folder -> mixing weight."
         )
     reads = spec != "sampler"
+    if isinstance(spec, dict | list):
+        folders = [absolute(p) for p in spec]
+        if twice := sorted({p for p in spec if folders.count(absolute(p)) > 1}):
+            raise ConfigError(f"input names one folder more than once: {twice}; give each folder once.")
     if reads:
         c.input = (
             absolute(spec)

@@ -22,7 +22,7 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +131,9 @@ class ShardWriter:
 
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=".part-", suffix=".tmp", dir=folder))  # hidden: readers skip it
-        (self.tmp / "data").mkdir()
+        # hidden (readers skip it), unique, and made with the umask's permissions (mkdtemp's are 0700)
+        self.tmp = folder / f".part-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp"
+        (self.tmp / "data").mkdir(parents=True)
         self.metadata: dict[str, Any] = {
             "minari_version": FORMAT_VERSION,
             "data_format": "hdf5",

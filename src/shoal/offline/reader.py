@@ -46,6 +46,10 @@ def dataset_inputs(spec: Any) -> dict[str, float]:
     return {str(Path(path).expanduser()): float(weight) for path, weight in weights.items()}
 
 
+MAX_OPEN_FILES = 64
+"""Dataset files a pass keeps open at once; an input of more opens each file per episode read."""
+
+
 @dataclass
 class Source:
     """One input: its datasets, read in passes."""
@@ -65,10 +69,17 @@ class Source:
         counts = [f.total_episodes for f in self.files]
         while True:
             orders = [rng.permutation(n).tolist() for n in counts]
-            streams = [iter(zip(order, f.episodes(order))) for order, f in zip(orders, self.files)]
+            streams = [iter(zip(order, self._read(f, order))) for order, f in zip(orders, self.files)]
             for f in rng.permutation(np.repeat(np.arange(len(self.files)), counts)).tolist():
                 k, episode = next(streams[f])
                 yield f"dataset '{self.files[f].folder}' episode_{k}", episode
+
+    def _read(self, file: DatasetFile, order: list[int]) -> Iterator[EpisodeArrays]:
+        """``file``'s episodes in ``order``: through one open file, or, with more files than
+        ``MAX_OPEN_FILES`` interleaved, opening it for each episode (files stay within the limit)."""
+        if len(self.files) <= MAX_OPEN_FILES:
+            return file.episodes(order)
+        return (episode for k in order for episode in file.episodes([k]))
 
 
 def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Source:

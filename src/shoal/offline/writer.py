@@ -20,6 +20,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import sys
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 
 QUEUED_ROLLOUTS = 8
 """Rollouts waiting for the writer process at most; one more makes training wait for it."""
+
+EXIT_WAIT_S = 120.0
+"""How long Python's exit waits for the writer of a trainer never closed."""
 
 Finished = tuple[str, int, EpisodeArrays]
 """A whole episode with its policy id and the agent row that played it."""
@@ -144,18 +148,29 @@ class DatasetWriter:
                     self._check(self._outcome())
 
     def _close_at_exit(self) -> None:
-        with contextlib.suppress(OutputError):  # too late to report: the run has ended
-            self.close()
+        try:
+            self.close(timeout=EXIT_WAIT_S)
+        except OutputError as e:  # no caller is left to raise to
+            print(f"shoal: {e}", file=sys.stderr)
 
-    def close(self) -> dict[str, Any]:
-        """Finish every dataset; returns what was written (episodes, steps and shards per policy)."""
+    def close(self, timeout: float | None = None) -> dict[str, Any]:
+        """Finish every dataset; returns what was written (episodes, steps and shards per policy).
+        A writer still busy after ``timeout`` seconds (None: no limit) is stopped, its shards under way lost."""
         if self.summary is not None:
             return self.summary
         atexit.unregister(self._close_at_exit)
         if self.process.is_alive():
             with contextlib.suppress(OutputError):  # a writer that failed says why below
                 self._put(("close", None))
-        self.process.join()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            self.summary = {}
+            raise OutputError(
+                f"the dataset writer of '{self.settings.folder}' had not finished after {timeout:.0f} s and was "
+                f"stopped; the shards closed before are whole, the ones under way were lost."
+            )
         outcome = self._outcome()
         self.summary = {}
         self._check(outcome)
@@ -218,9 +233,8 @@ class Piece:
 
     @classmethod
     def of(cls, block: Block, row: int, steps: Array) -> Piece:
-        return cls(
-            {key: value[row, steps] for key, value in block.fields.items()}, block.fields["obs"][row, steps[-1] + 1]
-        )
+        after = block.fields["obs"][row, steps[-1] + 1].copy()  # a view would keep the whole block alive
+        return cls({key: value[row, steps] for key, value in block.fields.items()}, after)
 
 
 class EpisodeAssembler:
@@ -362,13 +376,17 @@ class EpisodeQuota:
     Taking the first episodes to finish would: short episodes finish first. Instead each agent row's
     episodes are taken in turn, in rounds (every row's first episode, in row order, then every row's
     second, ...), waiting for a row whose episode is still under way, so which episodes are taken
-    does not depend on their lengths. Rows never seen acting (absent agents) are not waited for.
+    does not depend on their lengths. A row with no step in a whole block (an absent agent) is not
+    waited for until it acts again.
     """
 
     def __init__(self, per_policy: int, written: Sequence[str]):
         self.per_policy = per_policy
         self.counts = dict.fromkeys(written, 0)
         self.waiting: dict[int, deque[tuple[str, EpisodeArrays]]] = {}  # row -> its finished episodes, in order
+        self.offered: dict[int, int] = {}  # row -> its episodes so far
+        # a round takes at most one episode of a row, so a row's later episodes are never taken
+        self.most_per_row = per_policy * max(len(written), 1)
         self.turn = 0  # the row whose episode is taken next (or the first after it, of those waited for)
 
     @property
@@ -376,24 +394,40 @@ class EpisodeQuota:
         return min(self.counts.values(), default=self.per_policy) >= self.per_policy
 
     def offer(self, finished: list[Finished], acting_rows: Array) -> list[tuple[str, EpisodeArrays]]:
-        """The episodes to write now, of those just ``finished``; ``acting_rows`` are the rows that
-        acted in the block, which are waited for from now on."""
-        for row in acting_rows.tolist():
+        """The episodes to write now, of those just ``finished``; ``acting_rows`` are the rows with a
+        step in the block (``acting``)."""
+        acting = set(acting_rows.tolist())
+        for row in acting:
             self.waiting.setdefault(row, deque())
         for pid, row, episode in finished:
-            self.waiting.setdefault(row, deque()).append((pid, episode))
+            self.offered[row] = self.offered.get(row, 0) + 1
+            if self.offered[row] <= self.most_per_row:
+                self.waiting.setdefault(row, deque()).append((pid, episode))
         taken: list[tuple[str, EpisodeArrays]] = []
         rows = sorted(self.waiting)
-        i = bisect.bisect_left(rows, self.turn) % max(len(rows), 1)
-        while rows and not self.full and self.waiting[rows[i]]:
-            pid, episode = self.waiting[rows[i]].popleft()
-            if self.counts.get(pid, self.per_policy) < self.per_policy:  # not a policy written, or one done
-                self.counts[pid] += 1
-                taken.append((pid, episode))
+        if not rows:
+            return taken
+        i, passed = bisect.bisect_left(rows, self.turn) % len(rows), 0
+        while not self.full and passed < len(rows):
+            queue = self.waiting[rows[i]]
+            if queue:
+                pid, episode = queue.popleft()
+                if self.counts.get(pid, self.per_policy) < self.per_policy:  # not a policy written, or one done
+                    self.counts[pid] += 1
+                    taken.append((pid, episode))
+                passed = 0
+            elif rows[i] in acting:
+                break  # its episode is under way: wait for it
+            else:
+                passed += 1  # absent from this block: passed over
             i = (i + 1) % len(rows)
-        if rows:
-            self.turn = rows[i]
+        self.turn = rows[i]
         return taken
+
+
+def acting(block: Block) -> Array:
+    """The rows with a step in ``block`` (its last slot only starts the next rollout)."""
+    return np.flatnonzero(block.fields["valid"][:, :-1].any(axis=1))
 
 
 def _write_loop(settings: WriterSettings, inbox: Any, results: Connection, full: Any) -> None:
@@ -436,7 +470,7 @@ def _write_loop(settings: WriterSettings, inbox: Any, results: Connection, full:
             if quota is None:
                 write([(pid, episode) for pid, _, episode in finished])
                 continue
-            write(quota.offer(finished, np.flatnonzero(block.fields["valid"].any(axis=1))))
+            write(quota.offer(finished, acting(block)))
             if quota.full:
                 full.set()
         if quota is None:

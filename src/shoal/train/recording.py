@@ -23,6 +23,9 @@ from shoal.train.trainer import Trainer
 HORIZON = 64
 """Steps of every env per collect while recording."""
 
+STALLED_STEPS = 100_000
+"""Steps of every env with no episode ending anywhere after which recording stops and says so."""
+
 
 def record_dataset(
     path: str | Path, out: str | Path, episodes: int, *, explore: bool = False, seed: int | None = None
@@ -61,10 +64,17 @@ def record_dataset(
         collector.deterministic = not explore
         collector.reset(c.seed if seed is None else seed)
         rollout = RolloutBuffer(env, HORIZON, algorithm.extra_fields(), c.device).rollout
+        quiet = 0  # steps of every env since any episode ended
         try:
             while not writer.full.wait(0):  # the writer says when it has taken enough
                 collector.collect(rollout)
                 writer(rollout, collector)
+                quiet = 0 if bool((rollout["done"] & rollout["valid"])[:, :-1].any()) else quiet + HORIZON
+                if quiet >= STALLED_STEPS:
+                    raise ConfigError(
+                        f"no episode of '{trainer.env_name}' ended in {quiet:,} steps of each env while recording "
+                        f"{path}; record an env whose episodes end (a time limit: env_config max_episode_steps)."
+                    )
         finally:
             summary = writer.close()
     return summary

@@ -105,6 +105,8 @@ class Trainer:
             )
             self.collector.take_restarts = self.env_restarts.take
             self.collector.reset(c.seed)
+            # the estimates' dataset read and checked now: a bad one stops the run before it trains or writes
+            self._estimator = offline.OffPolicyEstimator(c, env_info) if c.off_policy_estimation_methods else None
             self.dataset_writer = offline.dataset_writer(
                 c,
                 env_info,
@@ -116,8 +118,6 @@ class Trainer:
             """The writer of ``output`` (None without it), closed with the trainer."""
             if self.dataset_writer is not None:
                 self.algorithm.rollout_sinks.append(self.dataset_writer)
-            # the estimates' dataset read and checked now: a bad one stops the run before it trains
-            self._estimator = offline.OffPolicyEstimator(c, env_info) if c.off_policy_estimation_methods else None
         except BaseException:  # the envs (worker processes, Ray actors) must not outlive a failed start
             self.backend.close()
             raise
