@@ -135,3 +135,26 @@ def test_version_is_one_value_for_the_package_and_the_command_line(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"shoal {shoal.__version__}" == f"shoal {version('shoal')}"
+
+
+@pytest.mark.parametrize(
+    ("written", "count"), [("1e5", 100_000), ("100_000", 100_000), ("100k", 100_000), ("2.5k", 2_500), ("1M", 10**6)]
+)
+def test_counts_take_whole_numbers_written_as_people_write_them(written, count):
+    assert shoal.config.PPOConfig.build(total_timesteps=written).total_timesteps == count
+    assert shoal.config.PPOConfig.build(total_timesteps=float(count)).total_timesteps == count
+
+
+def test_a_count_that_is_not_whole_is_refused_and_floats_and_strings_keys_are_left_alone():
+    for bad in ("1.5", "1e-3", "2.5", "lots"):
+        with pytest.raises(shoal.ConfigError, match=r"bad value for 'num_envs'"):
+            shoal.config.PPOConfig.build(num_envs=bad)
+    assert shoal.config.PPOConfig.build(learning_rate="1e-3").learning_rate == 1e-3  # a float key stays a float
+
+
+def test_a_misspelt_key_names_the_three_nearest_keys_not_every_key():
+    with pytest.raises(shoal.ConfigError) as e:
+        shoal.config.PPOConfig.build(learing_rate=1e-3)
+    message = str(e.value)
+    assert "Did you mean 'learning_rate'? Nearest keys: 'learning_rate', " in message
+    assert message.count("'") == 2 * 4 + 2  # the key given, 'did you mean' and three nearest keys

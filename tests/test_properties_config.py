@@ -351,7 +351,7 @@ def field_mistakes(draw) -> tuple[dict[str, Any], str]:
         cfg[key] = draw(st.integers() | st.text(max_size=5) | st.none())
         if key in PPOConfig.MOVED:
             return cfg, rf"'{key}' is a model_config key now"
-        return cfg, rf"unknown config key '{key}' for PPOConfig\..*Valid keys: "
+        return cfg, rf"unknown config key '{key}' for PPOConfig\..*Nearest keys: "
     key = draw(st.sampled_from([k for k in KEYS if len(k) >= 5 and k not in FIXED]))
     wrong = draw(typo(key))
     cfg[wrong] = 1

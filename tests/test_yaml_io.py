@@ -124,7 +124,7 @@ def test_sizes_are_bounded_and_user_values_are_quoted_short(tmp_path):
         parse_overrides(["seed=1\udcff"])
 
     # every message that quotes what the user gave stays readable, however large that was (a
-    # message may list the valid keys too: they are shoal's, a known length)
+    # message may list keys too: they are shoal's, a known length)
     long = "x" * 100_000
     tag = tmp_path / "tag.yaml"
     tag.write_text(f"a: !!python/object:{long} 1\n")

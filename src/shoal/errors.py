@@ -76,6 +76,14 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
+def nearest_keys(word: str, choices: Iterable[str], n: int = 3) -> str:
+    """' Did you mean 'x'? Nearest keys: 'x', 'y', 'z'.': the ``n`` choices closest to ``word``,
+    however far, where a list of every key would bury the one meant."""
+    choices = sorted(set(choices))
+    ranked = sorted(choices, key=lambda c: -difflib.SequenceMatcher(None, word, c).ratio())[:n]
+    return f"{did_you_mean(word, choices)} Nearest keys: {', '.join(repr(c) for c in ranked)}."
+
+
 def shorten(text: str, limit: int = 200) -> str:
     """``text`` cut to ``limit`` characters, saying how many were left out: what a user passed (a
     value, a file's text) is quoted in messages, and a message must stay readable whatever its size."""

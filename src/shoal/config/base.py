@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import re
 import types
 import typing
 from copy import copy
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
-from shoal.errors import ConfigError, did_you_mean, shorten
+from shoal.errors import ConfigError, did_you_mean, nearest_keys, shorten
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -81,6 +83,17 @@ class ConfigModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        """Counts written as ``1e5``, ``100_000`` or ``100k`` (a string from the command line or a
+        file) are integers for the keys that take one, where the number is whole."""
+        if not isinstance(data, dict):
+            return data
+        counts = _count_keys(cls)
+        fixed = {k: whole_number(v) for k, v in data.items() if k in counts and isinstance(v, str | float)}
+        return data | {k: v for k, v in fixed.items() if v is not None}
+
+    @model_validator(mode="before")
+    @classmethod
     def _resolve_aliases(cls, data: Any) -> Any:
         """``minibatch_size=...`` is ``sgd_minibatch_size=...``; both at once must agree."""
         if not isinstance(data, dict) or not any(alias in data for alias in cls.ALIASES):
@@ -119,8 +132,8 @@ class ConfigModel(BaseModel):
                     f"'{k}' is a model_config key now: {cls.MOVED[k]} (on the command line model_config.{k}=...)."
                 )
             raise ConfigError(
-                f"unknown config key '{shorten(k)}' for {cls.__name__}.{did_you_mean(k, known)} "
-                f"Valid keys: {', '.join(sorted(known))}."
+                f"unknown config key '{shorten(k)}' for {cls.__name__}.{nearest_keys(k, known)} Every key is in "
+                f"docs/configuration.md."
             )
         try:
             return cls(**overrides)
@@ -163,3 +176,41 @@ def _is_union(annotation: Any) -> bool:
     if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
         return False
     return len([a for a in typing.get_args(annotation) if a is not type(None)]) > 1
+
+
+COUNT = re.compile(r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:(?P<exp>[eE][+-]?\d+)|(?P<unit>[kKmM]))?")
+UNITS = {"": 1, "k": 1_000, "m": 1_000_000}
+
+
+def whole_number(value: str | float) -> int | None:
+    """``value`` as an int when it is a whole number: a float, or a string such as ``1e5``,
+    ``100_000``, ``2.5k`` or ``1M`` (k: thousand, M: million); else None."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    text = value.strip()
+    match = COUNT.fullmatch(text)
+    if match is None:
+        return None
+    unit = match["unit"] or ""
+    number = float(text[: len(text) - len(unit)].replace("_", "")) * UNITS[unit.lower()]
+    return int(number) if number.is_integer() else None
+
+
+@functools.cache
+def _count_keys(cls: type[ConfigModel]) -> frozenset[str]:
+    """The keys (as users write them) whose type takes an int and neither a float nor a string."""
+
+    def kinds(annotation: Any) -> set[Any]:
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) is Annotated:
+            return kinds(args[0])
+        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+            return set().union(*(kinds(a) for a in args))
+        return {annotation}
+
+    keys = set()
+    for name, field in cls.model_fields.items():
+        found = kinds(field.annotation)
+        if int in found and not found & {float, str, bool}:
+            keys.update({name, field.alias or name, *(a for a, k in cls.ALIASES.items() if k in (name, field.alias))})
+    return frozenset(keys)

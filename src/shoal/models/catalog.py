@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from shoal.envs.spaces import EnvInfo
-from shoal.errors import ConfigError, did_you_mean, shorten, warn
+from shoal.errors import ConfigError, did_you_mean, nearest_keys, shorten, warn
 from shoal.imports import import_spec, is_spec
 from shoal.models.distributions import make_distribution
 from shoal.models.encoders import is_image, make_encoder
@@ -100,8 +100,7 @@ def check_model_config(model: Any, model_config: dict[str, Any]) -> None:
         if key not in ModelConfig.model_fields:
             raise ConfigError(
                 f"unknown model_config key {shorten(repr(key))} for model='{model}'."
-                f"{did_you_mean(key, ModelConfig.model_fields)} "
-                f"Valid keys: {', '.join(ModelConfig.model_fields)}."
+                f"{nearest_keys(key, ModelConfig.model_fields)}"
             )
     try:
         built = ModelConfig(**model_config)
