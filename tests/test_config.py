@@ -1,5 +1,8 @@
 """Config keys and the checks made before anything is built."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -51,6 +54,22 @@ def test_bad_value_names_key_and_value():
         PPOConfig.build(gamma=1.5)
     with pytest.raises(ConfigError, match=r"bad value for 'model_config.activation': 'gelu'"):
         PPOConfig.build(model_config={"activation": "gelu"})
+
+
+def test_version_and_help_answer_without_importing_torch():
+    """`shoal --version` and `--help` load neither torch nor the configs (they took 8 s when they did):
+    checked by what was imported, and timed with a bound that a loaded machine still meets."""
+    probe = (
+        "import sys, time; t = time.perf_counter(); from shoal.cli import main\n"
+        "for argv in (['--version'], ['--help'], ['train', '--help']):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "print('torch' in sys.modules, 'shoal.config' in sys.modules, time.perf_counter() - t, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    torch_loaded, config_loaded, seconds = done.stderr.split()
+    assert torch_loaded == config_loaded == "False", done.stderr
+    assert float(seconds) < 2.0  # about 0.05 s on an idle machine
 
 
 @pytest.mark.parametrize(

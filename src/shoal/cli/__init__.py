@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from shoal.cli.parser import parse
-from shoal.config import load_yaml, merge_settings, parse_overrides
 from shoal.errors import ShoalError, ShoalWarning
+
+# Everything heavier (torch, the configs, the trainer) is imported by the command that needs it, so
+# that `shoal --version` and `shoal --help` answer at once.
 
 EXIT_CODES: dict[str | None, int] = {"SIGINT": 130, "SIGTERM": 143}  # 128 + signal number, as a shell reports it
 
 
 def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    from shoal.config import load_yaml, merge_settings, parse_overrides
     from shoal.errors import shorten
 
     settings: dict[str, Any] = load_yaml(args.config) if args.config else {}
@@ -177,6 +180,8 @@ def bench(args: argparse.Namespace) -> int:
         workers = args.num_workers if args.backend == "mp" else 0
         row = env_sps(args.env, args.num_envs, workers, args.async_factor if workers else 1, args.seconds)
     else:
+        from shoal.config import parse_overrides
+
         row = train_sps({"env": args.env, **parse_overrides(args.overrides)}, args.timesteps)
     table = Table(*row.keys(), title=f"shoal bench {args.bench_command}")
     table.add_row(*(f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row.values()))
