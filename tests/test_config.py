@@ -177,3 +177,15 @@ def test_a_misspelt_key_names_the_three_nearest_keys_not_every_key():
     message = str(e.value)
     assert "Did you mean 'learning_rate'? Nearest keys: 'learning_rate', " in message
     assert message.count("'") == 2 * 4 + 2  # the key given, 'did you mean' and three nearest keys
+
+
+def test_progress_off_a_terminal_is_plain_lines_with_the_last_one_whole(capsys):
+    with shoal.PPO(env="CartPole-v1", num_envs=2, sgd_minibatch_size=64, save_outputs=False, log_interval_s=0) as ppo:
+        ppo.learn(512)  # pytest's captured stderr is not a terminal
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("PPO CartPole-v1: ")]
+    assert len(lines) == 512 // 64  # one after every iteration of 2 envs x 32 steps
+    assert lines[-1].startswith("PPO CartPole-v1: 512/512 steps (100%) | ") and lines[-1].endswith("eta 0:00:00")
+    assert not any("\x1b" in line or "\r" in line for line in lines)
+    with shoal.PPO(env="CartPole-v1", num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0) as ppo:
+        ppo.learn(128)
+    assert "steps" not in capsys.readouterr().err

@@ -104,7 +104,10 @@ class TrainerConfig(ConfigModel):
     save_outputs: bool = True
     """Write the run directory (config, logs, checkpoints, `result.json`); False writes nothing."""
     verbose: int = Field(default=1, ge=0, le=2)
-    """0: no progress line; 1 or 2: the live progress line."""
+    """0: no progress; 1: a live progress bar on a terminal, and a plain line every `log_interval_s` when the output
+    is a file, a pipe or CI; 2: plain lines on a terminal too."""
+    log_interval_s: float = Field(default=10.0, ge=0.0)
+    """Seconds between plain progress lines (see `verbose`); 0: one after every iteration."""
     checkpoint_interval: int = Field(default=100, ge=0)
     """Iterations between checkpoints; 0: only at the end of `learn()` and when stopped."""
     keep_checkpoints: int = Field(default=3, ge=1)

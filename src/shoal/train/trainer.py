@@ -30,7 +30,7 @@ from shoal.collect import build
 from shoal.collect.episodes import Episode
 from shoal.envs.registry import env_name
 from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, did_you_mean, warn
-from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record
+from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record, progress_mode
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
 from shoal.train import data_parallel, faults, lineage, run_state, setup, signals
@@ -258,15 +258,16 @@ class Trainer:
             raise ConfigError(f"total_timesteps must be >= 1, got {total}.")
         start = self.timesteps_total
         self._schedule_end = start + total
-        show = c.verbose > 0 if progress is None else progress
-        if show and self.iteration == 0 and (layout := self.algorithm.describe()):
+        verbose = c.verbose if progress is None else (max(c.verbose, 1) if progress else 0)
+        if verbose and self.iteration == 0 and (layout := self.algorithm.describe()):
             print(layout, file=sys.stderr)  # beside the progress line, leaving stdout to results
         result: dict[str, Any] = {}
         # The handlers stay through the last checkpoint: SIGTERM then lets it finish, and a second
         # Ctrl-C stops it at once, leaving the previous checkpoint the newest.
         with signals.stop_requests(self):
             _ = self.logger  # the run directory exists before the first iteration, which may fail
-            with ProgressDisplay(f"{self.algo_name} {self.env_name}", total, enabled=show) as display:
+            mode = progress_mode(verbose)
+            with ProgressDisplay(f"{self.algo_name} {self.env_name}", total, mode, c.log_interval_s) as display:
                 while self.timesteps_total - start < total and not data_parallel.agreed_stop(self):
                     result = self.train()
                     display.update(self.timesteps_total - start, result)
