@@ -45,6 +45,18 @@ def test_api_reference_lists_every_public_name():
     assert set(shoal.__all__) <= documented, f"add to docs/api.md: {sorted(set(shoal.__all__) - documented)}"
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_front_pages_name_every_algorithm_and_every_command(page):
+    from shoal.algos.registry import ALGORITHMS
+    from shoal.cli.parser import build_parser
+
+    text = (ROOT / page).read_text()
+    missing = [name for name in ALGORITHMS if not re.search(rf"\b{name}\b", text, re.IGNORECASE)]
+    commands = next(a for a in build_parser()._actions if a.choices and "train" in a.choices).choices
+    missing += [f"shoal {c}" for c in commands if not re.search(rf"\b{c}\b", text)]
+    assert not missing, f"{page} does not name {missing}"
+
+
 def test_readme_starts_with_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     first_block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)[1].splitlines()

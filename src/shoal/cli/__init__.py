@@ -282,6 +282,17 @@ def serve(args: argparse.Namespace) -> int:
             print(f"shoal: serving {target} at {server.url} (inference only; Ctrl-C stops)", file=sys.stderr)
             threading.Event().wait()
         return 0
+    # a path that is not there (an env id such as 'MinAtar/Breakout-v1' names no folder that exists)
+    looks_like_path = target is not None and (
+        target.suffix in (".yaml", ".yml", ".pt")
+        or str(target).startswith((".", "/", "~"))
+        or (target.parent != Path(".") and target.parent.is_dir())
+    )
+    if target is not None and looks_like_path and not target.exists():
+        raise ShoalError(
+            f"'{target}' does not exist: shoal serve takes a run directory or checkpoint (inference), a config file, "
+            f"or an env id (training)."
+        )
     args.config, args.env = (args.target, None) if target is not None and target.is_file() else (None, args.target)
     settings = _resolve(args)
     if args.resume:
