@@ -1,21 +1,27 @@
-# `make train` and `make test` each set up .venv on first use.
+# `make train` and `make test` each set up .venv on first use: `make train` with what training
+# needs (shoal's core dependencies), `make test` and the checkers with the development set on top.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+CORE := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
 .PHONY: train test test-fast lint format typecheck docs wheel-check bench setup clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(CORE): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	$(BIN)/pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-train: $(STAMP)
+train: $(CORE)
 	$(BIN)/shoal train CartPole-v1 $(ARGS)
 
 test: $(STAMP)
