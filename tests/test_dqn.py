@@ -223,6 +223,7 @@ def test_a_checkpoint_without_the_buffer_resumes_and_refills_it(tmp_path):
     assert resumed.train()["replay_size"] > 0
 
 
+@pytest.mark.slow  # a learning run
 def test_dqn_learns_cartpole():
     """The shipped defaults (rl-baselines3-zoo's CartPole settings) on a shortened run."""
     algo = shoal.DQN(seed=1, **QUIET)

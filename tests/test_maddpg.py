@@ -138,6 +138,7 @@ def test_resume_with_the_buffer_is_bit_identical(tmp_path):
     assert_resume_is_bit_identical(shoal.MADDPG, kw, tmp_path, keys)
 
 
+@pytest.mark.slow  # a learning run
 def test_maddpg_learns_simple_spread():
     trainer = shoal.MADDPG(**SPREAD, seed=1, learning_starts=1000, **QUIET)
     random = trainer.evaluate(20)["episode_reward_mean"]

@@ -200,6 +200,7 @@ def test_the_reader_plays_episodes_back_exactly(tmp_path):
     bc.close()
 
 
+@pytest.mark.slow  # a learning run
 def test_bc_learns_cartpole_from_a_ppo_run_s_steps(tmp_path):
     out = record(tmp_path, steps=30_000, num_envs=8)
     with shoal.BC(env="CartPole-v1", input=str(out), seed=1, save_outputs=False, verbose=0) as bc:
@@ -314,6 +315,7 @@ def test_a_dataset_larger_than_the_buffer_trains_through_it(tmp_path):
     assert result["replay_size"] <= 500 < 2048 and result["num_gradient_steps"] > 0  # never the whole dataset
 
 
+@pytest.mark.slow  # a learning run
 def test_bc_imitates_box_actions(tmp_path):
     """Recorded actions a = 0.5 * target on a one-step task: BC's mean action follows."""
     from conftest import TargetEnv

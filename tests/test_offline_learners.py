@@ -74,6 +74,7 @@ def test_discrete_cql_s_conservative_term_is_logsumexp_minus_the_recorded_action
     assert type(cql.algorithm).__name__ == "DiscreteCQL" and cql.algo_name == "CQL"
 
 
+@pytest.mark.slow  # a learning run
 def test_box_cql_keeps_the_values_of_actions_the_data_never_took_lower_than_sac(tmp_path):
     """Recorded actions all within 0.2 of 0 (a narrow behaviour) on a one-step task: SAC's critic
     values the far actions as its fit extrapolates, CQL's pushes them down."""

@@ -217,6 +217,7 @@ def test_resume_with_the_buffer_is_bit_identical(tmp_path, algo):
     assert_resume_is_bit_identical(algo, kw, tmp_path, keys)
 
 
+@pytest.mark.slow  # a learning run
 @pytest.mark.parametrize(
     ("algo", "steps", "settings"), [(shoal.SAC, 3000, {"learning_rate": 1e-3}), (shoal.TD3, 5000, {"gamma": 0.98})]
 )

@@ -334,6 +334,7 @@ class CueRecall(gym.Env):
         return np.zeros(3, np.float32), 1.0 if int(action) == self.cue else -1.0, True, False, {}
 
 
+@pytest.mark.slow  # a learning run
 def test_recurrent_dqn_learns_to_recall_a_cue_a_feedforward_one_cannot():
     """3000 steps: the LSTM answers every query right (seeds 0-4 all score 1.0); the MLP scores
     about 0, a coin flip (-0.1 here)."""
