@@ -361,7 +361,8 @@ def test_a_second_run_into_the_same_output_adds_shards_after_the_first_s(tmp_pat
 
 
 def test_an_episode_spanning_many_rollouts_keeps_only_its_own_steps():
-    from shoal.offline.writer import Block, EpisodeAssembler, WriterSettings
+    from shoal.offline.episodes import Block, EpisodeAssembler
+    from shoal.offline.writer import WriterSettings
 
     env = gym.make("CartPole-v1")
     settings = WriterSettings(Path("."), ("p",), ("p",), env.observation_space, env.action_space, (), 1 << 20, {})
@@ -493,7 +494,7 @@ def test_info_of_a_dataset_with_no_episodes_says_n_a_for_its_returns(tmp_path, c
 
 
 def test_rows_acting_in_a_block_leave_out_its_last_slot_and_absent_rows_are_passed_over():
-    from shoal.offline.writer import Block, EpisodeQuota, acting
+    from shoal.offline.episodes import Block, EpisodeQuota, acting
 
     valid = np.zeros((3, 5), bool)
     valid[:, -1] = True  # the rollout's last slot starts the next one: it is no step of this block

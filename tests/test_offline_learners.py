@@ -15,9 +15,9 @@ from tensordict import TensorDict
 import shoal
 from shoal.cli import main
 from shoal.offline import DatasetFile, dataset_folders
+from shoal.offline.episodes import EpisodeQuota
 from shoal.offline.minari_files import DatasetError, EpisodeArrays, ShardWriter
 from shoal.offline.reader import returns_to_go
-from shoal.offline.writer import EpisodeQuota
 
 pytest.importorskip("h5py")
 QUIET = dict(save_outputs=False, verbose=0)
