@@ -165,9 +165,7 @@ def test_a_conv_stack_that_does_not_fit_the_image_exits_with_the_message(pairs, 
 
 
 def test_mlp_reads_images_flat_also_with_a_shared_trunk():
-    with pytest.warns(UserWarning, match="model='cnn' is usually far better"):
-        algo = shoal.PPO(env="MinAtar/Breakout-v1", model_config={"shared_trunk": True}, tuned=False, **FAST)
-    with algo:
+    with shoal.PPO(env="MinAtar/Breakout-v1", model="mlp", model_config={"shared_trunk": True}, **FAST) as algo:
         net = algo.get_policy().model
         assert not any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
         assert algo.train()["timesteps_this_iter"] > 0
@@ -210,8 +208,10 @@ class ImageEnv(gym.Env):
 
 
 def test_image_observations_get_a_cnn_on_request_and_a_hint_otherwise():
+    with shoal.PPO(env=ImageEnv, **FAST) as algo:  # PPO's defaults for image observations: the CNN
+        assert any(isinstance(m, torch.nn.Conv2d) for m in algo.get_policy().model.modules())
     with pytest.warns(UserWarning, match=r"observations are images \[16, 16, 3\] uint8; model='cnn'"):
-        shoal.PPO(env=ImageEnv, **FAST).close()
+        shoal.GRPO(env=ImageEnv, group_size=2, **FAST).close()  # GRPO has no such defaults: the MLP, and a hint
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         shoal.PPO(env=ImageEnv, model="mlp", **FAST).close()  # chosen on purpose: no hint

@@ -166,7 +166,7 @@ def parse_table(table: str) -> dict[str, dict[str, str]]:
         cells = split_row(line)
         assert len(cells) == len(header), f"row has {len(cells)} cells, header {len(header)}: {line}"
         row = dict(zip(header, cells))
-        rows[row["key"].strip("`")] = row
+        rows[re.sub(r"<[^>]*>", "", row["key"]).strip("`")] = row  # <code>key_<wbr>name</code>
     return rows
 
 

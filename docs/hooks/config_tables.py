@@ -186,10 +186,15 @@ def cell(text: str) -> str:
     return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in pieces)
 
 
+def key_cell(key: str) -> str:
+    """A key as code that a narrow column may break after an underscore, never inside a word."""
+    return "<code>" + key.replace("_", "_<wbr>") + "</code>"
+
+
 def row(model: type[BaseModel], name: str) -> str:
     field = model.model_fields[name]
     cells = (
-        f"`{key_of(name, field)}`",
+        key_cell(key_of(name, field)),
         f"`{type_name(field.annotation)}`",
         default(model, name),
         allowed(field),

@@ -9,9 +9,10 @@ from shoal.train.trainer import Trainer
 class PPO(Trainer):
     """Proximal Policy Optimization.
 
-    >>> algo = shoal.PPO(env="CartPole-v1", seed=1)
-    >>> algo.learn(100_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.PPO(env="CartPole-v1", seed=1)
+        >>> algo.learn(100_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "ppo"
@@ -21,9 +22,10 @@ class GRPO(Trainer):
     """Group Relative Policy Optimization: critic-free, each episode's return compared with those of
     its group (episodes from the same reset seed).
 
-    >>> algo = shoal.GRPO(env="CartPole-v1", seed=1)
-    >>> algo.learn(300_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.GRPO(env="CartPole-v1", seed=1)
+        >>> algo.learn(300_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "grpo"
@@ -33,9 +35,10 @@ class DQN(Trainer):
     """Deep Q-learning for Discrete actions, with double Q, dueling heads, n-step returns and
     prioritized replay on request.
 
-    >>> algo = shoal.DQN(env="CartPole-v1", seed=1)
-    >>> algo.learn(50_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.DQN(env="CartPole-v1", seed=1)
+        >>> algo.learn(50_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "dqn"
@@ -45,9 +48,10 @@ class PQN(Trainer):
     """Parallel Q-learning for Discrete actions: a LayerNorm Q-network learned on-policy from many
     envs with Q(lambda) returns, no replay buffer and no target network.
 
-    >>> algo = shoal.PQN(env="CartPole-v1", seed=1)
-    >>> algo.learn(100_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.PQN(env="CartPole-v1", seed=1)
+        >>> algo.learn(100_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "pqn"
@@ -57,9 +61,10 @@ class SAC(Trainer):
     """Soft Actor-Critic for Box actions: a squashed Gaussian actor, twin critics and a learned
     entropy coefficient.
 
-    >>> algo = shoal.SAC(env="Pendulum-v1", seed=1, learning_rate=1e-3)
-    >>> algo.learn(20_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.SAC(env="Pendulum-v1", seed=1, learning_rate=1e-3)
+        >>> algo.learn(20_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "sac"
@@ -69,9 +74,10 @@ class TD3(Trainer):
     """TD3 for Box actions: a deterministic actor with twin critics, target smoothing and delayed
     actor updates.
 
-    >>> algo = shoal.TD3(env="Pendulum-v1", seed=1)
-    >>> algo.learn(20_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.TD3(env="Pendulum-v1", seed=1)
+        >>> algo.learn(20_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "td3"
@@ -81,9 +87,10 @@ class MADDPG(Trainer):
     """MADDPG for multi-agent envs: decentralized actors trained against centralized critics that
     see every agent's observation and action (Gumbel-Softmax for Discrete actions).
 
-    >>> algo = shoal.MADDPG(env="pettingzoo:mpe2.simple_spread_v3", env_config={"max_cycles": 25}, seed=1)
-    >>> algo.learn(100_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.MADDPG(env="pettingzoo:mpe2.simple_spread_v3", env_config={"max_cycles": 25}, seed=1)
+        >>> algo.learn(100_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "maddpg"
@@ -93,9 +100,10 @@ class BC(Trainer):
     """Behaviour cloning from recorded steps (``input``): the policy learns to take the recorded
     actions; the env is used for its spaces and for evaluation.
 
-    >>> algo = shoal.BC(env="CartPole-v1", input="data/cartpole-expert", seed=1)
-    >>> algo.learn(200_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.BC(env="CartPole-v1", input="data/cartpole-expert", seed=1)
+        >>> algo.learn(200_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "bc"
@@ -105,9 +113,10 @@ class MARWIL(Trainer):
     """MARWIL from recorded steps (``input``): imitation weighted by the exponentiated advantage of
     each recorded step over its state's value (Wang et al. 2018); ``beta=0`` is behaviour cloning.
 
-    >>> algo = shoal.MARWIL(env="CartPole-v1", input="data/cartpole-mixed", seed=1)
-    >>> algo.learn(200_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.MARWIL(env="CartPole-v1", input="data/cartpole-mixed", seed=1)
+        >>> algo.learn(200_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "marwil"
@@ -117,9 +126,10 @@ class CQL(Trainer):
     """Conservative Q-learning from recorded steps (``input``): DQN for Discrete actions, SAC for
     Box actions, with the values of actions the data did not take pushed down (Kumar et al. 2020).
 
-    >>> algo = shoal.CQL(env="Pendulum-v1", input="data/pendulum-medium", seed=1)
-    >>> algo.learn(200_000)
-    >>> algo.evaluate(20)["episode_reward_mean"]
+    Examples:
+        >>> algo = shoal.CQL(env="Pendulum-v1", input="data/pendulum-medium", seed=1)
+        >>> algo.learn(200_000)
+        >>> algo.evaluate(20)["episode_reward_mean"]
     """
 
     algo = "cql"

@@ -5,6 +5,11 @@ They live in the package (``shoal/tuned/<algo>/<env>.yaml``; a clone also shows 
 env id with ``/`` and ``:`` made ``-`` (``MinAtar/Breakout-v1`` -> ``MinAtar-Breakout-v1.yaml``).
 A tuned config sits under everything the user sets: a ``--config`` file, keyword arguments and
 ``key=value`` pairs all override it.
+
+Where no tuned config applies (none shipped for the pair, or ``tuned=false``), a run starts from the
+defaults for its env's kind instead, when the algorithm ships them (``<algo>/kinds/<kind>.yaml``):
+``image`` for image observations, else ``box`` for Box actions. Anything else (discrete actions on
+vector observations, several agents) starts from the algorithm's own defaults.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,20 +45,40 @@ def tuned_path(algo: str, env: Any) -> Path | None:
         return None
 
 
+KINDS = {"image": "image observations", "box": "Box actions"}
+"""The env kinds an algorithm may ship defaults for, in the order they are looked for."""
+
+
+def kind_path(algo: str, kind: str) -> Path | None:
+    """The defaults ``algo`` ships for envs of ``kind`` (a key of ``KINDS``), if any."""
+    path = TUNED_DIR / algo.lower() / "kinds" / f"{kind}.yaml"
+    return path if path.is_file() else None
+
+
+def kind_source(path: Path) -> str:
+    """Where a kind's defaults come from: its file's first line, ``# source: ...``."""
+    first = path.read_text().partition("\n")[0]
+    return first.removeprefix("# source:").strip()
+
+
 @dataclass(frozen=True)
 class TunedStart:
-    """The tuned config a run starts from (``path`` None: none), and the keys it moved off their
-    defaults, which a config error may then blame on it."""
+    """The file a run's settings start from (``path`` None: none): a tuned config, or the defaults
+    for the env's ``kind``; and the keys it moved off the algorithm's own defaults, which a config
+    error may then blame on it."""
 
     path: Path | None = None
     keys: frozenset[str] = frozenset()
+    kind: str | None = None
 
     def announce(self) -> None:
-        if self.path is not None:
-            print(
-                f"shoal: starting from the tuned config {self.path} (--no-tuned or tuned=false: without it)",
-                file=sys.stderr,
-            )
+        if self.path is None:
+            return
+        if self.kind is None:
+            said = f"the tuned config {self.path} (--no-tuned or tuned=false: without it)"
+        else:
+            said = f"the defaults for {KINDS[self.kind]}, {self.path} ({kind_source(self.path)})"
+        print(f"shoal: starting from {said}", file=sys.stderr)
 
     @contextlib.contextmanager
     def named_in_errors(self) -> Iterator[None]:
@@ -64,29 +89,33 @@ class TunedStart:
             named = sorted(key for key in self.keys if re.search(rf"(?<![\w.]){re.escape(key)}=", str(e)))
             if not named:
                 raise
-            raise ConfigError(
-                f"{e} ({', '.join(named)} came from the tuned config {self.path}; tuned=false leaves it out.)"
-            ) from None
+            where = f"the tuned config {self.path}; tuned=false leaves it out" if self.kind is None else self.path
+            raise ConfigError(f"{e} ({', '.join(named)} came from {where}.)") from None
+
+
+EnvKind = Callable[[], str | None]
+"""Looks at the run's env and names its kind (a key of ``KINDS``; None: none of them)."""
 
 
 def start_from_tuned(
-    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig]
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: EnvKind | None = None
 ) -> tuple[dict[str, Any], TunedStart]:
     """``apply_tuned``, and what the run needs to say about it later."""
-    merged, path = apply_tuned(settings, algo, config_class)
-    if path is None:
+    path, kind = _starting_file(settings, algo, env_kind)
+    merged = _merge_under(settings, path, config_class) if path is not None else settings
+    if merged is settings:
         return merged, TunedStart()
     defaults = config_class.build().settings()
     moved = {key for key in set(merged) - set(settings) if merged[key] != defaults.get(key)}
-    return merged, TunedStart(path, frozenset(moved))
+    return merged, TunedStart(path, frozenset(moved), kind)
 
 
 def apply_tuned(
-    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig]
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: EnvKind | None = None
 ) -> tuple[dict[str, Any], Path | None]:
     """``settings`` over the tuned config of its (``algo``, env) pair, when shoal has one and
-    ``tuned`` is not False. Returns the merged settings and the file that supplied keys (None:
-    nothing applied).
+    ``tuned`` is not False; else over ``algo``'s defaults for the kind ``env_kind`` names, when it
+    ships them. Returns the merged settings and the file that supplied keys (None: nothing applied).
 
     Every key set replaces the tuned one whole, under either of its names (``config_class``'s
     ``ALIASES``), dicts too: ``model_config={"hiddens": [64]}`` is the whole model config. Setting
@@ -94,12 +123,29 @@ def apply_tuned(
     ``rollout_fragment_length``, ``train_batch_size``, ``batch_size`` and ``train_freq_unit``
     drops the tuned values of all four; and where minibatches must divide the batch (PPO, GRPO), a batch reshaped by
     the keys set keeps the tuned number of minibatches (else the default minibatch size)."""
+    path, _ = _starting_file(settings, algo, env_kind)
+    merged = _merge_under(settings, path, config_class) if path is not None else settings
+    return merged, (path if merged is not settings else None)
+
+
+def _starting_file(settings: dict[str, Any], algo: Any, env_kind: EnvKind | None) -> tuple[Path | None, str | None]:
+    """The file a run's settings start from, and the env kind it was picked by (None: a tuned config)."""
     use = settings.get("tuned", True)
     if not isinstance(use, bool):
         raise ConfigError(f"bad value for 'tuned': {shorten(repr(use))}: expected true or false.")
     path = tuned_path(algo, settings.get("env")) if use else None
-    if path is None:
-        return settings, None
+    if path is not None or env_kind is None or not isinstance(algo, str) or ":" in algo:
+        return path, None
+    if not (TUNED_DIR / algo.lower() / "kinds").is_dir():  # nothing to pick: the env is not looked at
+        return None, None
+    kind = env_kind()
+    path = kind_path(algo, kind) if kind is not None else None
+    return (path, kind) if path is not None else (None, None)
+
+
+def _merge_under(settings: dict[str, Any], path: Path, config_class: type[TrainerConfig]) -> dict[str, Any]:
+    """``settings`` over the file at ``path`` by the rules ``apply_tuned`` gives (``settings`` itself
+    when the file supplies nothing)."""
     aliases = config_class.ALIASES
     given = {aliases.get(key, key) for key in settings}
     tuned = {aliases.get(k, k): v for k, v in load_yaml(path).items()}
@@ -115,7 +161,7 @@ def apply_tuned(
             tuned["sgd_minibatch_size"] = minibatch
             given.discard("sgd_minibatch_size")
     supplied = {k: v for k, v in tuned.items() if k not in given}
-    return (supplied | settings, path) if supplied else (settings, None)
+    return supplied | settings if supplied else settings
 
 
 BATCH_SHAPE = {"rollout_fragment_length", "train_batch_size", "batch_size", "train_freq_unit"}

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from shoal.algos.base import Algorithm
@@ -19,9 +20,10 @@ from shoal.collect.critic import CriticInput
 from shoal.collect.rollout_worker import RolloutWorker
 from shoal.config import TrainerConfig
 from shoal.config.tuned import TunedStart, start_from_tuned
-from shoal.envs.registry import env_name
+from shoal.envs.registry import config_creator, env_name
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, shorten
+from shoal.models.encoders import is_image
 from shoal.offline.no_env import recorded_spaces
 from shoal.vector import VecBackend
 from shoal.vector.base import seed_everything
@@ -47,8 +49,33 @@ def algorithm_settings(
                 f"shoal.Trainer(algo=...)."
             )
         settings = {**settings, "algo": settings.get("algo", preset)}  # as config.yaml and checkpoints record it
-    settings, tuned = start_from_tuned(settings, settings.get("algo", default), algo_cls.config_class)
+    algo = settings.get("algo", default)
+    settings, tuned = start_from_tuned(settings, algo, algo_cls.config_class, lambda: env_kind(settings))
     return algo_cls, settings, tuned
+
+
+def env_kind(settings: dict[str, Any]) -> str | None:
+    """The kind of the env ``settings`` name, which picks its defaults when no tuned config applies:
+    ``image`` for image observations, else ``box`` for Box actions; None for anything else, or for
+    an env that cannot be made here. An id or a factory is made once and closed at once."""
+    env = settings.get("env")
+    if env is None:
+        return None
+    try:
+        made = env if isinstance(env, gym.Env) else config_creator(env)(dict(settings.get("env_config") or {}))
+    except Exception:  # the run's own make reports what is wrong, where it makes its envs
+        return None
+    try:
+        if not isinstance(made, gym.Env) or hasattr(made, "possible_agents"):
+            return None  # several agents, or shoal's native AgentEnv: the algorithm's own defaults
+        obs_space, act_space = getattr(made, "observation_space", None), getattr(made, "action_space", None)
+        # an image itself: a Dict or Tuple holding one is the user's model to choose (model="cnn" reads it)
+        if isinstance(obs_space, gym.Space) and is_image(obs_space):
+            return "image"
+        return "box" if isinstance(act_space, gym.spaces.Box) else None
+    finally:
+        if made is not env and hasattr(made, "close"):
+            made.close()
 
 
 def prepare_process(config: TrainerConfig) -> None:

@@ -46,8 +46,9 @@ class Trainer:
     """Trains the algorithm ``algo`` names (``"ppo"``, an ``Algorithm`` subclass, or
     ``"package.module:Class"``) on ``env``; any config key as a keyword.
 
-    >>> trainer = shoal.Trainer(algo="ppo", env="CartPole-v1", seed=1)
-    >>> trainer.learn(100_000)
+    Examples:
+        >>> trainer = shoal.Trainer(algo="ppo", env="CartPole-v1", seed=1)
+        >>> trainer.learn(100_000)
     """
 
     # set by presets such as shoal.PPO: the one algorithm they train (as ``algo`` is given)
