@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 CORE := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
+# test processes (pytest-xdist): the tests are mostly single-threaded, and CI has two cores
+JOBS ?= 2
 
 .PHONY: train test test-fast lint format typecheck docs wheel-check bench setup clean
 
@@ -25,11 +27,11 @@ train: $(CORE)
 	$(BIN)/shoal train CartPole-v1 $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest --durations=15 $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --durations=15 $(ARGS)
 
 # unit tests only: no learning runs, no worker processes
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) -m "not slow" $(ARGS)
 
 # the formatter's layout and the rule set in pyproject.toml ([tool.ruff]) over all Python in the tree
 lint: $(STAMP)

@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 import shoal
 from shoal.bench import held_from, learning_curve
 
@@ -21,6 +23,7 @@ class SlowEvaluation(shoal.PPO):
         return {"episode_reward_mean": float(self.timesteps_total), "episode_reward_min": 0.0}
 
 
+@pytest.mark.slow
 def test_learning_curve_times_the_training_alone():
     """Four evaluations of a second each (at the start, two along the way, at the end) against
     a training of well under a second: none of them may count in the wall time, nor be taken

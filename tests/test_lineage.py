@@ -55,6 +55,7 @@ def test_a_run_records_its_identity_and_each_checkpoint_carries_it(ppo_run):
 
 
 @pytest.mark.parametrize("algo", ["dqn", "nosuch"])
+@pytest.mark.slow
 def test_a_meta_json_naming_another_algorithm_is_refused_by_eval_and_resume(ppo_run, algo):
     newest = ckpt.resolve_checkpoint(ppo_run)
     meta = json.loads((newest / ckpt.META_FILE).read_text())
@@ -67,6 +68,7 @@ def test_a_meta_json_naming_another_algorithm_is_refused_by_eval_and_resume(ppo_
         assert expected in line and "written by algo 'ppo'" in line
 
 
+@pytest.mark.slow
 def test_another_runs_checkpoint_copied_in_is_refused_and_the_run_loses_nothing(ppo_run, tmp_path):
     other = tmp_path / "dqn_run"
     with shoal.DQN(env="CartPole-v1", seed=1, run_dir=str(other), learning_starts=64, verbose=0) as dqn:
@@ -117,6 +119,7 @@ def test_a_resume_that_changes_the_model_is_refused_before_any_env_starts(ppo_ru
     assert "change what checkpoint" in message and "model_config: {" in message and "-> {'hiddens': [8]" in message
 
 
+@pytest.mark.slow
 def test_an_unfinished_budget_is_the_one_a_resume_goes_on_to(tmp_path):
     """`learn(n)` is the run's budget: a resume without total_timesteps (as every printed resume
     command is) trains on to n, not to the config's default total."""
@@ -162,6 +165,7 @@ def test_a_run_that_fails_in_its_first_iteration_leaves_its_run_directory(tmp_pa
 
 
 @pytest.mark.parametrize("layout", ["a file", "under a file", "checkpoints a file"])
+@pytest.mark.slow
 def test_a_run_directory_that_cannot_hold_a_run_is_refused_before_training(tmp_path, monkeypatch, layout):
     (tmp_path / "afile").write_text("not a directory")
     run = {"a file": "afile", "under a file": "afile/sub", "checkpoints a file": "run"}[layout]
@@ -235,6 +239,7 @@ def test_the_fingerprint_is_the_same_for_a_class_and_its_import_path_and_across_
     assert lineage.fingerprint(stored) != lineage.fingerprint({**stored, "model_config": {"hiddens": [8]}})
 
 
+@pytest.mark.slow
 def test_runs_on_an_env_object_resume_again_and_again(tmp_path):
     """The env is stored by its repr, whose memory address changes in every process."""
     run = tmp_path / "run"
@@ -270,6 +275,7 @@ def test_another_runs_checkpoint_where_this_run_writes_is_set_aside_not_replaced
     assert ckpt.read_meta(ppo_run / "checkpoints" / "checkpoint_000004")["run_id"] == resumed.run_id
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoints_folder_logs_to_its_run(ppo_run):
     proc = shoal_cli("train", "--resume", str(ppo_run / "checkpoints"), f"total_timesteps={4 * ITERATION}")
     assert proc.returncode == 0, proc.stderr

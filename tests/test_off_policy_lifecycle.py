@@ -22,6 +22,7 @@ RUNS = [
 
 
 @pytest.mark.parametrize(("algo", "env", "keys", "stat"), RUNS, ids=[r[0] for r in RUNS])
+@pytest.mark.slow
 def test_train_logs_checkpoints_and_films(tmp_path, capsys, algo, env, keys, stat):
     run = tmp_path / "run"
     settings = [f"run_dir={run}", "seed=1", "total_timesteps=256", "evaluation_num_episodes=1", *keys]

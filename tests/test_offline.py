@@ -175,6 +175,7 @@ def test_dataset_info_prints_each_policy_s_counts_and_returns(tmp_path, capsys):
     assert "holds no dataset" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_replay_learners_read_a_dataset_in_place_of_the_envs(tmp_path):
     out = record(tmp_path, steps=2048)
     with shoal.DQN(
@@ -281,6 +282,7 @@ def test_a_bad_input_or_output_key_is_one_config_error():
         shoal.DQN(env="CartPole-v1", input="x", output="y", save_outputs=False)
 
 
+@pytest.mark.slow
 def test_a_dataset_made_by_minari_s_data_collector_trains_in_shoal(tmp_path, monkeypatch):
     gym = pytest.importorskip("gymnasium")
     pytest.importorskip("jax")  # what minari's DataCollector records with
@@ -307,6 +309,7 @@ def test_ray_rollout_workers_write_the_same_dataset(ray_cluster, tmp_path):
     assert sum(len(ep) for ep in episodes_of(out)) == algo.timesteps_total
 
 
+@pytest.mark.slow
 def test_a_dataset_larger_than_the_buffer_trains_through_it(tmp_path):
     out = record(tmp_path, steps=2048)
     settings = dict(buffer_size=500, train_freq=100, learning_starts=200)
@@ -450,6 +453,7 @@ def test_box_actions_outside_the_env_s_bounds_are_refused_naming_the_step(tmp_pa
         bc.train()
 
 
+@pytest.mark.slow
 def test_a_run_never_closed_still_finishes_its_dataset(tmp_path):
     out = str(tmp_path / "d")
     script = f"import shoal\nshoal.PPO(env='CartPole-v1', num_envs=2, save_outputs=False, output={out!r}).learn(512)\n"

@@ -79,6 +79,7 @@ def test_no_env_needs_datasets(capsys):
     assert "or learn from datasets with input=DIR" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_replay_learner_with_no_env_refuses_to_act_in_one(recorded):
     _, robot = recorded
     with shoal.DQN(input=str(robot), learning_starts=100, train_freq=100, **QUIET) as dqn:

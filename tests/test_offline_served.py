@@ -16,6 +16,7 @@ from shoal.serve import PolicyClient, ServerError
 pytest.importorskip("h5py")
 
 
+@pytest.mark.slow
 def test_the_episodes_clients_drive_are_written_as_they_played_them(tmp_path):
     played: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # each ended episode: obs, actions, rewards
 

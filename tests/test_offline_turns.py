@@ -43,6 +43,7 @@ def test_each_player_s_episode_ends_with_its_game(games):
     assert set(outcomes) <= {-1, 0, 1} and outcomes.count(-1) == outcomes.count(1) > 0
 
 
+@pytest.mark.slow
 def test_a_masked_env_reads_a_dataset_recorded_without_masks(games, tmp_path):
     bare = tmp_path / "bare"
     for folder in dataset_folders(games):
@@ -76,6 +77,7 @@ def test_folders_may_start_at_the_home_directory(tmp_path, monkeypatch):
         assert dqn.train()["replay_size"] >= 1000
 
 
+@pytest.mark.slow
 def test_rank_folders_read_as_one_input_and_the_spec_keeps_env_config(tmp_path):
     out = tmp_path / "data"
     env_config = {"g": 3.0, "max_episode_steps": 50}

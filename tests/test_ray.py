@@ -258,6 +258,7 @@ def test_an_env_that_fails_to_build_in_a_worker_stops_the_run_with_its_error(ray
         )
 
 
+@pytest.mark.slow
 def test_more_workers_than_the_cluster_can_place_are_refused(ray_cluster):
     with pytest.raises(ConfigError, match=r"num_workers=3 x num_cpus_per_worker=1 = 3 CPUs, and the Ray cluster has 2"):
         shoal.PPO(env="CartPole-v1", backend="ray", num_workers=3, num_envs=3, save_outputs=False)

@@ -210,6 +210,7 @@ def _unbounded_pendulum():
 
 
 @pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.slow
 def test_resume_with_the_buffer_is_bit_identical(tmp_path, algo):
     kw = dict(SMALL, seed=3, store_buffer_in_checkpoints=True, prioritized_replay=True, n_step=2)
     kw.pop("save_outputs")

@@ -121,21 +121,22 @@ def _summary(algo: Any, result: dict[str, Any], eval_episodes: int | None) -> di
     }
 
 
+LOCAL_ENVS: dict[str, Any] = {
+    "backend": "local",
+    "ray_address": None,
+    "remote_worker_envs": False,
+    "off_policy_estimation_methods": [],
+}
+"""What a checkpoint loads with to act here: envs of its own in this process (a Ray run's workers
+are not started again), and no off-policy estimates."""
+
+
 def evaluate(args: argparse.Namespace) -> int:
     from shoal.train import Trainer
     from shoal.train.checkpoint import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(args.path)
-    # evaluation steps envs of its own here: a Ray run's workers are not started again
-    algo = Trainer.from_checkpoint(  # no estimates either: evaluation plays the envs
-        checkpoint,
-        save_outputs=False,
-        verbose=0,
-        backend="local",
-        ray_address=None,
-        remote_worker_envs=False,
-        off_policy_estimation_methods=[],
-    )
+    algo = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, **LOCAL_ENVS)
     with algo:
         video_dir = None
         if args.video:
@@ -143,6 +144,17 @@ def evaluate(args: argparse.Namespace) -> int:
             video_dir = Path(args.video_dir) if args.video_dir else run_dir / "videos"
         out = algo.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed, video_dir=video_dir)
     print(json.dumps({"checkpoint": str(checkpoint), "timesteps_total": algo.timesteps_total, **out}, indent=2))
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from shoal.train import Trainer
+    from shoal.train.checkpoint import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.path)
+    with Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, **LOCAL_ENVS) as algo:
+        path = algo.export_policy(args.out, args.policy)
+    print(f"shoal: wrote {path}, the policy of {checkpoint}")
     return 0
 
 
@@ -323,6 +335,7 @@ def tune(args: argparse.Namespace) -> int:
 COMMANDS = {
     "train": train,
     "eval": evaluate,
+    "export": export,
     "plot": plot,
     "compare": compare,
     "bench": bench,

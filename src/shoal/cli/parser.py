@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description="Reinforcement learning at speed.")
     parser.add_argument("--version", action="version", version=f"shoal {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_command in (_train, _eval, _plot_and_compare, _benchmark, _tune, _serve, _bench, _dataset):
+    for add_command in (_train, _eval, _export, _plot_and_compare, _benchmark, _tune, _serve, _bench, _dataset):
         add_command(sub)
     return parser
 
@@ -73,6 +73,14 @@ def _eval(sub: Subparsers) -> None:
     ev.add_argument("--video-dir", help="where the mp4 files go (default: RUN_DIR/videos)")
     ev.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the most likely")
     ev.add_argument("--seed", type=int, default=None, help="seed of the first evaluation env")
+
+
+def _export(sub: Subparsers) -> None:
+    """``shoal export``: a checkpoint's policy as a file that acts without shoal."""
+    ex = sub.add_parser("export", help="write a checkpoint's policy (or a run's newest) as ONNX or TorchScript")
+    ex.add_argument("path", metavar="RUN_DIR|CHECKPOINT")
+    ex.add_argument("out", metavar="FILE", help="the file to write: .onnx (ONNX) or .pt (TorchScript)")
+    ex.add_argument("--policy", default=None, help="the policy id, when the run has several")
 
 
 def _plot_and_compare(sub: Subparsers) -> None:

@@ -33,7 +33,7 @@ from shoal.errors import ConfigError, EnvError, OutputError, TrainingDiverged, d
 from shoal.logging import MetricAnalysis, ProgressDisplay, RunLogger, log_record, progress_mode
 from shoal.models.policy import Policy
 from shoal.train import checkpoint as ckpt
-from shoal.train import data_parallel, faults, lineage, run_state, setup, signals
+from shoal.train import data_parallel, export, faults, lineage, run_state, setup, signals
 from shoal.train.callbacks import CallbackList
 from shoal.train.evaluation import act_once, evaluate_policies
 from shoal.vector.restarts import EnvRestarts
@@ -371,6 +371,19 @@ class Trainer:
         far. Keep one state row per observation row; give a row ``initial_state`` again when its
         episode starts over."""
         return act_once(self.get_policy(policy_id), self.backend, obs, state, deterministic, self.config.device)
+
+    def export_policy(self, path: str | Path, policy_id: str | None = None) -> Path:
+        """Write policy ``policy_id`` (default: the only one) to ``path`` as a file that acts without
+        shoal, ONNX (``.onnx``) or TorchScript (``.pt``): observations in, the actions the policy
+        takes deterministically out, as ``compute_actions(obs, deterministic=True)`` gives them
+        (``shoal.train.export``). Returns the path.
+
+        Examples:
+            >>> algo.export_policy("policy.onnx")
+            >>> onnxruntime.InferenceSession("policy.onnx").run(None, {"obs": batch})[0]
+        """
+        name = f"policy {policy_id!r}" if policy_id is not None else "the policy"
+        return export.export_policy(self.get_policy(policy_id), self.backend, path, name)
 
     @torch.inference_mode()
     def evaluate(

@@ -1,0 +1,96 @@
+"""Export: a policy written as ONNX or TorchScript acts as ``compute_actions(obs, deterministic=True)``
+does, on any batch size, without shoal; what it cannot carry (a recurrent state, action masks) and
+a file name of no known format are refused."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.cli import main
+
+ort = pytest.importorskip("onnxruntime")
+
+RUNS = {  # (trainer, env, keys): a Discrete and a Box actor-critic, a Q-network, a squashed Gaussian
+    "ppo-discrete": (shoal.PPO, "CartPole-v1", {"normalize_obs": True}),
+    "ppo-box": (shoal.PPO, "Pendulum-v1", {"normalize_obs": True, "num_envs": 2, "rollout_fragment_length": 64}),
+    "dqn": (shoal.DQN, "CartPole-v1", {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1}),
+    "sac": (shoal.SAC, "Pendulum-v1", {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1}),
+}
+
+
+CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"  # legal moves come as action masks
+
+
+def trained(name):
+    trainer, env, keys = RUNS[name]
+    algo = trainer(env=env, seed=1, save_outputs=False, verbose=0, **keys)
+    algo.learn(128)  # normalization statistics and weights moved off their start
+    return algo
+
+
+def observations(algo, rows):
+    space = algo.backend.obs_spec.space
+    space.seed(3)
+    return np.stack([space.sample() for _ in range(rows)]).astype(np.float32)
+
+
+def run_file(path, obs):
+    if path.suffix == ".onnx":
+        return ort.InferenceSession(str(path)).run(None, {"obs": obs})[0]
+    return torch.jit.load(str(path))(torch.as_tensor(obs)).numpy()
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".pt"])
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_exported_file_acts_as_compute_actions(tmp_path, name, suffix):
+    with trained(name) as algo:
+        path = algo.export_policy(tmp_path / f"policy{suffix}")
+        for rows in (1, 7):  # the batch size is free
+            obs = observations(algo, rows)
+            expected = algo.compute_actions(obs, deterministic=True)
+            actions = run_file(path, obs)
+            assert actions.shape == expected.shape
+            if algo.backend.act_spec.kind == "continuous":
+                np.testing.assert_allclose(actions, expected, atol=1e-5)
+                low, high = algo.backend.act_spec.space.low, algo.backend.act_spec.space.high
+                assert (actions >= low).all() and (actions <= high).all()
+            else:
+                np.testing.assert_array_equal(actions, expected)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no partial file is left"
+
+
+def test_the_command_line_exports_a_run_s_newest_checkpoint(tmp_path, capsys):
+    with shoal.PPO(env="CartPole-v1", seed=1, verbose=0, run_dir=str(tmp_path / "run")) as algo:
+        algo.learn(256)
+        obs = observations(algo, 5)
+        expected = algo.compute_actions(obs, deterministic=True)
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out" / "cartpole.onnx")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    np.testing.assert_array_equal(run_file(tmp_path / "out" / "cartpole.onnx", obs), expected)
+
+
+def test_what_a_file_cannot_carry_is_refused(tmp_path, capsys):
+    lstm = {"core": "lstm"}
+    with (
+        shoal.PPO(env="CartPole-v1", seed=1, save_outputs=False, verbose=0, model_config=lstm) as algo,
+        pytest.raises(shoal.ConfigError, match="the policy is recurrent: .* export supports feedforward"),
+    ):
+        algo.export_policy(tmp_path / "p.onnx")
+    with (
+        shoal.PPO(env=CONNECT_FOUR, tuned=False, seed=1, save_outputs=False, verbose=0) as algo,
+        pytest.raises(shoal.ConfigError, match="acts under action masks"),
+    ):
+        algo.export_policy(tmp_path / "p.pt")
+    with shoal.PPO(env="CartPole-v1", seed=1, save_outputs=False, verbose=0) as algo:
+        with pytest.raises(
+            shoal.ConfigError, match=r"cannot export to '.*p\.h5': name a file ending in \.onnx or \.pt"
+        ):
+            algo.export_policy(tmp_path / "p.h5")
+        with pytest.raises(shoal.ConfigError, match="no policy 'hunter'"):
+            algo.export_policy(tmp_path / "p.pt", policy_id="hunter")
+    assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "p.onnx")]) == 2
+    assert "shoal: error" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir()), json.dumps([p.name for p in tmp_path.iterdir()])
