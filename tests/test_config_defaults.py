@@ -160,18 +160,19 @@ EXPECTED: dict[type[BaseModel], dict[str, Any]] = {
 # how many keys each class had; TrainerConfig now also declares the three learner keys every
 # algorithm shares (sgd_minibatch_size, max_grad_norm, adam_eps), PPO and SAC have gSDE's two
 # (use_sde, sde_sample_freq), and the deterministic actors a noise_type
-# + 7: the offline keys (input, output, output_max_file_size, off_policy_estimation_*); + 1: log_interval_s
+# + 7: the offline keys (input, output, output_max_file_size, off_policy_estimation_*); + 1: log_interval_s;
+# + 1: kind_defaults
 KEY_COUNTS = {
-    TrainerConfig: 59 + 3 + 7 + 1,
-    SurrogateConfig: 66 + 7 + 1,
-    PPOConfig: 78 + 2 + 7 + 1,
-    GRPOConfig: 70 + 7 + 1,
-    OffPolicyConfig: 73 + 7 + 1 + 1,
-    DQNConfig: 82 + 1 + 7 + 1 + 1,
-    ReplayActorCriticConfig: 73 + 7 + 1 + 1,
-    SACConfig: 76 + 2 + 7 + 1 + 1,
-    TD3Config: 77 + 1 + 7 + 1 + 1,
-    MADDPGConfig: 75 + 1 + 7 + 1 + 1,
+    TrainerConfig: 59 + 3 + 7 + 1 + 1,
+    SurrogateConfig: 66 + 7 + 1 + 1,
+    PPOConfig: 78 + 2 + 7 + 1 + 1,
+    GRPOConfig: 70 + 7 + 1 + 1,
+    OffPolicyConfig: 73 + 7 + 1 + 1 + 1,
+    DQNConfig: 82 + 1 + 7 + 1 + 1 + 1,
+    ReplayActorCriticConfig: 73 + 7 + 1 + 1 + 1,
+    SACConfig: 76 + 2 + 7 + 1 + 1 + 1,
+    TD3Config: 77 + 1 + 7 + 1 + 1 + 1,
+    MADDPGConfig: 75 + 1 + 7 + 1 + 1 + 1,
 }
 ALIASES = {
     TrainerConfig: {"minibatch_size": "sgd_minibatch_size"},

@@ -141,7 +141,7 @@ def test_a_run_on_a_filesystem_that_fills_up_stops_with_one_message_and_resumes_
 @pytest.mark.parametrize(
     "algo, settings",
     [
-        ("ppo", dict(env="Pendulum-v1", tuned=False)),  # the fused PPO step
+        ("ppo", dict(env="Pendulum-v1", tuned=False, kind_defaults=False)),  # the fused PPO step
         ("ppo", dict(FAST, fused_update=False)),  # the autograd step
         ("dqn", dict(env="CartPole-v1", learning_starts=64, timesteps_per_iteration=64, buffer_size=4096)),
         ("sac", dict(env="Pendulum-v1", learning_starts=64, timesteps_per_iteration=64, buffer_size=4096)),
@@ -168,7 +168,7 @@ def test_a_diverging_update_names_the_policy_and_iteration_and_no_checkpoint_hol
 
 
 def test_a_non_finite_action_is_the_policys_fault_and_never_reaches_the_env(tmp_path):
-    with shoal.PPO(env="Pendulum-v1", seed=1, tuned=False, save_outputs=False, verbose=0) as algo:
+    with shoal.PPO(env="Pendulum-v1", seed=1, tuned=False, kind_defaults=False, save_outputs=False, verbose=0) as algo:
         with torch.no_grad():
             algo.get_policy().log_std.fill_(float("inf"))
         with pytest.raises(shoal.TrainingDiverged, match=r"iteration 1 \(policy 'default_policy'\): it chose a non-f"):

@@ -49,17 +49,34 @@ def test_each_kind_s_defaults_build_for_an_env_of_that_kind_and_name_their_sourc
     assert path.read_text().startswith("# source: ") and len(kind_source(path)) > 10
 
 
+class FloatVolume(PixelArm):
+    """A float 3-D Box: numbers laid out in a grid, not pixels."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3, 16, 16), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+
 def test_the_kind_is_read_off_the_env_s_spaces():
     assert setup.env_kind({"env": "Pendulum-v1"}) == "box"
     assert setup.env_kind({"env": "MinAtar/Breakout-v1"}) == "image"
-    assert setup.env_kind({"env": PixelArm}) == "image"
+    assert setup.env_kind({"env": PixelArm}) == "image"  # the pixels decide before the Box actions
+    assert setup.env_kind({"env": FloatVolume}) is None
     assert setup.env_kind({"env": "CartPole-v1"}) is None
     assert setup.env_kind({"env": "pettingzoo:mpe2.simple_spread_v3"}) is None  # several agents
     assert setup.env_kind({"env": BoxPair}) is None
-    assert setup.env_kind({"env": "NoSuchEnv-v0"}) is None  # the run's own make says what is wrong
-    env = gym.make("MountainCarContinuous-v0")
-    assert setup.env_kind({"env": env}) == "box"
-    env.reset(seed=0)  # the user's env object is looked at, not closed
+
+
+def test_the_env_made_to_look_is_closed_and_the_user_s_own_is_not(monkeypatch):
+    closed = []
+    monkeypatch.setattr(PixelArm, "close", lambda self: closed.append(self), raising=False)
+    assert setup.env_kind({"env": PixelArm}) == "image" and len(closed) == 1
+    env = PixelArm()
+    assert setup.env_kind({"env": env}) == "image" and closed == [closed[0]]
+
+
+def test_an_env_that_cannot_be_made_to_look_keeps_the_algorithm_s_defaults_and_says_why():
+    with pytest.warns(shoal.ShoalWarning, match="could not make 'NoSuchEnv-v0' to pick its kind's defaults"):
+        assert setup.env_kind({"env": "NoSuchEnv-v0"}) is None
 
 
 def test_a_box_env_with_no_tuned_config_starts_from_the_continuous_control_defaults_and_says_so(capsys):
@@ -76,6 +93,14 @@ def test_a_box_env_with_no_tuned_config_starts_from_the_continuous_control_defau
         )
     err = capsys.readouterr().err
     assert "starting from the defaults for Box actions" in err and "ppo_continuous_action" in err
+
+
+def test_kind_defaults_false_starts_from_the_algorithm_s_own():
+    with shoal.PPO(env="Pendulum-v1", tuned=False, kind_defaults=False, save_outputs=False, verbose=0) as t:
+        assert t.tuned_config is None
+        assert (t.config.num_envs, t.config.gamma, t.config.normalize_obs) == (8, 0.98, False)
+    with pytest.raises(ConfigError, match="bad value for 'kind_defaults': 'no': expected true or false"):
+        shoal.PPO(env="Pendulum-v1", kind_defaults="no", save_outputs=False)
 
 
 def test_keys_set_win_over_the_kind_s_defaults_by_the_tuned_configs_rules():
@@ -104,8 +129,6 @@ def test_algorithms_without_kind_defaults_never_make_the_env_to_look(monkeypatch
 
 def test_a_config_error_on_a_key_the_kind_set_names_the_file():
     start = TunedStart(TUNED_DIR / "ppo" / "kinds" / "box.yaml", frozenset({"sgd_minibatch_size"}), "box")
-    with (
-        pytest.raises(ConfigError, match=r"sgd_minibatch_size came from .*kinds/box\.yaml\.\)"),
-        start.named_in_errors(),
-    ):
+    expected = r"sgd_minibatch_size came from .*kinds/box\.yaml; kind_defaults=false leaves it out\.\)"
+    with pytest.raises(ConfigError, match=expected), start.named_in_errors():
         raise ConfigError("sgd_minibatch_size=64 does not divide the batch")

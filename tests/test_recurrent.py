@@ -191,7 +191,7 @@ def test_evaluation_and_video_run_recurrent_policies(tmp_path):
 def test_previous_actions_and_rewards_are_replayed_as_the_rollout_fed_them(core):
     """Pendulum (Box actions, a different reward every step) cut at 12 steps: segments of 8 start
     mid-episode, where the previous action and reward come from the stored start state."""
-    kw = SHORT | dict(env="Pendulum-v1", env_config={"max_episode_steps": 12}, tuned=False)
+    kw = SHORT | dict(env="Pendulum-v1", env_config={"max_episode_steps": 12}, tuned=False, kind_defaults=False)
     model_config = {"core": core, "core_size": 16, "use_prev_action": True, "use_prev_reward": True}
     with shoal.PPO(model_config=model_config, **kw) as algo:
         algo.learn(3 * 128)
@@ -219,7 +219,7 @@ def test_evaluation_feeds_the_env_rewards_to_a_core_that_reads_them(monkeypatch)
     monkeypatch.setattr(
         PolicyMap, "feed_rewards", lambda self, r, rows: (fed.append(r.clone()), original(self, r, rows))
     )
-    kw = SHORT | dict(env="Pendulum-v1", env_config={"max_episode_steps": 12}, tuned=False)
+    kw = SHORT | dict(env="Pendulum-v1", env_config={"max_episode_steps": 12}, tuned=False, kind_defaults=False)
     with shoal.PPO(model_config={"core": "gru", "core_size": 8, "use_prev_reward": True}, **kw) as algo:
         evaluation = algo.evaluate(3)
     assert len(fed) == 12  # every step of the 3 episodes, stepped together

@@ -136,7 +136,9 @@ def test_config_errors_name_the_problem():
     with pytest.raises(ConfigError, match="use_sde=True explores Box actions; 'CartPole-v1' acts in Discrete"):
         shoal.PPO(env="CartPole-v1", use_sde=True, **QUIET)
     with pytest.raises(ConfigError, match="use_sde=True reads the actor's last hidden layer"):
-        shoal.PPO(env="Pendulum-v1", use_sde=True, model_config={"core": "lstm"}, tuned=False, **QUIET)
+        shoal.PPO(
+            env="Pendulum-v1", use_sde=True, model_config={"core": "lstm"}, tuned=False, kind_defaults=False, **QUIET
+        )
     with pytest.raises(ConfigError, match="sde_sample_freq"):
         shoal.PPOConfig.build(sde_sample_freq=-2)
 
@@ -145,7 +147,7 @@ def test_config_errors_name_the_problem():
 def test_a_resumed_gsde_run_draws_as_an_unbroken_one(tmp_path, algo):
     """The collection count and each row's matrix come back with the checkpoint: resumed after one
     collection, a run that forgot the count would count that one again and keep the stale matrices."""
-    kw = dict(env="Pendulum-v1", use_sde=True, sde_sample_freq=3, seed=3, tuned=False, verbose=0)
+    kw = dict(env="Pendulum-v1", use_sde=True, sde_sample_freq=3, seed=3, tuned=False, kind_defaults=False, verbose=0)
     if algo == "ppo":
         kw |= dict(num_envs=2, rollout_fragment_length=32, sgd_minibatch_size=32)
         keys = ("policy_loss", "entropy")
@@ -171,6 +173,7 @@ def test_each_policy_draws_matrices_for_its_own_rows_of_a_multi_agent_env():
         rollout_fragment_length=16,
         sgd_minibatch_size=16,
         tuned=False,
+        kind_defaults=False,
         **QUIET,
     )
     tables = algo.collector.policies.states
@@ -192,6 +195,7 @@ def test_ppo_with_gsde_learns_on_autograd_and_moves_the_std_matrix():
         rollout_fragment_length=64,
         sgd_minibatch_size=64,
         tuned=False,
+        kind_defaults=False,
         **QUIET,
     )
     policy = algo.get_policy()
@@ -209,7 +213,16 @@ def test_gsde_rows_hold_their_own_matrices_on_ray_workers_and_draw_anew_each_col
     (an exact least-squares fit over the row's 32 steps), the matrices differ between rows, and
     the next collection draws new ones: each row's noise state travels with the worker."""
     settings = dict(env="Pendulum-v1", use_sde=True, sde_sample_freq=-1, model_config={"hiddens": [2]})
-    common = dict(backend="ray", num_workers=2, num_envs=4, seed=3, save_outputs=False, verbose=0, tuned=False)
+    common = dict(
+        backend="ray",
+        num_workers=2,
+        num_envs=4,
+        seed=3,
+        save_outputs=False,
+        verbose=0,
+        tuned=False,
+        kind_defaults=False,
+    )
     with shoal.Trainer(
         algo="ppo", learning_rate=1e-30, rollout_fragment_length=32, sgd_minibatch_size=64, **settings, **common
     ) as trainer:
@@ -233,7 +246,14 @@ def test_gsde_rows_hold_their_own_matrices_on_ray_workers_and_draw_anew_each_col
 def sac_policy():
     small = dict(learning_starts=32, timesteps_per_iteration=64, buffer_size=512, sgd_minibatch_size=32)
     algo = shoal.SAC(
-        env="Pendulum-v1", use_sde=True, log_std_init=-1.0, sde_sample_freq=2, tuned=False, **small, **QUIET
+        env="Pendulum-v1",
+        use_sde=True,
+        log_std_init=-1.0,
+        sde_sample_freq=2,
+        tuned=False,
+        kind_defaults=False,
+        **small,
+        **QUIET,
     )
     policy = algo.get_policy()
     assert isinstance(policy, SDESquashedGaussianPolicy)

@@ -278,6 +278,7 @@ def test_shoal_train_points_served_runs_to_shoal_serve(capsys):
     assert "shoal serve" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rate_connection_size_and_time_limits():
     backend = _backend()
     limits = dict(max_requests_per_s=5, max_connections=2, max_body_bytes=64, idle_timeout_s=2.0)
@@ -321,6 +322,7 @@ def test_rate_connection_size_and_time_limits():
         _until(refused_for_size)  # once the closed connections are counted out
 
 
+@pytest.mark.slow
 def test_the_client_waits_out_the_rate_limit_and_sends_the_request_again():
     with PolicyServer(_backend(), port=0, max_requests_per_s=5) as server, PolicyClient(server.url) as client:
         started = time.monotonic()

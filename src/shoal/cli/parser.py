@@ -50,7 +50,8 @@ def _train(sub: Subparsers) -> None:
     train.add_argument(
         "--no-tuned",
         action="store_true",
-        help="do not start from shoal's tuned config for this algo and env (the key tuned=false)",
+        help="do not start from shoal's tuned config for this algo and env (the key tuned=false); the defaults "
+        "for the env's kind still apply (kind_defaults=false leaves them out too)",
     )
     train.add_argument("--run-dir", help="where outputs go (default runs/<name>)")
     train.add_argument(
@@ -80,7 +81,7 @@ def _export(sub: Subparsers) -> None:
     ex = sub.add_parser("export", help="write a checkpoint's policy (or a run's newest) as ONNX or TorchScript")
     ex.add_argument("path", metavar="RUN_DIR|CHECKPOINT")
     ex.add_argument("out", metavar="FILE", help="the file to write: .onnx (ONNX) or .pt (TorchScript)")
-    ex.add_argument("--policy", default=None, help="the policy id, when the run has several")
+    ex.add_argument("--policy", default=None, help="the policy id (required when the run has several)")
 
 
 def _plot_and_compare(sub: Subparsers) -> None:

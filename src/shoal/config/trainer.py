@@ -48,7 +48,10 @@ class TrainerConfig(ConfigModel):
     env its datasets were recorded on, or None when this machine does not have it."""
     tuned: bool = True
     """Start from the tuned config shoal ships for this (algo, env) pair, when there is one (`configs/<algo>/<env>.yaml`
-    in a clone); every key you set still overrides it. False: the defaults below."""
+    in a clone); every key you set still overrides it. False: as when there is none (see `kind_defaults`)."""
+    kind_defaults: bool = True
+    """With no tuned config: start from the algorithm's defaults for the env's kind, when it ships them (image
+    observations, Box actions; `configs/<algo>/kinds/`). False: the defaults below."""
     env_config: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the env: keyword arguments of `gym.make` for an id, the dict a registered creator or factory
     receives, or the keyword arguments of a PettingZoo `parallel_env()` or VMAS scenario."""

@@ -46,7 +46,7 @@ def tuned_path(algo: str, env: Any) -> Path | None:
 
 
 KINDS = {"image": "image observations", "box": "Box actions"}
-"""The env kinds an algorithm may ship defaults for, in the order they are looked for."""
+"""The env kinds an algorithm may ship defaults for (``shoal.train.setup.env_kind`` tells them apart)."""
 
 
 def kind_path(algo: str, kind: str) -> Path | None:
@@ -77,7 +77,10 @@ class TunedStart:
         if self.kind is None:
             said = f"the tuned config {self.path} (--no-tuned or tuned=false: without it)"
         else:
-            said = f"the defaults for {KINDS[self.kind]}, {self.path} ({kind_source(self.path)})"
+            said = (
+                f"the defaults for {KINDS[self.kind]}, {self.path} ({kind_source(self.path)}; "
+                f"kind_defaults=false: without them)"
+            )
         print(f"shoal: starting from {said}", file=sys.stderr)
 
     @contextlib.contextmanager
@@ -89,16 +92,17 @@ class TunedStart:
             named = sorted(key for key in self.keys if re.search(rf"(?<![\w.]){re.escape(key)}=", str(e)))
             if not named:
                 raise
-            where = f"the tuned config {self.path}; tuned=false leaves it out" if self.kind is None else self.path
+            leave = "tuned=false" if self.kind is None else "kind_defaults=false"
+            where = f"{'the tuned config ' if self.kind is None else ''}{self.path}; {leave} leaves it out"
             raise ConfigError(f"{e} ({', '.join(named)} came from {where}.)") from None
 
 
-EnvKind = Callable[[], str | None]
+KindProbe = Callable[[], str | None]
 """Looks at the run's env and names its kind (a key of ``KINDS``; None: none of them)."""
 
 
 def start_from_tuned(
-    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: EnvKind | None = None
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: KindProbe | None = None
 ) -> tuple[dict[str, Any], TunedStart]:
     """``apply_tuned``, and what the run needs to say about it later."""
     path, kind = _starting_file(settings, algo, env_kind)
@@ -111,7 +115,7 @@ def start_from_tuned(
 
 
 def apply_tuned(
-    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: EnvKind | None = None
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: KindProbe | None = None
 ) -> tuple[dict[str, Any], Path | None]:
     """``settings`` over the tuned config of its (``algo``, env) pair, when shoal has one and
     ``tuned`` is not False; else over ``algo``'s defaults for the kind ``env_kind`` names, when it
@@ -128,13 +132,14 @@ def apply_tuned(
     return merged, (path if merged is not settings else None)
 
 
-def _starting_file(settings: dict[str, Any], algo: Any, env_kind: EnvKind | None) -> tuple[Path | None, str | None]:
+def _starting_file(settings: dict[str, Any], algo: Any, env_kind: KindProbe | None) -> tuple[Path | None, str | None]:
     """The file a run's settings start from, and the env kind it was picked by (None: a tuned config)."""
-    use = settings.get("tuned", True)
-    if not isinstance(use, bool):
-        raise ConfigError(f"bad value for 'tuned': {shorten(repr(use))}: expected true or false.")
+    use, by_kind = (settings.get(key, True) for key in ("tuned", "kind_defaults"))
+    for key, value in (("tuned", use), ("kind_defaults", by_kind)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"bad value for '{key}': {shorten(repr(value))}: expected true or false.")
     path = tuned_path(algo, settings.get("env")) if use else None
-    if path is not None or env_kind is None or not isinstance(algo, str) or ":" in algo:
+    if path is not None or not by_kind or env_kind is None or not isinstance(algo, str) or ":" in algo:
         return path, None
     if not (TUNED_DIR / algo.lower() / "kinds").is_dir():  # nothing to pick: the env is not looked at
         return None, None

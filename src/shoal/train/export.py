@@ -9,6 +9,7 @@ action and the action bounds are all inside it. Dict and Tuple observations go i
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,9 +68,9 @@ def export_policy(policy: Policy, backend: VecBackend, path: str | Path, name: s
         )
     spec = backend.obs_spec
     dtype = np.float32 if spec.structured else spec.dtype  # structured observations go in flattened
-    device = next(policy.parameters()).device
-    example = torch.as_tensor(np.zeros((2, *spec.shape), dtype=dtype), device=device)
-    actor = DeterministicActor(policy, backend).eval()
+    example = torch.as_tensor(np.zeros((2, *spec.shape), dtype=dtype))
+    # a copy on the CPU, where the action bounds are, in eval mode: the trainer's policy stays as it was
+    actor = DeterministicActor(copy.deepcopy(policy).cpu(), backend).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     traced = path.with_name(f".{path.name}.traced")  # the exporters write a path; the file appears whole
     try:

@@ -6,12 +6,14 @@ the trainer: a config's backend in ``shoal.vector.build``, the collector and wha
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from shoal.algos.base import Algorithm
@@ -20,9 +22,9 @@ from shoal.collect.critic import CriticInput
 from shoal.collect.rollout_worker import RolloutWorker
 from shoal.config import TrainerConfig
 from shoal.config.tuned import TunedStart, start_from_tuned
-from shoal.envs.registry import config_creator, env_name
+from shoal.envs.registry import PETTINGZOO, config_creator, env_name
 from shoal.envs.spaces import EnvInfo
-from shoal.errors import ConfigError, shorten
+from shoal.errors import ConfigError, shorten, warn
 from shoal.models.encoders import is_image
 from shoal.offline.no_env import recorded_spaces
 from shoal.vector import VecBackend
@@ -30,6 +32,7 @@ from shoal.vector.base import seed_everything
 from shoal.vector.build import build_backend, with_action_rules
 from shoal.vector.external import ExternalBackend
 from shoal.vector.ray_workers import WorkerSet
+from shoal.vector.vmas import is_vmas
 
 
 def algorithm_settings(
@@ -56,26 +59,31 @@ def algorithm_settings(
 
 def env_kind(settings: dict[str, Any]) -> str | None:
     """The kind of the env ``settings`` name, which picks its defaults when no tuned config applies:
-    ``image`` for image observations, else ``box`` for Box actions; None for anything else, or for
-    an env that cannot be made here. An id or a factory is made once and closed at once."""
+    ``image`` for pixel observations, else ``box`` for Box actions; None for anything else. An id
+    or a factory of a single-agent env is made once and closed at once."""
     env = settings.get("env")
-    if env is None:
-        return None
+    if env is None or (isinstance(env, str) and (env.startswith(PETTINGZOO) or is_vmas(env))):
+        return None  # several agents: the algorithm's own defaults, without making one
     try:
         made = env if isinstance(env, gym.Env) else config_creator(env)(dict(settings.get("env_config") or {}))
-    except Exception:  # the run's own make reports what is wrong, where it makes its envs
+    except Exception as e:  # the run's own make says more where it makes its envs, if it fails there too
+        warn(
+            f"could not make '{env_name(env)}' to pick its kind's defaults ({shorten(str(e))}); the "
+            f"algorithm's own apply."
+        )
         return None
     try:
         if not isinstance(made, gym.Env) or hasattr(made, "possible_agents"):
             return None  # several agents, or shoal's native AgentEnv: the algorithm's own defaults
         obs_space, act_space = getattr(made, "observation_space", None), getattr(made, "action_space", None)
-        # an image itself: a Dict or Tuple holding one is the user's model to choose (model="cnn" reads it)
-        if isinstance(obs_space, gym.Space) and is_image(obs_space):
+        # pixels, as the CNN reads them; a Dict holding an image, or a float tensor, is the user's model to choose
+        if isinstance(obs_space, gym.spaces.Box) and is_image(obs_space) and obs_space.dtype in (np.uint8, np.bool_):
             return "image"
         return "box" if isinstance(act_space, gym.spaces.Box) else None
     finally:
-        if made is not env and hasattr(made, "close"):
-            made.close()
+        if made is not env:
+            with contextlib.suppress(Exception):  # a probe's env that fails to close changes no setting
+                made.close()
 
 
 def prepare_process(config: TrainerConfig) -> None:

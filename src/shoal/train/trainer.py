@@ -62,7 +62,8 @@ class Trainer:
             settings["env"] = offline.recorded_env(settings["input"])  # None: the datasets' spaces, no env
         algo_cls, settings, self._tuned = setup.algorithm_settings(self.algo, type(self).__name__, settings)
         self.tuned_config = self._tuned.path
-        """The tuned config file the settings started from (None: none; see the key ``tuned``)."""
+        """The file the settings started from: the tuned config, or the defaults for the env's kind
+        (None: neither; see the keys ``tuned`` and ``kind_defaults``)."""
         with self._tuned.named_in_errors():
             self.config = algo_cls.config_class.build(**settings)
         """The validated config (the algorithm's config class)."""
@@ -335,6 +336,10 @@ class Trainer:
         """The policy ``policy_id`` (RLlib's name); without one, the only policy."""
         if policy_id is None and len(self.policies) == 1:
             return next(iter(self.policies.values()))
+        if policy_id is None:
+            raise ConfigError(
+                f"this run has {len(self.policies)} policies, {list(self.policies)}: name one (policy_id)."
+            )
         if policy_id not in self.policies:
             raise ConfigError(
                 f"no policy {policy_id!r}; the policies are {list(self.policies)}."
