@@ -13,8 +13,9 @@ from shoal.cli import main
 
 ort = pytest.importorskip("onnxruntime")
 
-RUNS = {  # (trainer, env, keys): a Discrete and a Box actor-critic, a Q-network, a squashed Gaussian
+RUNS = {  # (trainer, env, keys): Discrete and Box actor-critics, the CNN on pixels, a Q-network, SAC
     "ppo-discrete": (shoal.PPO, "CartPole-v1", {"normalize_obs": True}),
+    "ppo-pixels": (shoal.PPO, "MinAtar/Breakout-v1", {"num_envs": 2, "rollout_fragment_length": 64}),
     "ppo-box": (shoal.PPO, "Pendulum-v1", {"normalize_obs": True, "num_envs": 2, "rollout_fragment_length": 64}),
     "dqn": (shoal.DQN, "CartPole-v1", {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1}),
     "sac": (shoal.SAC, "Pendulum-v1", {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1}),
@@ -34,7 +35,7 @@ def trained(name):
 def observations(algo, rows):
     space = algo.backend.obs_spec.space
     space.seed(3)
-    return np.stack([space.sample() for _ in range(rows)]).astype(np.float32)
+    return np.stack([space.sample() for _ in range(rows)]).astype(algo.backend.obs_spec.dtype)  # bool pixels too
 
 
 def run_file(path, obs):
