@@ -2,6 +2,8 @@
 for the env's kind (image observations, else Box actions), says which and where they come from, and
 every key set still wins."""
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -132,3 +134,17 @@ def test_a_config_error_on_a_key_the_kind_set_names_the_file():
     expected = r"sgd_minibatch_size came from .*kinds/box\.yaml; kind_defaults=false leaves it out\.\)"
     with pytest.raises(ConfigError, match=expected), start.named_in_errors():
         raise ConfigError("sgd_minibatch_size=64 does not divide the batch")
+
+
+def test_a_run_started_from_a_kind_s_defaults_resumes_with_the_same_settings(tmp_path):
+    run = tmp_path / "run"
+    short = dict(rollout_fragment_length=64, sgd_minibatch_size=64, num_sgd_iter=1)
+    with shoal.PPO(env="Pendulum-v1", tuned=False, seed=1, run_dir=str(run), verbose=0, **short) as algo:
+        algo.learn(64)
+        settings = algo.config.to_yaml_dict()
+    assert settings["normalize_reward"] is True and settings["gae_lambda"] == 0.95  # from the Box kind
+    with shoal.PPO.from_checkpoint(run, total_timesteps=128) as resumed:
+        assert resumed.config.to_yaml_dict() == settings | {"total_timesteps": 128}
+        assert resumed.tuned_config == TUNED_DIR / "ppo" / "kinds" / "box.yaml"
+        resumed.learn()
+    assert json.loads((run / "result.json").read_text())["tuned_config"].endswith("kinds/box.yaml")
