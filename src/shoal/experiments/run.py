@@ -11,20 +11,27 @@ their newest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import math
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shoal.errors import ConfigError
-from shoal.experiments.spec import Experiment, Trial, trials
+from shoal.experiments.spec import Experiment, Halving, Trial, trials
+from shoal.files import write_atomic
 from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import Callback
 from shoal.train.trainer import Trainer
 
 INTERRUPTED = ("SIGINT", "SIGTERM")
+RUNGS = "asha_rungs.json"  # in OUT/<experiment>/: what each trial had at each rung
 Report = Callable[[dict[str, Any], Path | None], None]  # (result, checkpoint written this iteration)
 
 
@@ -33,15 +40,63 @@ def stop_reached(result: dict[str, Any], stop: dict[str, float]) -> bool:
     return any(result.get(key) is not None and result[key] >= value for key, value in stop.items())
 
 
-class TrialCallback(Callback):
-    """Ends a trial at its stop criteria, checkpoints it every ``checkpoint_freq`` iterations and
-    at its end, and hands each result (and checkpoint) to ``report`` (Tune's, under Tune)."""
+class RungBook:
+    """The values trials of one experiment had at each rung of its successive halving, in one JSON
+    file beside them (``OUT/<experiment>/asha_rungs.json``), read and written under a file lock,
+    so that trials running at once on this machine (on Tune) judge each other."""
 
-    def __init__(self, stop: dict[str, float], checkpoint_freq: int, report: Report | None = None):
-        self.stop, self.checkpoint_freq, self.report = stop, checkpoint_freq, report
+    def __init__(self, halving: Halving, path: Path):
+        self.halving, self.path = halving, path
+
+    def pruned_at(self, trial: str, result: dict[str, Any]) -> float | None:
+        """The rung at which ``trial`` stops with this result (None: it goes on). A result without
+        the metric yet (no episode ended) passes."""
+        h = self.halving
+        progress, value = result.get(h.time_attr), result.get(h.metric)
+        if progress is None or not isinstance(value, (int, float)) or math.isnan(value):
+            return None
+        score = float(value) if h.mode == "max" else -float(value)
+        with self._locked() as book:
+            for rung in h.rungs_passed(progress):
+                seen = book.setdefault(f"{rung:g}", {})
+                if trial in seen:  # judged there already (before a resume)
+                    continue
+                before = list(seen.values())
+                seen[trial] = score
+                if before and score < float(np.percentile(before, 100 * (1 - 1 / h.reduction_factor))):
+                    return rung
+        return None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, dict[str, float]]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            book = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            yield book
+            write_atomic(self.path, json.dumps(book, indent=1))
+
+
+class TrialCallback(Callback):
+    """Ends a trial at its stop criteria, or where its experiment's successive halving prunes it;
+    checkpoints it every ``checkpoint_freq`` iterations and at its end; and hands each result (and
+    checkpoint) to ``report`` (Tune's, under Tune)."""
+
+    def __init__(
+        self,
+        stop: dict[str, float],
+        checkpoint_freq: int,
+        report: Report | None = None,
+        prune: Callable[[dict[str, Any]], float | None] | None = None,
+    ):
+        self.stop, self.checkpoint_freq, self.report, self.prune = stop, checkpoint_freq, report, prune
+        self.pruned_at: float | None = None
 
     def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> bool:
-        done = stop_reached(result, self.stop)  # then learn() stops and writes the last checkpoint itself
+        if self.prune is not None and self.pruned_at is None:
+            self.pruned_at = self.prune(result)
+        # at a stop, learn() ends and writes the last checkpoint itself
+        done = stop_reached(result, self.stop) or self.pruned_at is not None
         due = bool(self.checkpoint_freq) and trainer.iteration % self.checkpoint_freq == 0
         path = trainer.save() if due and not done else None
         if self.report is not None:
@@ -64,10 +119,10 @@ def run_trial(
     (run_dir / "trial.json").write_text(
         json.dumps({"experiment": trial.experiment, "params": trial.params}, default=str)
     )
-    callbacks = [
-        *trial.settings.get("callbacks", []),
-        TrialCallback(experiment.stop, experiment.checkpoint_freq, report),
-    ]
+    book = None if experiment.halving is None else RungBook(experiment.halving, run_dir.parent / RUNGS)
+    prune = None if book is None else (lambda result: book.pruned_at(trial.name, result))
+    control = TrialCallback(experiment.stop, experiment.checkpoint_freq, report, prune)
+    callbacks = [*trial.settings.get("callbacks", []), control]
     settings = trial.settings | {"run_dir": str(run_dir), "verbose": verbose, "checkpoint_interval": 0}
     if start is None and (run_dir / "checkpoints").is_dir():
         start = run_dir
@@ -83,7 +138,18 @@ def run_trial(
         budget = int(experiment.stop.get("timesteps_total", trainer.config.total_timesteps))
         # at least one iteration, so a trial resumed at its budget still writes its result.json
         trainer.learn(max(budget - trainer.timesteps_total, 1))
-        return trainer.stop_reason
+    if control.pruned_at is not None:
+        h = experiment.halving
+        assert h is not None
+        record = json.loads((run_dir / "trial.json").read_text()) | {"pruned_at": {h.time_attr: control.pruned_at}}
+        (run_dir / "trial.json").write_text(json.dumps(record, default=str))
+        if verbose:
+            print(
+                f"shoal: trial {trial.name} stopped at {h.time_attr}={control.pruned_at:g}: its {h.metric} was "
+                f"below the best 1/{h.reduction_factor:g} of the trials there before it",
+                file=sys.stderr,
+            )
+    return trainer.stop_reason
 
 
 def _objects(settings: dict[str, Any]) -> dict[str, Any]:

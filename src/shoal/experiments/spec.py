@@ -9,6 +9,7 @@
       num_samples: 1                    # draws of the random spaces per grid point
       checkpoint_freq: 10               # iterations between checkpoints (and one at the end)
       resources_per_trial: {cpu: 1}
+      scheduler: {type: asha, metric: episode_reward_mean, grace_period: 20000}   # stop weak trials early
       config:                           # any key of the algorithm's config
         learning_rate: {grid_search: [0.0003, 0.001]}
         num_sgd_iter: {grid_search: [4, 10]}
@@ -47,8 +48,11 @@ EXPERIMENT_KEYS = (
     "num_samples",
     "checkpoint_freq",
     "resources_per_trial",
+    "scheduler",
     "config",
 )
+PROGRESS_KEYS = ("timesteps_total", "training_iteration", "time_total_s")  # what a scheduler's rungs count
+SCHEDULER_KEYS = ("type", "metric", "mode", "grace_period", "reduction_factor", "time_attr")
 Path_ = tuple[str, ...]  # where a search space sits in the config: ("model_config", "hiddens")
 
 
@@ -68,6 +72,28 @@ class Space:
         return int(rng.integers(low, high))  # randint
 
 
+@dataclass(frozen=True)
+class Halving:
+    """Asynchronous successive halving (ASHA, Li et al. 2020): at each rung, ``grace_period`` times
+    a power of ``reduction_factor`` of ``time_attr``, a trial goes on only if its ``metric`` is in
+    the best ``1 / reduction_factor`` of the values the trials that reached the rung before it had
+    there; otherwise it stops (pruned)."""
+
+    metric: str
+    grace_period: float
+    reduction_factor: float = 3.0
+    time_attr: str = "timesteps_total"
+    mode: str = "max"
+
+    def rungs_passed(self, progress: float) -> list[float]:
+        """The rungs at or below ``progress``, lowest first."""
+        out, rung = [], self.grace_period
+        while rung <= progress:
+            out.append(rung)
+            rung *= self.reduction_factor
+        return out
+
+
 @dataclass
 class Experiment:
     name: str
@@ -78,6 +104,8 @@ class Experiment:
     num_samples: int = 1
     checkpoint_freq: int = 10
     cpus_per_trial: float = 1.0
+    halving: Halving | None = None
+    """``scheduler: {type: asha, ...}``: stop trials early whose metric falls behind."""
 
     @property
     def spaces(self) -> list[tuple[Path_, Space]]:
@@ -213,10 +241,57 @@ def _experiment(name: str, spec: Any, where: str) -> Experiment:
     ):
         raise ConfigError(f"{at}: resources_per_trial must be {{cpu: N}} with N > 0, got {shorten(repr(resources))}.")
     experiment = Experiment(
-        name, settings, dict(stop), seeds, counts["num_samples"], counts["checkpoint_freq"], float(resources["cpu"])
+        name,
+        settings,
+        dict(stop),
+        seeds,
+        counts["num_samples"],
+        counts["checkpoint_freq"],
+        float(resources["cpu"]),
+        _halving(spec.get("scheduler"), at),
     )
     _check_config(experiment, at)
     return experiment
+
+
+def _halving(spec: Any, at: str) -> Halving | None:
+    """The ``scheduler`` mapping, checked: ``type: asha`` and ``metric`` required."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{at}: scheduler must be a mapping such as {{type: asha, metric: ..., grace_period: ...}}.")
+    for key in spec:
+        if key not in SCHEDULER_KEYS:
+            raise ConfigError(
+                f"{at}: unknown scheduler key '{shorten(str(key))}'.{did_you_mean(str(key), SCHEDULER_KEYS)}"
+            )
+    if spec.get("type") != "asha":
+        raise ConfigError(f"{at}: scheduler type {shorten(repr(spec.get('type')))}: the one type is 'asha'.")
+    metric = spec.get("metric")
+    if not isinstance(metric, str) or not metric:
+        raise ConfigError(f"{at}: scheduler.metric names a result key, e.g. episode_reward_mean.")
+    halving = Halving(
+        metric,
+        spec.get("grace_period", 0),
+        spec.get("reduction_factor", 3.0),
+        spec.get("time_attr", "timesteps_total"),
+        spec.get("mode", "max"),
+    )
+    if not _number(halving.grace_period) or halving.grace_period <= 0:
+        raise ConfigError(
+            f"{at}: scheduler.grace_period must be a number > 0, got {shorten(repr(halving.grace_period))}."
+        )
+    if not _number(halving.reduction_factor) or halving.reduction_factor <= 1:
+        raise ConfigError(
+            f"{at}: scheduler.reduction_factor must be a number > 1, got {shorten(repr(halving.reduction_factor))}."
+        )
+    if halving.time_attr not in PROGRESS_KEYS:
+        raise ConfigError(
+            f"{at}: scheduler.time_attr {shorten(repr(halving.time_attr))}: one of {', '.join(PROGRESS_KEYS)}."
+        )
+    if halving.mode not in ("max", "min"):
+        raise ConfigError(f"{at}: scheduler.mode {shorten(repr(halving.mode))}: 'max' or 'min'.")
+    return halving
 
 
 def _parse(value: Any, at: str) -> Any:
