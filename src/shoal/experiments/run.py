@@ -41,40 +41,48 @@ def stop_reached(result: dict[str, Any], stop: dict[str, float]) -> bool:
 
 
 class RungBook:
-    """The values trials of one experiment had at each rung of its successive halving, in one JSON
-    file beside them (``OUT/<experiment>/asha_rungs.json``), read and written under a file lock,
-    so that trials running at once on this machine (on Tune) judge each other."""
+    """What the trials of one experiment had at each rung of its successive halving, and which it
+    stopped where, in one JSON file beside them (``OUT/<experiment>/asha_rungs.json``), read and
+    written under a file lock, so that trials running at once on this machine (on Tune) judge each
+    other, and a stopped trial resumed after an interrupt stops again."""
 
     def __init__(self, halving: Halving, path: Path):
         self.halving, self.path = halving, path
 
     def pruned_at(self, trial: str, result: dict[str, Any]) -> float | None:
-        """The rung at which ``trial`` stops with this result (None: it goes on). A result without
-        the metric yet (no episode ended) passes."""
+        """The rung at which ``trial`` stops with this result (None: it goes on). As Tune's ASHA,
+        a result is judged at the highest rung it has passed and not been judged at; one without
+        the metric yet (no episode ended) is judged at its next result that has it."""
         h = self.halving
         progress, value = result.get(h.time_attr), result.get(h.metric)
         if progress is None or not isinstance(value, (int, float)) or math.isnan(value):
             return None
         score = float(value) if h.mode == "max" else -float(value)
         with self._locked() as book:
-            for rung in h.rungs_passed(progress):
-                seen = book.setdefault(f"{rung:g}", {})
-                if trial in seen:  # judged there already (before a resume)
-                    continue
-                before = list(seen.values())
-                seen[trial] = score
-                if before and score < float(np.percentile(before, 100 * (1 - 1 / h.reduction_factor))):
-                    return rung
+            stopped: float | None = book["pruned"].get(trial)
+            if stopped is not None:
+                return stopped
+            rungs = h.rungs_passed(progress)
+            seen = book["rungs"].setdefault(str(len(rungs) - 1), {}) if rungs else {}  # keyed by index k
+            if not rungs or trial in seen:
+                return None
+            before = list(seen.values())
+            seen[trial] = score
+            if before and score < float(np.percentile(before, 100 * (1 - 1 / h.reduction_factor))):
+                book["pruned"][trial] = rungs[-1]
+                return rungs[-1]
         return None
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, dict[str, float]]]:
+    def _locked(self) -> Iterator[dict[str, Any]]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            book = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            text = self.path.read_text() if self.path.is_file() else '{"rungs": {}, "pruned": {}}'
+            book = json.loads(text)
             yield book
-            write_atomic(self.path, json.dumps(book, indent=1))
+            if book != json.loads(text):  # written only when a trial was judged
+                write_atomic(self.path, json.dumps(book, indent=1))
 
 
 class TrialCallback(Callback):
@@ -93,10 +101,10 @@ class TrialCallback(Callback):
         self.pruned_at: float | None = None
 
     def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> bool:
-        if self.prune is not None and self.pruned_at is None:
+        done = stop_reached(result, self.stop)  # then learn() ends and writes the last checkpoint itself
+        if not done and self.prune is not None and self.pruned_at is None:  # a trial at its stop is not pruned
             self.pruned_at = self.prune(result)
-        # at a stop, learn() ends and writes the last checkpoint itself
-        done = stop_reached(result, self.stop) or self.pruned_at is not None
+        done = done or self.pruned_at is not None
         due = bool(self.checkpoint_freq) and trainer.iteration % self.checkpoint_freq == 0
         path = trainer.save() if due and not done else None
         if self.report is not None:
@@ -116,9 +124,7 @@ def run_trial(
     ``total_timesteps``), resuming from ``start`` or from the run's newest checkpoint; returns the
     trainer's stop reason (None: it ran to its budget)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "trial.json").write_text(
-        json.dumps({"experiment": trial.experiment, "params": trial.params}, default=str)
-    )
+    _update_trial_json(run_dir, {"experiment": trial.experiment, "params": trial.params})
     book = None if experiment.halving is None else RungBook(experiment.halving, run_dir.parent / RUNGS)
     prune = None if book is None else (lambda result: book.pruned_at(trial.name, result))
     control = TrialCallback(experiment.stop, experiment.checkpoint_freq, report, prune)
@@ -141,15 +147,21 @@ def run_trial(
     if control.pruned_at is not None:
         h = experiment.halving
         assert h is not None
-        record = json.loads((run_dir / "trial.json").read_text()) | {"pruned_at": {h.time_attr: control.pruned_at}}
-        (run_dir / "trial.json").write_text(json.dumps(record, default=str))
+        _update_trial_json(run_dir, {"pruned_at": {h.time_attr: control.pruned_at}})
         if verbose:
             print(
-                f"shoal: trial {trial.name} stopped at {h.time_attr}={control.pruned_at:g}: its {h.metric} was "
+                f"shoal: trial {trial.name} stopped at {h.time_attr}={control.pruned_at:,.6g}: its {h.metric} was "
                 f"below the best 1/{h.reduction_factor:g} of the trials there before it",
                 file=sys.stderr,
             )
     return trainer.stop_reason
+
+
+def _update_trial_json(run_dir: Path, entries: dict[str, Any]) -> None:
+    """``trial.json`` with ``entries`` set, keeping what it held (a resumed trial's ``pruned_at``)."""
+    path = run_dir / "trial.json"
+    held = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps(held | entries, default=str))
 
 
 def _objects(settings: dict[str, Any]) -> dict[str, Any]:

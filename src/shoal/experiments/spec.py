@@ -86,11 +86,10 @@ class Halving:
     mode: str = "max"
 
     def rungs_passed(self, progress: float) -> list[float]:
-        """The rungs at or below ``progress``, lowest first."""
-        out, rung = [], self.grace_period
-        while rung <= progress:
+        """The rungs at or below ``progress``, lowest first (rung ``k`` is ``grace_period * rf**k``)."""
+        out: list[float] = []
+        while (rung := self.grace_period * self.reduction_factor ** len(out)) <= progress:
             out.append(rung)
-            rung *= self.reduction_factor
         return out
 
 
@@ -277,6 +276,11 @@ def _halving(spec: Any, at: str) -> Halving | None:
         spec.get("time_attr", "timesteps_total"),
         spec.get("mode", "max"),
     )
+    if "grace_period" not in spec:
+        raise ConfigError(f"{at}: scheduler.grace_period is required: the first rung, in its time_attr.")
+    for key in ("grace_period", "reduction_factor"):
+        if isinstance(spec.get(key), str):  # YAML reads 1e6 as a string: a float needs its dot
+            raise ConfigError(f"{at}: scheduler.{key} {shorten(repr(spec[key]))} is text; write 1.0e6 or 1000000.")
     if not _number(halving.grace_period) or halving.grace_period <= 0:
         raise ConfigError(
             f"{at}: scheduler.grace_period must be a number > 0, got {shorten(repr(halving.grace_period))}."
