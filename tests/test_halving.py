@@ -3,6 +3,7 @@ slow reference, the scheduler keys checked, and a sweep whose hopeless trials st
 rung, count as finished, and are not run again when the sweep resumes."""
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalWarning
 from shoal.experiments import load_experiments, run_experiments
 from shoal.experiments.run import RUNGS, RungBook, TrialCallback
 from shoal.experiments.spec import Halving
@@ -48,6 +49,16 @@ def test_each_rung_is_judged_once_per_trial_and_min_mode_keeps_the_lowest(tmp_pa
     assert book.pruned_at("c", {"timesteps_total": 10, "loss": None}) is None  # no value yet: it passes
     assert json.loads((tmp_path / RUNGS).read_text()) == {"rungs": {"0": {"a": -1.0, "b": -5.0}}, "pruned": {"b": 10}}
     assert book.pruned_at("b", {"timesteps_total": 30, "loss": 0.0}) == 10  # stopped stays stopped (a resume)
+
+
+def test_a_metric_the_results_lack_is_named_once(tmp_path):
+    book = RungBook(Halving("episode_reward_men", grace_period=10), tmp_path / RUNGS)
+    result = {"timesteps_total": 10, "episode_reward_mean": 1.0}
+    with pytest.warns(ShoalWarning, match="'episode_reward_men' is not in the trials' results.*'episode_reward_mean'"):
+        assert book.pruned_at("a", result) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert book.pruned_at("b", result) is None
 
 
 def test_a_result_past_several_rungs_is_judged_at_the_highest_alone(tmp_path):

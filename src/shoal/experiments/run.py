@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, did_you_mean, warn
 from shoal.experiments.spec import Experiment, Halving, Trial, trials
 from shoal.files import write_atomic
 from shoal.train import checkpoint as ckpt
@@ -48,12 +48,20 @@ class RungBook:
 
     def __init__(self, halving: Halving, path: Path):
         self.halving, self.path = halving, path
+        self.warned = False
 
     def pruned_at(self, trial: str, result: dict[str, Any]) -> float | None:
         """The rung at which ``trial`` stops with this result (None: it goes on). As Tune's ASHA,
         a result is judged at the highest rung it has passed and not been judged at; one without
         the metric yet (no episode ended) is judged at its next result that has it."""
         h = self.halving
+        if h.metric not in result and not self.warned:  # a misspelt metric would stop nothing, silently
+            self.warned = True
+            keys = sorted(k for k, v in result.items() if isinstance(v, (int, float)))
+            warn(
+                f"scheduler.metric '{h.metric}' is not in the trials' results, so successive halving stops none "
+                f"of them.{did_you_mean(h.metric, keys)}"
+            )
         progress, value = result.get(h.time_attr), result.get(h.metric)
         if progress is None or not isinstance(value, (int, float)) or math.isnan(value):
             return None
