@@ -29,7 +29,8 @@ def reference(arrivals, halving):
     return stopped
 
 
-@given(st.lists(st.floats(-100, 100), min_size=1, max_size=12), st.sampled_from([2, 3, 4]))
+# no subnormals: a trainer in the same process flushes them to zero (torch.set_flush_denormal)
+@given(st.lists(st.floats(-100, 100, allow_subnormal=False), min_size=1, max_size=12), st.sampled_from([2, 3, 4]))
 def test_the_first_rung_keeps_the_best_fraction_of_those_that_reached_it_before(tmp_path_factory, values, rf):
     halving = Halving("episode_reward_mean", grace_period=1000, reduction_factor=rf)
     book = RungBook(halving, tmp_path_factory.mktemp("rungs") / RUNGS)
