@@ -105,9 +105,8 @@ def start_from_tuned(
     settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: KindProbe | None = None
 ) -> tuple[dict[str, Any], TunedStart]:
     """``apply_tuned``, and what the run needs to say about it later."""
-    path, kind = _starting_file(settings, algo, env_kind)
-    merged = _merge_under(settings, path, config_class) if path is not None else settings
-    if merged is settings:
+    merged, path, kind = _apply(settings, algo, config_class, env_kind)
+    if path is None:
         return merged, TunedStart()
     defaults = config_class.build().settings()
     moved = {key for key in set(merged) - set(settings) if merged[key] != defaults.get(key)}
@@ -127,9 +126,17 @@ def apply_tuned(
     ``rollout_fragment_length``, ``train_batch_size``, ``batch_size`` and ``train_freq_unit``
     drops the tuned values of all four; and where minibatches must divide the batch (PPO, GRPO), a batch reshaped by
     the keys set keeps the tuned number of minibatches (else the default minibatch size)."""
-    path, _ = _starting_file(settings, algo, env_kind)
+    merged, path, _ = _apply(settings, algo, config_class, env_kind)
+    return merged, path
+
+
+def _apply(
+    settings: dict[str, Any], algo: Any, config_class: type[TrainerConfig], env_kind: KindProbe | None
+) -> tuple[dict[str, Any], Path | None, str | None]:
+    """``apply_tuned``'s merge, with the kind that picked the file (None: a tuned config, or none)."""
+    path, kind = _starting_file(settings, algo, env_kind)
     merged = _merge_under(settings, path, config_class) if path is not None else settings
-    return merged, (path if merged is not settings else None)
+    return (merged, path, kind) if merged is not settings else (settings, None, None)
 
 
 def _starting_file(settings: dict[str, Any], algo: Any, env_kind: KindProbe | None) -> tuple[Path | None, str | None]:

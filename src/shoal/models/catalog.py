@@ -30,7 +30,7 @@ from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, did_you_mean, nearest_keys, shorten, warn
 from shoal.imports import import_spec, is_spec
 from shoal.models.distributions import make_distribution
-from shoal.models.encoders import is_image, make_encoder
+from shoal.models.encoders import is_image, is_pixels, make_encoder
 from shoal.models.layers import mlp
 from shoal.models.networks import EncoderModel, MLPModel
 from shoal.models.normalize import ObsNormalizer
@@ -278,8 +278,7 @@ def build_policy(config: TrainerConfig, env: EnvInfo) -> ActorCriticPolicy:
     """The actor-critic of one policy: ``config`` is the policy's config (with its overrides)."""
     num_outputs = make_distribution(env.act_spec).param_dim
     spec = env.obs_spec
-    pixels = is_image(spec.space) and spec.space.dtype in (np.uint8, np.bool_)  # not e.g. an int8 game board
-    if "model" not in config.model_fields_set and pixels:
+    if "model" not in config.model_fields_set and is_pixels(spec.space):
         warn(
             f"observations are images {list(spec.shape)} {spec.space.dtype}; model='cnn' is usually "
             f"far better than the default model='mlp' over {int(np.prod(spec.shape))} flattened inputs (set "

@@ -62,6 +62,11 @@ def is_image(space: gym.Space[Any]) -> TypeGuard[gym.spaces.Box[Any]]:
     return len(shape) == 3 or (len(shape) == 2 and min(shape) >= MIN_IMAGE_SIDE_2D)
 
 
+def is_pixels(space: gym.Space[Any]) -> bool:
+    """An image of pixels (uint8 or bool), not a grid of other numbers such as an int8 game board."""
+    return is_image(space) and space.dtype in (np.uint8, np.bool_)
+
+
 def _is_uint8(dtype: np.dtype[Any] | torch.dtype) -> bool:
     if isinstance(dtype, torch.dtype):
         return dtype == torch.uint8

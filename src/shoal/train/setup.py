@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from shoal.algos.base import Algorithm
@@ -25,7 +24,7 @@ from shoal.config.tuned import TunedStart, start_from_tuned
 from shoal.envs.registry import PETTINGZOO, config_creator, env_name
 from shoal.envs.spaces import EnvInfo
 from shoal.errors import ConfigError, shorten, warn
-from shoal.models.encoders import is_image
+from shoal.models.encoders import is_pixels
 from shoal.offline.no_env import recorded_spaces
 from shoal.vector import VecBackend
 from shoal.vector.base import seed_everything
@@ -77,7 +76,7 @@ def env_kind(settings: dict[str, Any]) -> str | None:
             return None  # several agents, or shoal's native AgentEnv: the algorithm's own defaults
         obs_space, act_space = getattr(made, "observation_space", None), getattr(made, "action_space", None)
         # pixels, as the CNN reads them; a Dict holding an image, or a float tensor, is the user's model to choose
-        if isinstance(obs_space, gym.spaces.Box) and is_image(obs_space) and obs_space.dtype in (np.uint8, np.bool_):
+        if isinstance(obs_space, gym.Space) and is_pixels(obs_space):
             return "image"
         return "box" if isinstance(act_space, gym.spaces.Box) else None
     finally:
