@@ -1,6 +1,6 @@
 """Export: a policy written as ONNX or TorchScript acts as ``compute_actions(obs, deterministic=True)``
-does, on any batch size, without shoal; what it cannot carry (a recurrent state, action masks) and
-a file name of no known format are refused."""
+does, on any batch size, without shoal, a recurrent one step by step with its state carried; what
+it cannot carry (action masks) and a file name or format of no known kind are refused."""
 
 import json
 
@@ -38,10 +38,15 @@ def observations(algo, rows):
     return np.stack([space.sample() for _ in range(rows)]).astype(algo.backend.obs_spec.dtype)  # bool pixels too
 
 
-def run_file(path, obs):
+def run_file(path, obs, state=None):
+    """The file's actions for ``obs`` (and its next state, given the state ``{key: array}``)."""
+    state = state or {}
     if path.suffix == ".onnx":
-        return ort.InferenceSession(str(path)).run(None, {"obs": obs})[0]
-    return torch.jit.load(str(path))(torch.as_tensor(obs)).numpy()
+        out = ort.InferenceSession(str(path)).run(None, {"obs": obs, **state})
+    else:
+        out = torch.jit.load(str(path))(torch.as_tensor(obs), *map(torch.as_tensor, state.values()))
+        out = [t.numpy() for t in out] if isinstance(out, tuple) else [out.numpy()]
+    return (out[0], dict(zip(state, out[1:]))) if state else out[0]
 
 
 @pytest.mark.parametrize("suffix", [".onnx", ".pt"])
@@ -49,7 +54,7 @@ def run_file(path, obs):
 def test_the_exported_file_acts_as_compute_actions(tmp_path, name, suffix):
     with trained(name) as algo:
         path = algo.export_policy(tmp_path / f"policy{suffix}")
-        for rows in (1, 7):  # the batch size is free
+        for rows in (1, 1000):  # the batch size is free
             obs = observations(algo, rows)
             expected = algo.compute_actions(obs, deterministic=True)
             actions = run_file(path, obs)
@@ -63,6 +68,32 @@ def test_the_exported_file_acts_as_compute_actions(tmp_path, name, suffix):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no partial file is left"
 
 
+RECURRENT = {  # an LSTM (state h and c), and a GRU that also reads its previous action
+    "lstm": {"core": "lstm"},
+    "gru-prev-action": {"core": "gru", "use_prev_action": True},
+}
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".pt"])
+@pytest.mark.parametrize("model", list(RECURRENT))
+def test_a_recurrent_file_carries_its_state_as_compute_actions_does(tmp_path, model, suffix):
+    keys = {"model_config": RECURRENT[model], "num_envs": 2, "rollout_fragment_length": 32}
+    with shoal.PPO(env="CartPole-v1", seed=1, save_outputs=False, verbose=0, **keys) as algo:
+        algo.learn(128)
+        path = algo.export_policy(tmp_path / f"policy{suffix}")
+        rows = 100  # ten steps of a hundred rows: 1,000 observations
+        state = algo.get_policy().initial_state(rows)
+        file_state = {key: value.numpy() for key, value in state.items()}
+        for step in range(10):
+            obs = observations(algo, rows) + np.float32(step)  # a different batch at each step
+            expected, state = algo.compute_actions(obs, state, deterministic=True)
+            actions, file_state = run_file(path, obs, file_state)
+            np.testing.assert_array_equal(actions, expected)
+            assert list(file_state) == list(state.keys())
+            for key, value in state.items():
+                np.testing.assert_allclose(file_state[key], value.numpy(), atol=1e-5)
+
+
 def test_the_command_line_exports_a_run_s_newest_checkpoint(tmp_path, capsys):
     with shoal.PPO(env="CartPole-v1", seed=1, verbose=0, run_dir=str(tmp_path / "run")) as algo:
         algo.learn(256)
@@ -71,15 +102,14 @@ def test_the_command_line_exports_a_run_s_newest_checkpoint(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out" / "cartpole.onnx")]) == 0
     assert "wrote" in capsys.readouterr().out
     np.testing.assert_array_equal(run_file(tmp_path / "out" / "cartpole.onnx", obs), expected)
+    # with a format and no file, beside the run's checkpoints
+    assert main(["export", str(tmp_path / "run"), "--format", "torchscript"]) == 0
+    np.testing.assert_array_equal(run_file(tmp_path / "run" / "policy.pt", obs), expected)
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out" / "named"), "--format", "onnx"]) == 0
+    np.testing.assert_array_equal(run_file(tmp_path / "out" / "named.onnx", obs), expected)
 
 
 def test_what_a_file_cannot_carry_is_refused(tmp_path, capsys):
-    lstm = {"core": "lstm"}
-    with (
-        shoal.PPO(env="CartPole-v1", seed=1, save_outputs=False, verbose=0, model_config=lstm) as algo,
-        pytest.raises(shoal.ConfigError, match="the policy is recurrent: .* export supports feedforward"),
-    ):
-        algo.export_policy(tmp_path / "p.onnx")
     with (
         shoal.PPO(env=CONNECT_FOUR, tuned=False, seed=1, save_outputs=False, verbose=0) as algo,
         pytest.raises(shoal.ConfigError, match="acts under action masks"),
@@ -87,11 +117,19 @@ def test_what_a_file_cannot_carry_is_refused(tmp_path, capsys):
         algo.export_policy(tmp_path / "p.pt")
     with shoal.PPO(env="CartPole-v1", seed=1, save_outputs=False, verbose=0) as algo:
         with pytest.raises(
-            shoal.ConfigError, match=r"cannot export to '.*p\.h5': name a file ending in \.onnx or \.pt"
+            shoal.ConfigError, match=r"cannot export to '.*p\.h5': name a file ending in \.onnx or \.pt, or give"
         ):
             algo.export_policy(tmp_path / "p.h5")
+        with pytest.raises(shoal.ConfigError, match="unknown export format 'tflite': allowed are onnx, torchscript"):
+            algo.export_policy(tmp_path / "p", format="tflite")
+        with pytest.raises(shoal.ConfigError, match=r"cannot export onnx to '.*p\.pt': its suffix names torchscript"):
+            algo.export_policy(tmp_path / "p.pt", format="onnx")
         with pytest.raises(shoal.ConfigError, match="no policy 'hunter'"):
             algo.export_policy(tmp_path / "p.pt", policy_id="hunter")
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "p.onnx")]) == 2
     assert "shoal: error" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    assert main(["export", str(tmp_path / "run")]) == 2  # neither a file nor a format
+    assert "name the file to write (FILE), or its format" in capsys.readouterr().err
+    (tmp_path / "run").rmdir()
     assert not list(tmp_path.iterdir()), json.dumps([p.name for p in tmp_path.iterdir()])

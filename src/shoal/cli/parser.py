@@ -80,7 +80,10 @@ def _export(sub: Subparsers) -> None:
     """``shoal export``: a checkpoint's policy as a file that acts without shoal."""
     ex = sub.add_parser("export", help="write a checkpoint's policy (or a run's newest) as ONNX or TorchScript")
     ex.add_argument("path", metavar="RUN_DIR|CHECKPOINT")
-    ex.add_argument("out", metavar="FILE", help="the file to write: .onnx (ONNX) or .pt (TorchScript)")
+    ex.add_argument(
+        "out", metavar="FILE", nargs="?", help="the file to write, .onnx or .pt (default: RUN_DIR/policy.<format>)"
+    )
+    ex.add_argument("--format", choices=["onnx", "torchscript"], help="the format (default: as FILE's suffix says)")
     ex.add_argument("--policy", default=None, help="the policy id (required when the run has several)")
 
 

@@ -81,6 +81,11 @@ class RecurrentModel(nn.Module):
         self.policy_head = nn.Sequential(mlp(size, hiddens, activation), linear_head(head_in, num_outputs, POLICY_GAIN))
         self.value_head = nn.Sequential(mlp(size, hiddens, activation), linear_head(head_in, 1, VALUE_GAIN))
 
+    @property
+    def carried_keys(self) -> tuple[str, ...]:
+        """The state's keys: the core's, then the previous action's and reward's."""
+        return (*self.state_keys, *self.input_widths)
+
     def initial_state(self, rows: int, device: torch.device | str = "cpu") -> TensorDict:
         """Zeros: the state of ``rows`` agent rows at an episode start."""
         widths = dict.fromkeys(self.state_keys, self.width) | self.input_widths

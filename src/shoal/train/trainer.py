@@ -377,18 +377,19 @@ class Trainer:
         episode starts over."""
         return act_once(self.get_policy(policy_id), self.backend, obs, state, deterministic, self.config.device)
 
-    def export_policy(self, path: str | Path, policy_id: str | None = None) -> Path:
+    def export_policy(self, path: str | Path, policy_id: str | None = None, format: str | None = None) -> Path:
         """Write policy ``policy_id`` (default: the only one) to ``path`` as a file that acts without
-        shoal, ONNX (``.onnx``) or TorchScript (``.pt``): observations in, the actions the policy
-        takes deterministically out, as ``compute_actions(obs, deterministic=True)`` gives them
-        (``shoal.train.export``). Returns the path.
+        shoal, in ``format`` ``onnx`` or ``torchscript`` (default: as the suffix says, ``.onnx`` or
+        ``.pt``): observations in, the actions the policy takes deterministically out, as
+        ``compute_actions(obs, deterministic=True)`` gives them. A recurrent policy's file also takes
+        its state and returns the next (``shoal.train.export``). Returns the path written.
 
         Examples:
             >>> algo.export_policy("policy.onnx")
             >>> onnxruntime.InferenceSession("policy.onnx").run(None, {"obs": batch})[0]
         """
         name = f"policy {policy_id!r}" if policy_id is not None else "the policy"
-        return export.export_policy(self.get_policy(policy_id), self.backend, path, name)
+        return export.export_policy(self.get_policy(policy_id), self.backend, path, name, format)
 
     @torch.inference_mode()
     def evaluate(
