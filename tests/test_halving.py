@@ -92,7 +92,7 @@ def sweep(**scheduler):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"type": "pbt"}, "scheduler type 'pbt': the one type is 'asha'"),
+        ({"type": "hyperband"}, "scheduler type 'hyperband': 'asha' and 'pbt'"),
         ({"metric": ""}, "scheduler.metric names a result key"),
         ({"grace_period": 0}, "scheduler.grace_period must be a number > 0"),
         ({"reduction_factor": 1}, "scheduler.reduction_factor must be a number > 1"),
@@ -121,6 +121,7 @@ def test_trials_that_learn_nothing_stop_at_the_first_rung_and_a_resume_runs_none
         assert steps[lr] == 4096
         assert json.loads((runs[lr] / "trial.json").read_text())["pruned_at"] == {"timesteps_total": 4096}
     assert "stopped at timesteps_total=4,096" in capsys.readouterr().err
+    assert (tmp_path / "results.md").read_text().count("| 1 of 1 (1 stopped early) |") == 2
     mtimes = {lr: (run / "result.json").stat().st_mtime_ns for lr, run in runs.items()}
     assert run_experiments(sweep(), tmp_path, sequential=True, verbose=0)
     assert mtimes == {lr: (run / "result.json").stat().st_mtime_ns for lr, run in runs.items()}

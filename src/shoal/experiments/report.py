@@ -1,7 +1,8 @@
 """What a sweep shows when it ends: ``results.md`` (per experiment, one row per configuration: its
-searched values, the seeds that finished, env steps, the final training return as mean ± std
-over seeds, and wall time; best first) and ``<experiment>.png`` (each configuration's learning
-curve, mean ± std over its seeds)."""
+searched values, the seeds that finished (and how many a scheduler or search stopped early, or had
+go on from other trials), env steps, the final training return as mean ± std over seeds, and wall
+time; best first) and ``<experiment>.png`` (each configuration's learning curve, mean ± std over
+its seeds)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,29 @@ from typing import Any
 import numpy as np
 
 from shoal.errors import ConfigError
-from shoal.experiments.run import finished
+from shoal.experiments.run import finished, trial_record
 from shoal.experiments.spec import Experiment, trials
 from shoal.logging.runs import Run, load_run, plot_runs, resolve_metric
 
 
 def _trials(out: Path, experiment: Experiment) -> list[tuple[dict[str, Any], Run | None, bool]]:
-    """Each planned trial of the experiment: its params, its run (None before it has logged an
-    iteration), and whether it finished."""
+    """Each trial of the experiment (planned, or drawn so far by its search): its params, its run
+    (None before it has logged an iteration), and whether it finished."""
     found = []
-    for trial in trials(experiment):
-        run_dir = out / experiment.name / trial.name
+    for run_dir, params in _trial_dirs(out, experiment):
         run = None
         with contextlib.suppress(ConfigError):  # not started yet
             run = load_run(run_dir)
-        found.append((trial.params, run, finished(run_dir)))
+        found.append((params, run, finished(run_dir)))
     return found
+
+
+def _trial_dirs(out: Path, experiment: Experiment) -> list[tuple[Path, dict[str, Any]]]:
+    folder = out / experiment.name
+    if experiment.search is None:
+        return [(folder / trial.name, trial.params) for trial in trials(experiment)]
+    drawn = sorted(folder.glob("trial_*/trial.json"), key=lambda path: path.stat().st_mtime_ns)
+    return [(path.parent, json.loads(path.read_text())["params"]) for path in drawn]
 
 
 def experiment_table(out: Path, experiment: Experiment) -> str:
@@ -50,7 +58,7 @@ def experiment_table(out: Path, experiment: Experiment) -> str:
         mean = float(np.nanmean(finals)) if finals and not all(np.isnan(finals)) else float("nan")
         cells = [_value(group[0][0][name]) for name in names]
         cells += [
-            f"{sum(done for *_, done in group)} of {len(group)}",
+            f"{sum(done for *_, done in group)} of {len(group)}" + _moves([trial_record(run.path) for run in started]),
             f"{np.mean([r.get('timesteps_total') or 0 for r in last]):,.0f}" if last else "-",
             f"{mean:.1f} ± {float(np.nanstd(finals)):.1f}" if not np.isnan(mean) else "-",
             f"{np.mean([r.get('time_total_s') or 0.0 for r in last]):.0f} s" if last else "-",
@@ -61,6 +69,15 @@ def experiment_table(out: Path, experiment: Experiment) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cells) + " |" for _, cells in rows]
     return "\n".join(lines) + "\n"
+
+
+def _moves(records: list[dict[str, Any]]) -> str:
+    """What schedulers did to a configuration's trials: stopped them early, or had them go on from
+    other trials' state (population-based training)."""
+    stopped = sum("pruned_at" in r for r in records)
+    moved = sum(bool(r.get("exploits")) for r in records)
+    notes = [f"{stopped} stopped early"] * bool(stopped) + [f"{moved} went on from better trials"] * bool(moved)
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def _final(run: Run, key: str) -> float:

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import math
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from shoal.errors import ConfigError, did_you_mean, warn
-from shoal.experiments.spec import Experiment, Halving, Trial, trials
+from shoal.experiments.population import BOOK, Exploit, PopulationBook, take_learned_state
+from shoal.experiments.spec import Experiment, Halving, Trial, trials, with_values
 from shoal.files import write_atomic
 from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import Callback
@@ -33,6 +35,21 @@ from shoal.train.trainer import Trainer
 INTERRUPTED = ("SIGINT", "SIGTERM")
 RUNGS = "asha_rungs.json"  # in OUT/<experiment>/: what each trial had at each rung
 Report = Callable[[dict[str, Any], Path | None], None]  # (result, checkpoint written this iteration)
+Outcome = Literal["done", "incomplete", "interrupted"]  # of an experiment's trials: all finished, some not, Ctrl-C
+
+
+class Pruner(Protocol):
+    """What stops weak trials early: successive halving's ``RungBook``, Optuna's median rule."""
+
+    time_attr: str
+
+    def pruned_at(self, trial: str, result: dict[str, Any]) -> float | None:
+        """Where (in ``time_attr``) ``trial`` stops with this result; None: it goes on."""
+        ...
+
+    def why(self) -> str:
+        """Why a trial stopped, for the console."""
+        ...
 
 
 def stop_reached(result: dict[str, Any], stop: dict[str, float]) -> bool:
@@ -48,20 +65,20 @@ class RungBook:
 
     def __init__(self, halving: Halving, path: Path):
         self.halving, self.path = halving, path
+        self.time_attr = halving.time_attr
         self.warned = False
+
+    def why(self) -> str:
+        h = self.halving
+        return f"its {h.metric} was below the best 1/{h.reduction_factor:g} of the trials there before it"
 
     def pruned_at(self, trial: str, result: dict[str, Any]) -> float | None:
         """The rung at which ``trial`` stops with this result (None: it goes on). As Tune's ASHA,
         a result is judged at the highest rung it has passed and not been judged at; one without
         the metric yet (no episode ended) is judged at its next result that has it."""
         h = self.halving
-        if h.metric not in result and not self.warned:  # a misspelt metric would stop nothing, silently
-            self.warned = True
-            keys = sorted(k for k, v in result.items() if isinstance(v, (int, float)))
-            warn(
-                f"scheduler.metric '{h.metric}' is not in the trials' results, so successive halving stops none "
-                f"of them.{did_you_mean(h.metric, keys)}"
-            )
+        if not self.warned:
+            self.warned = warn_missing_metric("scheduler", h.metric, result)
         progress, value = result.get(h.time_attr), result.get(h.metric)
         if progress is None or not isinstance(value, (int, float)) or math.isnan(value):
             return None
@@ -93,10 +110,22 @@ class RungBook:
                 write_atomic(self.path, json.dumps(book, indent=1))
 
 
+def warn_missing_metric(block: str, metric: str, result: dict[str, Any]) -> bool:
+    """Warn when ``metric`` is not among ``result``'s keys (a misspelt metric would stop nothing,
+    silently); returns whether it warned."""
+    if metric in result:
+        return False
+    keys = sorted(k for k, v in result.items() if isinstance(v, (int, float)))
+    hint = did_you_mean(metric, keys)
+    warn(f"{block}.metric '{metric}' is not in the trials' results, so no trial is stopped early.{hint}")
+    return True
+
+
 class TrialCallback(Callback):
-    """Ends a trial at its stop criteria, or where its experiment's successive halving prunes it;
-    checkpoints it every ``checkpoint_freq`` iterations and at its end; and hands each result (and
-    checkpoint) to ``report`` (Tune's, under Tune)."""
+    """Ends a trial at its stop criteria, or where its experiment's successive halving prunes it,
+    or where population-based training has it exploit another trial (``exploit``, for
+    ``run_trial`` to carry out); checkpoints it every ``checkpoint_freq`` iterations and at its
+    end; and hands each result (and checkpoint) to ``report`` (Tune's, under Tune)."""
 
     def __init__(
         self,
@@ -104,15 +133,20 @@ class TrialCallback(Callback):
         checkpoint_freq: int,
         report: Report | None = None,
         prune: Callable[[dict[str, Any]], float | None] | None = None,
+        population: Callable[[Trainer, dict[str, Any]], Exploit | None] | None = None,
     ):
         self.stop, self.checkpoint_freq, self.report, self.prune = stop, checkpoint_freq, report, prune
+        self.population = population
         self.pruned_at: float | None = None
+        self.exploit: Exploit | None = None
 
     def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> bool:
         done = stop_reached(result, self.stop)  # then learn() ends and writes the last checkpoint itself
         if not done and self.prune is not None and self.pruned_at is None:  # a trial at its stop is not pruned
             self.pruned_at = self.prune(result)
-        done = done or self.pruned_at is not None
+        if not done and self.population is not None:
+            self.exploit = self.population(trainer, result)
+        done = done or self.pruned_at is not None or self.exploit is not None
         due = bool(self.checkpoint_freq) and trainer.iteration % self.checkpoint_freq == 0
         path = trainer.save() if due and not done else None
         if self.report is not None:
@@ -127,15 +161,25 @@ def run_trial(
     verbose: int,
     report: Report | None = None,
     start: Path | None = None,
+    pruner: Pruner | None = None,
 ) -> str | None:
     """Train ``trial`` in ``run_dir`` until a stop criterion is met (or the config's
-    ``total_timesteps``), resuming from ``start`` or from the run's newest checkpoint; returns the
-    trainer's stop reason (None: it ran to its budget)."""
+    ``total_timesteps``) or ``pruner`` (default: the experiment's successive halving, if any) stops
+    it, resuming from ``start`` or from the run's newest checkpoint; under population-based
+    training, going on from other trials' state where it falls behind. Returns the trainer's stop
+    reason (None: it ran to its budget)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _update_trial_json(run_dir, {"experiment": trial.experiment, "params": trial.params})
-    book = None if experiment.halving is None else RungBook(experiment.halving, run_dir.parent / RUNGS)
-    prune = None if book is None else (lambda result: book.pruned_at(trial.name, result))
-    control = TrialCallback(experiment.stop, experiment.checkpoint_freq, report, prune)
+    held = _update_trial_json(run_dir, {"experiment": trial.experiment, "params": trial.params})
+    if pruner is None and experiment.halving is not None:
+        pruner = RungBook(experiment.halving, run_dir.parent / RUNGS)
+    prune = None if pruner is None else functools.partial(pruner.pruned_at, trial.name)
+    book = None
+    if experiment.population is not None:
+        moves = held.get("exploits") or [{"params": {k: v for k, v in trial.params.items() if k != "seed"}}]
+        book = PopulationBook(experiment.population, experiment.spaces, run_dir.parent / BOOK, trial.name)
+        book.params = moves[-1]["params"]  # a resumed trial goes on with the values it last took
+    exploit = None if book is None else book.at_point
+    control = TrialCallback(experiment.stop, experiment.checkpoint_freq, report, prune, exploit)
     callbacks = [*trial.settings.get("callbacks", []), control]
     settings = trial.settings | {"run_dir": str(run_dir), "verbose": verbose, "checkpoint_interval": 0}
     if start is None and (run_dir / "checkpoints").is_dir():
@@ -148,28 +192,62 @@ def run_trial(
             start = None
     if start is None:
         trainer = Trainer(**settings | {"callbacks": callbacks})
-    with trainer:
-        budget = int(experiment.stop.get("timesteps_total", trainer.config.total_timesteps))
-        # at least one iteration, so a trial resumed at its budget still writes its result.json
-        trainer.learn(max(budget - trainer.timesteps_total, 1))
+    budget = int(experiment.stop.get("timesteps_total", trainer.config.total_timesteps))
+    while True:
+        if book is not None:
+            book.passed = book.point_of(trainer)
+        with trainer:
+            # at least one iteration, so a trial resumed at its budget still writes its result.json
+            trainer.learn(max(budget - trainer.timesteps_total, 1))
+        if (move := control.exploit) is None:
+            break
+        assert book is not None
+        control.exploit = None
+        # on from this trial's own checkpoint at the point (its counters and episodes), with the new
+        # values and the donor's learned state
+        trainer = Trainer.from_checkpoint(
+            move.own,
+            callbacks=callbacks,
+            verbose=verbose,
+            run_dir=str(run_dir),
+            **_objects(settings),
+            **_overrides(trial.settings, move.params),
+        )
+        take_learned_state(trainer, move.checkpoint)
+        book.params = move.params
+        entry = {book.time_attr: move.point, "from": move.donor, "params": move.params}
+        held = _update_trial_json(run_dir, {"exploits": [*held.get("exploits", []), entry]})
+        if verbose:
+            values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in move.params.items())
+            print(
+                f"shoal: trial {trial.name} at {book.time_attr}={move.point:,.6g} goes on from {move.donor} with "
+                f"{values}",
+                file=sys.stderr,
+            )
     if control.pruned_at is not None:
-        h = experiment.halving
-        assert h is not None
-        _update_trial_json(run_dir, {"pruned_at": {h.time_attr: control.pruned_at}})
+        assert pruner is not None
+        _update_trial_json(run_dir, {"pruned_at": {pruner.time_attr: control.pruned_at}})
         if verbose:
             print(
-                f"shoal: trial {trial.name} stopped at {h.time_attr}={control.pruned_at:,.6g}: its {h.metric} was "
-                f"below the best 1/{h.reduction_factor:g} of the trials there before it",
+                f"shoal: trial {trial.name} stopped at {pruner.time_attr}={control.pruned_at:,.6g}: {pruner.why()}",
                 file=sys.stderr,
             )
     return trainer.stop_reason
 
 
-def _update_trial_json(run_dir: Path, entries: dict[str, Any]) -> None:
-    """``trial.json`` with ``entries`` set, keeping what it held (a resumed trial's ``pruned_at``)."""
-    path = run_dir / "trial.json"
-    held = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps(held | entries, default=str))
+def _overrides(settings: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The config keys ``params`` (searched values by dotted name) change, as overrides of
+    ``from_checkpoint`` (a nested key as a dict of what it changes)."""
+    changed = with_values(settings, {tuple(name.split(".")): value for name, value in params.items()})
+    return {name.split(".")[0]: changed[name.split(".")[0]] for name in params}
+
+
+def _update_trial_json(run_dir: Path, entries: dict[str, Any]) -> dict[str, Any]:
+    """``trial.json`` with ``entries`` set, keeping what it held (a resumed trial's ``pruned_at``
+    and ``exploits``); returns what it now holds."""
+    held = trial_record(run_dir) | entries
+    (run_dir / "trial.json").write_text(json.dumps(held, default=str))
+    return held
 
 
 def _objects(settings: dict[str, Any]) -> dict[str, Any]:
@@ -185,28 +263,59 @@ def finished(run_dir: Path) -> bool:
     return json.loads(path.read_text()).get("stop_reason") not in INTERRUPTED
 
 
+def trial_record(run_dir: Path) -> dict[str, Any]:
+    """What ``trial.json`` holds: the searched values, and where a scheduler or search stopped the
+    trial early (``pruned_at``) or had it go on from another trial (``exploits``)."""
+    path = run_dir / "trial.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stopped_early(run_dir: Path) -> bool:
+    """A trial that a scheduler or a search stopped before its criteria."""
+    return "pruned_at" in trial_record(run_dir)
+
+
 def run_sequential(experiments: list[Experiment], out: Path, verbose: int = 1) -> bool:
     """Every trial in turn, in this process. A trial that raises is reported (its traceback in
     ``error.txt``) and the others still run; an interrupt (Ctrl-C, SIGTERM) ends the sweep. False
     unless every trial finished."""
+    from shoal.experiments.search import run_search  # it builds on run_trial
+
     complete = True
     for experiment in experiments:
-        planned = trials(experiment)
-        for index, trial in enumerate(planned, start=1):
-            run_dir = out / experiment.name / trial.name
-            if finished(run_dir):
-                continue
-            params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
-            if verbose:
-                print(f"shoal: {experiment.name} trial {index}/{len(planned)}: {params}", file=sys.stderr)
-            try:
-                if run_trial(trial, experiment, run_dir, verbose) in INTERRUPTED:
-                    return False
-            except Exception as e:
-                (run_dir / "error.txt").write_text(traceback.format_exc())
-                print(f"shoal: {experiment.name} trial {trial.name} ({params}) failed: {e}", file=sys.stderr)
-                complete = False
+        outcome = run_search(experiment, out, verbose) if experiment.search else _run_planned(experiment, out, verbose)
+        if outcome == "interrupted":
+            return False
+        complete = complete and outcome == "done"
     return complete
+
+
+def _run_planned(experiment: Experiment, out: Path, verbose: int) -> Outcome:
+    planned = trials(experiment)
+    outcome: Outcome = "done"
+    for index, trial in enumerate(planned, start=1):
+        run_dir = out / experiment.name / trial.name
+        if finished(run_dir):
+            continue
+        if verbose:
+            print(f"shoal: {experiment.name} trial {index}/{len(planned)}: {describe(trial)}", file=sys.stderr)
+        try:
+            if run_trial(trial, experiment, run_dir, verbose) in INTERRUPTED:
+                return "interrupted"
+        except Exception as e:
+            record_failure(trial, run_dir, e)
+            outcome = "incomplete"
+    return outcome
+
+
+def describe(trial: Trial) -> str:
+    return ", ".join(f"{k}={v}" for k, v in trial.params.items())
+
+
+def record_failure(trial: Trial, run_dir: Path, error: Exception) -> None:
+    """A trial that raised: its traceback in ``error.txt``, one line on the console."""
+    (run_dir / "error.txt").write_text(traceback.format_exc())
+    print(f"shoal: {trial.experiment} trial {trial.name} ({describe(trial)}) failed: {error}", file=sys.stderr)
 
 
 # ----- Ray Tune --------------------------------------------------------------------------------
@@ -227,6 +336,8 @@ def run_on_tune(
     the same way, as without Tune), at once as the cluster's CPUs allow or ``concurrent``; an
     experiment Tune already has state of is restored, its unfinished trials continuing from their
     last checkpoints. False unless every trial finished."""
+    from shoal.experiments.search import run_search  # it builds on run_trial
+
     tune = tune_module()
     import ray
 
@@ -234,6 +345,12 @@ def run_on_tune(
         ray.init(address=address, include_dashboard=False)
     complete = True
     for experiment in experiments:
+        if experiment.search is not None:  # drawn one trial at a time, in this process
+            outcome = run_search(experiment, out)
+            if outcome == "interrupted":
+                return False
+            complete = complete and outcome == "done"
+            continue
         planned = trials(experiment)
         state = (out / "tune" / experiment.name).resolve()
         plan = state.parent / f"{experiment.name}.plan.json"

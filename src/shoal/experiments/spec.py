@@ -10,6 +10,9 @@
       checkpoint_freq: 10               # iterations between checkpoints (and one at the end)
       resources_per_trial: {cpu: 1}
       scheduler: {type: asha, metric: episode_reward_mean, grace_period: 20000}   # stop weak trials early
+      # or population-based training: {type: pbt, metric: episode_reward_mean, perturbation_interval: 20000}
+      # or, instead of scheduler: trials drawn one at a time by Optuna (num_samples of them)
+      # search: {type: optuna, metric: episode_reward_mean, grace_period: 20000}
       config:                           # any key of the algorithm's config
         learning_rate: {grid_search: [0.0003, 0.001]}
         num_sgd_iter: {grid_search: [4, 10]}
@@ -49,10 +52,21 @@ EXPERIMENT_KEYS = (
     "checkpoint_freq",
     "resources_per_trial",
     "scheduler",
+    "search",
     "config",
 )
 PROGRESS_KEYS = ("timesteps_total", "training_iteration", "time_total_s")  # what a scheduler's rungs count
 SCHEDULER_KEYS = ("type", "metric", "mode", "grace_period", "reduction_factor", "time_attr")
+POPULATION_KEYS = (
+    "type",
+    "metric",
+    "mode",
+    "perturbation_interval",
+    "quantile_fraction",
+    "resample_probability",
+    "time_attr",
+)
+SEARCH_KEYS = ("type", "metric", "mode", "grace_period", "startup_trials", "time_attr")
 Path_ = tuple[str, ...]  # where a search space sits in the config: ("model_config", "hiddens")
 
 
@@ -93,6 +107,35 @@ class Halving:
         return out
 
 
+@dataclass(frozen=True)
+class Population:
+    """Population-based training (Jaderberg et al. 2017): at each multiple of
+    ``perturbation_interval`` of ``time_attr``, a trial whose ``metric`` is in the worst
+    ``quantile_fraction`` of those the trials had there takes the learned state of one in the best,
+    and perturbs its values (``shoal.experiments.population``)."""
+
+    metric: str
+    perturbation_interval: float
+    quantile_fraction: float = 0.25
+    resample_probability: float = 0.25
+    time_attr: str = "timesteps_total"
+    mode: str = "max"
+
+
+@dataclass(frozen=True)
+class Search:
+    """Trials drawn one at a time by Optuna's TPE sampler from what the earlier ones reached, the
+    first ``startup_trials`` at random; from ``startup_trials`` trials on, a trial stops (pruned) at a
+    multiple of ``grace_period`` of ``time_attr`` where its ``metric`` is worse than the median the
+    earlier trials had there (Optuna's median pruner)."""
+
+    metric: str
+    grace_period: float
+    startup_trials: int = 5
+    time_attr: str = "timesteps_total"
+    mode: str = "max"
+
+
 @dataclass
 class Experiment:
     name: str
@@ -105,6 +148,10 @@ class Experiment:
     cpus_per_trial: float = 1.0
     halving: Halving | None = None
     """``scheduler: {type: asha, ...}``: stop trials early whose metric falls behind."""
+    population: Population | None = None
+    """``scheduler: {type: pbt, ...}``: trials that fall behind train on from the best ones' state."""
+    search: Search | None = None
+    """``search: {type: optuna, ...}``: ``num_samples`` trials drawn one by one, not planned up front."""
 
     @property
     def spaces(self) -> list[tuple[Path_, Space]]:
@@ -164,17 +211,17 @@ def trials(experiment: Experiment) -> list[Trial]:
         for point in itertools.product(*(space.values for _, space in grid)):
             values = {path: value for (path, _), value in zip(grid, point)}
             values |= {path: space.sample(rng) for path, space in drawn}
-            for seed in experiment.seeds:
-                params = {param_name(path): value for path, value in values.items()} | {"seed": seed}
-                settings = with_values(experiment.settings, values) | {"seed": seed}
-                out.append(Trial(experiment.name, _name(params, sample), params, settings))
+            out += [make_trial(experiment, values, seed, sample) for seed in experiment.seeds]
     return out
 
 
-def _name(params: dict[str, Any], sample: int) -> str:
-    """A trial's directory name, from its values: an edited file never gives an old name to new values."""
+def make_trial(experiment: Experiment, values: dict[Path_, Any], seed: int, sample: int = 0) -> Trial:
+    """The trial of ``experiment`` with the searched ``values`` and ``seed``. Its directory name
+    comes from its values: an edited file never gives an old name to new values."""
+    params = {param_name(path): value for path, value in values.items()} | {"seed": seed}
     digest = hashlib.sha1(json.dumps([sample, params], sort_keys=True, default=str).encode()).hexdigest()
-    return f"trial_{digest[:10]}"
+    settings = with_values(experiment.settings, values) | {"seed": seed}
+    return Trial(experiment.name, f"trial_{digest[:10]}", params, settings)
 
 
 # ----- reading and checking a file -------------------------------------------------------------
@@ -247,55 +294,137 @@ def _experiment(name: str, spec: Any, where: str) -> Experiment:
         counts["num_samples"],
         counts["checkpoint_freq"],
         float(resources["cpu"]),
-        _halving(spec.get("scheduler"), at),
+        *_scheduler(spec.get("scheduler"), at),
+        search=_search(spec.get("search"), at),
     )
+    if experiment.search is not None:
+        _check_search(experiment, at)
+    if experiment.population is not None:
+        _check_population(experiment, at)
     _check_config(experiment, at)
     return experiment
 
 
-def _halving(spec: Any, at: str) -> Halving | None:
-    """The ``scheduler`` mapping, checked: ``type: asha`` and ``metric`` required."""
+def _scheduler(spec: Any, at: str) -> tuple[Halving | None, Population | None]:
+    """The ``scheduler`` mapping, checked: ``type`` ``asha`` (with ``grace_period``) or ``pbt``
+    (with ``perturbation_interval``), and ``metric``."""
+    if spec is None:
+        return None, None
+    if isinstance(spec, dict) and spec.get("type") == "pbt":
+        common = _judge_keys("scheduler", spec, POPULATION_KEYS, "pbt", at, first="perturbation_interval")
+        fractions = {key: spec.get(key, 0.25) for key in ("quantile_fraction", "resample_probability")}
+        for key, value in fractions.items():
+            limit = 0.5 if key == "quantile_fraction" else 1.0
+            if not _number(value) or not 0 <= value <= limit:
+                raise ConfigError(
+                    f"{at}: scheduler.{key} must be a number in [0, {limit}], got {shorten(repr(value))}."
+                )
+        population = Population(
+            common["metric"],
+            common["perturbation_interval"],
+            fractions["quantile_fraction"],
+            fractions["resample_probability"],
+            common["time_attr"],
+            common["mode"],
+        )
+        return None, population
+    common = _judge_keys("scheduler", spec, SCHEDULER_KEYS, "asha", at, kinds=("asha", "pbt"))
+    rf = spec.get("reduction_factor", 3.0)
+    _positive("scheduler", "reduction_factor", rf, at, above=1)
+    return Halving(common["metric"], common["grace_period"], rf, common["time_attr"], common["mode"]), None
+
+
+def _search(spec: Any, at: str) -> Search | None:
+    """The ``search`` mapping, checked: ``type: optuna``, ``metric`` and ``grace_period`` required."""
     if spec is None:
         return None
+    common = _judge_keys("search", spec, SEARCH_KEYS, "optuna", at)
+    startup = spec.get("startup_trials", 5)
+    if type(startup) is not int or startup < 0:
+        raise ConfigError(f"{at}: search.startup_trials must be an integer >= 0, got {shorten(repr(startup))}.")
+    return Search(common["metric"], common["grace_period"], startup, common["time_attr"], common["mode"])
+
+
+def _judge_keys(
+    block: str,
+    spec: Any,
+    allowed: tuple[str, ...],
+    kind: str,
+    at: str,
+    first: str = "grace_period",
+    kinds: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """What the schedulers and the search share, checked: their keys, ``type`` (one of ``kinds``,
+    default ``kind``), ``metric``, ``first`` (where trials are first judged), ``time_attr`` and
+    ``mode``."""
+    kinds = kinds or (kind,)
     if not isinstance(spec, dict):
-        raise ConfigError(f"{at}: scheduler must be a mapping such as {{type: asha, metric: ..., grace_period: ...}}.")
+        raise ConfigError(f"{at}: {block} must be a mapping such as {{type: {kind}, metric: ..., {first}: ...}}.")
+    if spec.get("type") not in kinds:
+        expected = f"the one type is '{kind}'" if len(kinds) == 1 else " and ".join(f"'{k}'" for k in kinds)
+        raise ConfigError(f"{at}: {block} type {shorten(repr(spec.get('type')))}: {expected}.")
     for key in spec:
-        if key not in SCHEDULER_KEYS:
-            raise ConfigError(
-                f"{at}: unknown scheduler key '{shorten(str(key))}'.{did_you_mean(str(key), SCHEDULER_KEYS)}"
-            )
-    if spec.get("type") != "asha":
-        raise ConfigError(f"{at}: scheduler type {shorten(repr(spec.get('type')))}: the one type is 'asha'.")
+        if key not in allowed:
+            raise ConfigError(f"{at}: unknown {block} key '{shorten(str(key))}'.{did_you_mean(str(key), allowed)}")
     metric = spec.get("metric")
     if not isinstance(metric, str) or not metric:
-        raise ConfigError(f"{at}: scheduler.metric names a result key, e.g. episode_reward_mean.")
-    halving = Halving(
-        metric,
-        spec.get("grace_period", 0),
-        spec.get("reduction_factor", 3.0),
-        spec.get("time_attr", "timesteps_total"),
-        spec.get("mode", "max"),
-    )
-    if "grace_period" not in spec:
-        raise ConfigError(f"{at}: scheduler.grace_period is required: the first rung, in its time_attr.")
-    for key in ("grace_period", "reduction_factor"):
-        if isinstance(spec.get(key), str):  # YAML reads 1e6 as a string: a float needs its dot
-            raise ConfigError(f"{at}: scheduler.{key} {shorten(repr(spec[key]))} is text; write 1.0e6 or 1000000.")
-    if not _number(halving.grace_period) or halving.grace_period <= 0:
+        raise ConfigError(f"{at}: {block}.metric names a result key, e.g. episode_reward_mean.")
+    if first not in spec:
+        raise ConfigError(f"{at}: {block}.{first} is required: where trials are first judged, in time_attr.")
+    _positive(block, first, spec[first], at)
+    common = {
+        "metric": metric,
+        first: spec[first],
+        "time_attr": spec.get("time_attr", "timesteps_total"),
+        "mode": spec.get("mode", "max"),
+    }
+    if common["time_attr"] not in PROGRESS_KEYS:
         raise ConfigError(
-            f"{at}: scheduler.grace_period must be a number > 0, got {shorten(repr(halving.grace_period))}."
+            f"{at}: {block}.time_attr {shorten(repr(common['time_attr']))}: one of {', '.join(PROGRESS_KEYS)}."
         )
-    if not _number(halving.reduction_factor) or halving.reduction_factor <= 1:
+    if common["mode"] not in ("max", "min"):
+        raise ConfigError(f"{at}: {block}.mode {shorten(repr(common['mode']))}: 'max' or 'min'.")
+    return common
+
+
+def _positive(block: str, key: str, value: Any, at: str, above: float = 0) -> None:
+    if isinstance(value, str):  # YAML reads 1e6 as a string: a float needs its dot
+        raise ConfigError(f"{at}: {block}.{key} {shorten(repr(value))} is text; write 1.0e6 or 1000000.")
+    if not _number(value) or value <= above:
+        raise ConfigError(f"{at}: {block}.{key} must be a number > {above:g}, got {shorten(repr(value))}.")
+
+
+def _check_population(experiment: Experiment, at: str) -> None:
+    """What population-based training takes: values to perturb, none of which changes the shapes of
+    the networks (a trial loads another's weights)."""
+    if not experiment.spaces:
+        raise ConfigError(f"{at}: scheduler type 'pbt' perturbs the searched values: give config a search space.")
+    for path, _ in experiment.spaces:
+        if path[0] in ("model", "model_config", "env"):
+            raise ConfigError(
+                f"{at}, config.{param_name(path)}: population-based training cannot search it: a trial takes "
+                f"another's weights, so every trial's networks must have the same shapes."
+            )
+
+
+def _check_search(experiment: Experiment, at: str) -> None:
+    """What Optuna's search takes: no scheduler beside it (it prunes by itself), one seed per trial,
+    and choices of values it can store."""
+    if experiment.halving is not None:
+        raise ConfigError(f"{at}: search: optuna stops weak trials itself (median rule); give scheduler or search.")
+    if len(experiment.seeds) != 1:
         raise ConfigError(
-            f"{at}: scheduler.reduction_factor must be a number > 1, got {shorten(repr(halving.reduction_factor))}."
+            f"{at}: search: optuna runs one seed per trial, got seeds {shorten(str(experiment.seeds))}; "
+            f"run the best values again with more seeds in a second experiment."
         )
-    if halving.time_attr not in PROGRESS_KEYS:
-        raise ConfigError(
-            f"{at}: scheduler.time_attr {shorten(repr(halving.time_attr))}: one of {', '.join(PROGRESS_KEYS)}."
-        )
-    if halving.mode not in ("max", "min"):
-        raise ConfigError(f"{at}: scheduler.mode {shorten(repr(halving.mode))}: 'max' or 'min'.")
-    return halving
+    for path, space in experiment.spaces:
+        if space.kind in ("grid_search", "choice"):
+            for value in space.values:
+                if value is not None and not isinstance(value, (bool, int, float, str)):
+                    raise ConfigError(
+                        f"{at}, config.{param_name(path)}: Optuna chooses among numbers, text, booleans and null, "
+                        f"got {shorten(repr(value))}."
+                    )
 
 
 def _parse(value: Any, at: str) -> Any:
