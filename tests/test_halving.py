@@ -92,7 +92,7 @@ def sweep(**scheduler):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"type": "hyperband"}, "scheduler type 'hyperband': 'asha' and 'pbt'"),
+        ({"type": "hyperband"}, "scheduler type 'hyperband': one of 'asha', 'pbt'"),
         ({"metric": ""}, "scheduler.metric names a result key"),
         ({"grace_period": 0}, "scheduler.grace_period must be a number > 0"),
         ({"reduction_factor": 1}, "scheduler.reduction_factor must be a number > 1"),

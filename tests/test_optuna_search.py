@@ -3,8 +3,6 @@ reference, the search keys checked, and a sweep whose trials are drawn one at a 
 where they fall below the median, and continue after an interrupt from their own checkpoints."""
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ from shoal.errors import ConfigError
 from shoal.experiments import load_experiments, run_experiments
 from shoal.experiments.search import STUDY, MedianRule
 from shoal.experiments.spec import Search
-from shoal.train.callbacks import Callback
+from tests.interrupts import InterruptAt
 
 optuna = pytest.importorskip("optuna")
 
@@ -62,7 +60,7 @@ def test_each_point_is_reported_once_and_a_result_without_the_metric_waits():
     rule.pruned_at("t", {"timesteps_total": 12, "r": 2.0})
     rule.pruned_at("t", {"timesteps_total": 19, "r": 3.0})  # point 10 reported already
     rule.pruned_at("t", {"timesteps_total": 35, "r": 4.0})  # past 20 and 30: reported at 30 alone
-    assert study.trials[0].intermediate_values == {10: 2.0, 30: 4.0}
+    assert study.trials[0].intermediate_values == {1: 2.0, 3: 4.0}  # by point: the same steps for every trial
 
 
 def sweep(**search):
@@ -91,7 +89,7 @@ def sweep(**search):
         ({"seeds": [1, 2]}, "search: optuna runs one seed per trial, got seeds \\[1, 2\\]"),
         (
             {"scheduler": {"type": "asha", "metric": "episode_reward_mean", "grace_period": 10}},
-            "search: optuna stops weak trials itself",
+            "search: optuna judges its trials itself",
         ),
         (
             {"config": {"model_config": {"hiddens": {"choice": [[64], [64, 64]]}}}},
@@ -105,19 +103,6 @@ def test_bad_search_keys_are_named(change, message):
         spec["drawn"][key] = spec["drawn"][key] | value if key == "search" else value
     with pytest.raises(ConfigError, match=message):
         load_experiments(spec)
-
-
-class InterruptAt(Callback):
-    """Sends this process Ctrl-C at its ``iteration``-th iteration, once: an interrupted sweep."""
-
-    def __init__(self, iteration):
-        self.iteration, self.sent = iteration, False
-
-    def on_train_result(self, trainer, result):
-        if not self.sent and trainer.iteration == self.iteration:
-            self.sent = True
-            os.kill(os.getpid(), signal.SIGINT)
-        return False
 
 
 @pytest.mark.slow
@@ -152,6 +137,10 @@ def test_a_search_draws_its_trials_stops_the_weak_and_resumes_an_interrupted_one
     mtimes = {name: (tmp_path / "drawn" / name / "result.json").stat().st_mtime_ns for name in runs}
     assert run_experiments(spec, tmp_path, sequential=True, verbose=0)  # all five ended: nothing runs
     assert mtimes == {name: (tmp_path / "drawn" / name / "result.json").stat().st_mtime_ns for name in runs}
+
+    spec["drawn"]["config"]["learning_rate"] = {"loguniform": [1e-5, 1e-2]}  # an edited file
+    with pytest.raises(ConfigError, match=r"search spaces changed since the study in '.*optuna.db' began"):
+        run_experiments(spec, tmp_path, sequential=True, verbose=0)
 
 
 def test_the_documented_example_is_a_valid_experiment():

@@ -133,14 +133,15 @@ are not started again), and no off-policy estimates."""
 
 def evaluate(args: argparse.Namespace) -> int:
     from shoal.train import Trainer
-    from shoal.train.checkpoint import resolve_checkpoint, run_dir_of
+    from shoal.train.checkpoint import resolve_checkpoint
+    from shoal.train.lineage import run_dir_of
 
     checkpoint = resolve_checkpoint(args.path)
     algo = Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, **LOCAL_ENVS)
     with algo:
         video_dir = None
         if args.video:
-            video_dir = Path(args.video_dir) if args.video_dir else run_dir_of(checkpoint) / "videos"
+            video_dir = Path(args.video_dir) if args.video_dir else (run_dir_of(checkpoint) or checkpoint) / "videos"
         out = algo.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed, video_dir=video_dir)
     print(json.dumps({"checkpoint": str(checkpoint), "timesteps_total": algo.timesteps_total, **out}, indent=2))
     return 0
@@ -148,12 +149,13 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     from shoal.train import Trainer
-    from shoal.train.checkpoint import resolve_checkpoint, run_dir_of
+    from shoal.train.checkpoint import resolve_checkpoint
+    from shoal.train.lineage import run_dir_of
 
     if args.out is None and args.format is None:
         raise ConfigError("name the file to write (FILE), or its format (--format onnx or torchscript).")
     checkpoint = resolve_checkpoint(args.path)
-    out = args.out or run_dir_of(checkpoint) / "policy"  # beside the run's checkpoints: runs/<run>/policy.onnx
+    out = args.out or (run_dir_of(checkpoint) or checkpoint.parent) / "policy"  # e.g. runs/<run>/policy.onnx
     with Trainer.from_checkpoint(checkpoint, save_outputs=False, verbose=0, **LOCAL_ENVS) as algo:
         path = algo.export_policy(out, args.policy, args.format)
     print(f"shoal: wrote {path}, the policy of {checkpoint}")

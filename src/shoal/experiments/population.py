@@ -4,30 +4,31 @@ experiment's trials, on Ray Tune and without it alike.
 At each multiple of ``perturbation_interval`` of ``time_attr``, a trial writes a checkpoint to
 ``<trial>/pbt/point_<k>`` and its metric to the population's book,
 ``OUT/<experiment>/pbt_population.json`` (under a file lock, as successive halving's rungs). If the
-metric is in the worst ``quantile_fraction`` of those the trials had at that point, the trial
-*exploits* one of the best: it takes that trial's learned state (weights, optimizer, observation
-statistics) from its checkpoint there, and *explores* from that trial's values: each searched value
-is redrawn from its space with ``resample_probability``, else moved (a number times 0.8 or 1.2,
-within its range; a list's value to its neighbour). It then trains on from its own counters and
-episodes with the new values, which its later checkpoints keep.
+metric is in the worst ``quantile_fraction`` of those the trials had at that point (as Tune counts
+them: at least one of two, at most half), the trial *exploits* one of the best: it takes that
+trial's learned state (weights, optimizers, observation statistics) from its checkpoint there, and
+*explores* from that trial's values: each searched value is redrawn from its space with
+``resample_probability``, else moved (a number times 0.8 or 1.2, within its range; a list's value
+to its neighbour). It then trains on from its own counters and episodes with the new values, which
+its later checkpoints keep. The checkpoints at a point are deleted once every trial has passed it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
+import hashlib
+import math
+import shutil
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, warn
+from shoal.experiments.books import Reading, locked_json
 from shoal.experiments.spec import Path_, Population, Space, param_name
-from shoal.files import write_atomic
 from shoal.train import checkpoint as ckpt
 
 if TYPE_CHECKING:
@@ -53,14 +54,16 @@ def explore(
     params: dict[str, Any], spaces: list[tuple[Path_, Space]], resample: float, rng: np.random.Generator
 ) -> dict[str, Any]:
     """``params`` (searched values by name) perturbed: each redrawn from its space with probability
-    ``resample``, else a number times 0.8 or 1.2 (within ``[low, high]``; an int stays an int) or a
-    list's value moved to a neighbour (held at the ends)."""
+    ``resample`` (or when it is not one of its list's values), else a number times 0.8 or 1.2
+    (within ``[low, high]``; an int stays an int) or a list's value moved to a neighbour (held at
+    the ends)."""
     out = dict(params)
     for path, space in spaces:
         name = param_name(path)
-        if rng.random() < resample:
-            out[name] = space.sample(rng) if space.kind != "grid_search" else _pick(space.values, rng)
-        elif space.kind in ("grid_search", "choice"):
+        listed = space.kind in ("grid_search", "choice")
+        if rng.random() < resample or (listed and params[name] not in space.values):
+            out[name] = space.values[int(rng.integers(len(space.values)))] if listed else space.sample(rng)
+        elif listed:
             index = space.values.index(params[name]) + (1 if rng.random() < 0.5 else -1)
             out[name] = space.values[min(max(index, 0), len(space.values) - 1)]
         else:
@@ -70,17 +73,43 @@ def explore(
     return out
 
 
-def _pick(values: list[Any], rng: np.random.Generator) -> Any:
-    return values[int(rng.integers(len(values)))]
+def movers(arrived: int, fraction: float) -> int:
+    """How many of ``arrived`` trials at a point are the worst that move (and the best they move
+    to): ``fraction`` of them rounded up, at most half, none of one trial (Tune's rule)."""
+    return 0 if arrived < 2 else min(math.ceil(arrived * fraction), arrived // 2)
+
+
+def shapes(trainer: Trainer) -> str:
+    """A digest of the names and shapes of the trainer's learned state: trials whose digests differ
+    cannot take each other's state."""
+    found: list[str] = []
+
+    def walk(node: Any, at: str) -> None:
+        if isinstance(node, torch.Tensor):
+            found.append(f"{at}:{tuple(node.shape)}")
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{at}.{key}")
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                walk(value, f"{at}.{i}")
+
+    walk(trainer.algorithm.state_dict(), "")
+    return hashlib.sha1("\n".join(sorted(found)).encode()).hexdigest()[:12]
 
 
 class PopulationBook:
     """One trial's view of the population's book: records its metric and checkpoint at each
-    perturbation point, and says when and whom to exploit."""
+    perturbation point, and says when and whom to exploit. ``members``: the experiment's trials
+    (entries of others, left by an earlier version of the experiment, are ignored)."""
 
-    def __init__(self, population: Population, spaces: list[tuple[Path_, Space]], path: Path, trial: str):
+    def __init__(
+        self, population: Population, spaces: list[tuple[Path_, Space]], path: Path, trial: str, members: list[str]
+    ):
         self.population, self.spaces, self.path, self.trial = population, spaces, path, trial
+        self.members = set(members)
         self.time_attr = population.time_attr
+        self.reading = Reading("scheduler", population.metric, population.time_attr)
         self.params: dict[str, Any] = {}  # the trial's searched values now
         self.passed = 0  # the last point the trial reached
 
@@ -94,36 +123,53 @@ class PopulationBook:
         there and recorded in the book with its metric, and the exploit is returned if the trial is
         among the worst there (None otherwise, or before the first point, or without the metric)."""
         p = self.population
-        progress, value = result.get(p.time_attr), result.get(p.metric)
-        if progress is None or not isinstance(value, (int, float)) or np.isnan(value):
+        if (reading := self.reading(result)) is None:
             return None
+        progress, value = reading
         k = int(progress // p.perturbation_interval)
         if k <= self.passed:
             return None
         self.passed = k
         own = trainer.save(self.path.parent / self.trial / POINTS / f"point_{k}")
-        score = float(value) if p.mode == "max" else -float(value)
-        with self._locked() as book:
+        entry = {"score": value if p.mode == "max" else -value, "checkpoint": str(own), "params": self.params}
+        with locked_json(self.path, {}) as book:
             there = book.setdefault(str(k), {})
-            there[self.trial] = {"score": score, "checkpoint": str(own), "params": self.params}
+            there[self.trial] = entry | {"shapes": shapes(trainer)}
+            there = {name: e for name, e in there.items() if name in self.members}
+            self._forget_passed(book)
+        self._check_shapes(there)
         arrivals = list(there)  # worst first; among equal scores the later arrival counts as worse
         ranked = sorted(arrivals, key=lambda name: (there[name]["score"], -arrivals.index(name)))
-        cut = int(len(ranked) * p.quantile_fraction)
-        if cut == 0 or self.trial not in ranked[:cut]:
+        cut = movers(len(ranked), p.quantile_fraction)
+        if self.trial not in ranked[:cut]:
             return None
         rng = np.random.default_rng([zlib.crc32(self.trial.encode()), k])
         donor = ranked[-cut:][int(rng.integers(cut))]
+        checkpoint = Path(there[donor]["checkpoint"])
+        if not checkpoint.is_dir():  # deleted with its run since: no move this time
+            warn(f"population-based training: {donor}'s checkpoint '{checkpoint}' is gone; {self.trial} goes on.")
+            return None
         new = explore(there[donor]["params"], self.spaces, p.resample_probability, rng)
-        return Exploit(k * p.perturbation_interval, own, donor, Path(there[donor]["checkpoint"]), new)
+        return Exploit(k * p.perturbation_interval, own, donor, checkpoint, new)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, Any]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            book = json.loads(self.path.read_text()) if self.path.is_file() else {}
-            yield book
-            write_atomic(self.path, json.dumps(book, indent=1))
+    def _check_shapes(self, there: dict[str, Any]) -> None:
+        mine = there[self.trial]
+        for name, other in there.items():
+            if other.get("shapes") != mine["shapes"]:
+                differ = sorted(k for k in mine["params"] if mine["params"][k] != other["params"].get(k))
+                raise ConfigError(
+                    f"population-based training: trials {self.trial} and {name} have networks of different shapes "
+                    f"(their values differ in {', '.join(differ) or 'nothing searched'}), so neither can take the "
+                    f"other's state; search only values that keep the shapes (not normalize_obs, a model's settings "
+                    f"or the env)."
+                )
+
+    def _forget_passed(self, book: dict[str, Any]) -> None:
+        """Delete the checkpoints at the points every trial has passed: no trial can move to them."""
+        reached = [max((int(k) for k, there in book.items() if name in there), default=0) for name in self.members]
+        for k in [int(k) for k in book if int(k) < min(reached)]:
+            for entry in book.pop(str(k)).values():
+                shutil.rmtree(entry["checkpoint"], ignore_errors=True)
 
 
 def take_learned_state(trainer: Trainer, checkpoint: Path) -> None:

@@ -35,7 +35,7 @@ def _trial_dirs(out: Path, experiment: Experiment) -> list[tuple[Path, dict[str,
     folder = out / experiment.name
     if experiment.search is None:
         return [(folder / trial.name, trial.params) for trial in trials(experiment)]
-    drawn = sorted(folder.glob("trial_*/trial.json"), key=lambda path: path.stat().st_mtime_ns)
+    drawn = sorted(folder.glob("trial_*/trial.json"))  # the table sorts them by return
     return [(path.parent, json.loads(path.read_text())["params"]) for path in drawn]
 
 

@@ -11,22 +11,20 @@ their newest checkpoint.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import json
-import math
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from shoal.errors import ConfigError, did_you_mean, warn
+from shoal.errors import ConfigError
+from shoal.experiments.books import Reading, locked_json
 from shoal.experiments.population import BOOK, Exploit, PopulationBook, take_learned_state
-from shoal.experiments.spec import Experiment, Halving, Trial, trials, with_values
+from shoal.experiments.spec import Experiment, Halving, Trial, param_name, trials, with_values
 from shoal.files import write_atomic
 from shoal.train import checkpoint as ckpt
 from shoal.train.callbacks import Callback
@@ -66,7 +64,7 @@ class RungBook:
     def __init__(self, halving: Halving, path: Path):
         self.halving, self.path = halving, path
         self.time_attr = halving.time_attr
-        self.warned = False
+        self.reading = Reading("scheduler", halving.metric, halving.time_attr)
 
     def why(self) -> str:
         h = self.halving
@@ -77,13 +75,11 @@ class RungBook:
         a result is judged at the highest rung it has passed and not been judged at; one without
         the metric yet (no episode ended) is judged at its next result that has it."""
         h = self.halving
-        if not self.warned:
-            self.warned = warn_missing_metric("scheduler", h.metric, result)
-        progress, value = result.get(h.time_attr), result.get(h.metric)
-        if progress is None or not isinstance(value, (int, float)) or math.isnan(value):
+        if (reading := self.reading(result)) is None:
             return None
-        score = float(value) if h.mode == "max" else -float(value)
-        with self._locked() as book:
+        progress, value = reading
+        score = value if h.mode == "max" else -value
+        with locked_json(self.path, {"rungs": {}, "pruned": {}}) as book:
             stopped: float | None = book["pruned"].get(trial)
             if stopped is not None:
                 return stopped
@@ -97,28 +93,6 @@ class RungBook:
                 book["pruned"][trial] = rungs[-1]
                 return rungs[-1]
         return None
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, Any]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            text = self.path.read_text() if self.path.is_file() else '{"rungs": {}, "pruned": {}}'
-            book = json.loads(text)
-            yield book
-            if book != json.loads(text):  # written only when a trial was judged
-                write_atomic(self.path, json.dumps(book, indent=1))
-
-
-def warn_missing_metric(block: str, metric: str, result: dict[str, Any]) -> bool:
-    """Warn when ``metric`` is not among ``result``'s keys (a misspelt metric would stop nothing,
-    silently); returns whether it warned."""
-    if metric in result:
-        return False
-    keys = sorted(k for k, v in result.items() if isinstance(v, (int, float)))
-    hint = did_you_mean(metric, keys)
-    warn(f"{block}.metric '{metric}' is not in the trials' results, so no trial is stopped early.{hint}")
-    return True
 
 
 class TrialCallback(Callback):
@@ -175,9 +149,8 @@ def run_trial(
     prune = None if pruner is None else functools.partial(pruner.pruned_at, trial.name)
     book = None
     if experiment.population is not None:
-        moves = held.get("exploits") or [{"params": {k: v for k, v in trial.params.items() if k != "seed"}}]
-        book = PopulationBook(experiment.population, experiment.spaces, run_dir.parent / BOOK, trial.name)
-        book.params = moves[-1]["params"]  # a resumed trial goes on with the values it last took
+        members = [t.name for t in trials(experiment)]
+        book = PopulationBook(experiment.population, experiment.spaces, run_dir.parent / BOOK, trial.name, members)
     exploit = None if book is None else book.at_point
     control = TrialCallback(experiment.stop, experiment.checkpoint_freq, report, prune, exploit)
     callbacks = [*trial.settings.get("callbacks", []), control]
@@ -194,17 +167,18 @@ def run_trial(
         trainer = Trainer(**settings | {"callbacks": callbacks})
     budget = int(experiment.stop.get("timesteps_total", trainer.config.total_timesteps))
     while True:
-        if book is not None:
-            book.passed = book.point_of(trainer)
+        if book is not None:  # where it is, and the values it trains with (a resumed trial's last move's)
+            book.passed, book.params = book.point_of(trainer), _searched(trainer, experiment)
         with trainer:
             # at least one iteration, so a trial resumed at its budget still writes its result.json
             trainer.learn(max(budget - trainer.timesteps_total, 1))
-        if (move := control.exploit) is None:
+        if (move := control.exploit) is None or trainer.timesteps_total >= budget:
             break
         assert book is not None
         control.exploit = None
+        (run_dir / "result.json").unlink()  # not finished: killed before the next one, it resumes
         # on from this trial's own checkpoint at the point (its counters and episodes), with the new
-        # values and the donor's learned state
+        # values and the donor's learned state, saved at once: a resume goes on from the move
         trainer = Trainer.from_checkpoint(
             move.own,
             callbacks=callbacks,
@@ -214,7 +188,7 @@ def run_trial(
             **_overrides(trial.settings, move.params),
         )
         take_learned_state(trainer, move.checkpoint)
-        book.params = move.params
+        trainer.save()
         entry = {book.time_attr: move.point, "from": move.donor, "params": move.params}
         held = _update_trial_json(run_dir, {"exploits": [*held.get("exploits", []), entry]})
         if verbose:
@@ -235,6 +209,18 @@ def run_trial(
     return trainer.stop_reason
 
 
+def _searched(trainer: Trainer, experiment: Experiment) -> dict[str, Any]:
+    """The trainer's values of the experiment's searched keys, by dotted name."""
+    config = trainer.config.to_yaml_dict()
+    out = {}
+    for path, _ in experiment.spaces:
+        node = config
+        for key in path:
+            node = node[key]
+        out[param_name(path)] = node
+    return out
+
+
 def _overrides(settings: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """The config keys ``params`` (searched values by dotted name) change, as overrides of
     ``from_checkpoint`` (a nested key as a dict of what it changes)."""
@@ -246,7 +232,7 @@ def _update_trial_json(run_dir: Path, entries: dict[str, Any]) -> dict[str, Any]
     """``trial.json`` with ``entries`` set, keeping what it held (a resumed trial's ``pruned_at``
     and ``exploits``); returns what it now holds."""
     held = trial_record(run_dir) | entries
-    (run_dir / "trial.json").write_text(json.dumps(held, default=str))
+    write_atomic(run_dir / "trial.json", json.dumps(held, default=str))
     return held
 
 
@@ -405,6 +391,8 @@ def _tune_trial(params: dict[str, Any], experiment: Experiment, planned: list[Tr
         metrics = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}
         tune.report(metrics, checkpoint=None if path is None else tune.Checkpoint.from_directory(str(path)))
 
+    run_dir = Path(out) / experiment.name / trial.name
     checkpoint = tune.get_checkpoint()
-    start = None if checkpoint is None else Path(checkpoint.path)
-    run_trial(trial, experiment, Path(out) / experiment.name / trial.name, verbose=0, report=report, start=start)
+    # the trial's own checkpoints, where it has them, are as new as Tune's or newer (a PBT move's)
+    start = None if checkpoint is None or (run_dir / "checkpoints").is_dir() else Path(checkpoint.path)
+    run_trial(trial, experiment, run_dir, verbose=0, report=report, start=start)

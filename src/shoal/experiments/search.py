@@ -11,6 +11,7 @@ checkpoint; values drawn a second time reuse the finished run.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 import zlib
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ConfigError
+from shoal.experiments.books import Reading
 from shoal.experiments.run import (
     INTERRUPTED,
     Outcome,
@@ -26,7 +28,6 @@ from shoal.experiments.run import (
     record_failure,
     run_trial,
     stopped_early,
-    warn_missing_metric,
 )
 from shoal.experiments.spec import Experiment, Path_, Search, Space, make_trial, param_name
 from shoal.logging.runs import load_run, resolve_metric
@@ -39,32 +40,30 @@ FAILED = "shoal_error"  # a failed trial's user attribute: failed by raising, no
 
 
 class MedianRule:
-    """Optuna's median pruner for one trial: its ``metric`` is reported at each multiple of
-    ``grace_period`` of ``time_attr`` it passes (the same points for every trial, whatever their
-    batch sizes), and the trial stops where the pruner finds it worse than the median there."""
+    """Optuna's median pruner for one trial: its ``metric`` is reported at each multiple ``k`` of
+    ``grace_period`` of ``time_attr`` it passes, as step ``k`` (the same points for every trial,
+    whatever their batch sizes), and the trial stops where the pruner finds it worse than the
+    median there."""
 
     def __init__(self, search: Search, trial: optuna.Trial):
         self.search, self.trial = search, trial
         self.time_attr = search.time_attr
-        self.judged, self.warned = 0, False
+        self.reading = Reading("search", search.metric, search.time_attr)
+        self.judged = 0
 
     def why(self) -> str:
         return f"its {self.search.metric} was worse than the median of the earlier trials there"
 
     def pruned_at(self, trial: str, result: dict[str, Any]) -> float | None:
-        s = self.search
-        if not self.warned:
-            self.warned = warn_missing_metric("search", s.metric, result)
-        progress, value = result.get(s.time_attr), result.get(s.metric)
-        if progress is None or not isinstance(value, (int, float)) or math.isnan(value):
+        if (reading := self.reading(result)) is None:
             return None
-        point = int(progress // s.grace_period)
+        progress, value = reading
+        point = int(progress // self.search.grace_period)
         if point <= self.judged:
             return None
         self.judged = point
-        step = point * s.grace_period
-        self.trial.report(float(value), int(step))
-        return step if self.trial.should_prune() else None
+        self.trial.report(value, point)
+        return point * self.search.grace_period if self.trial.should_prune() else None
 
 
 def run_search(experiment: Experiment, out: Path, verbose: int = 1) -> Outcome:
@@ -85,8 +84,9 @@ def run_search(experiment: Experiment, out: Path, verbose: int = 1) -> Outcome:
         load_if_exists=True,
         pruner=optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials),
     )
+    _same_spaces(study, experiment, folder / STUDY)
     # seeded by the name and the trials so far: a resumed search draws new values, not its first ones again
-    seed = zlib.crc32(experiment.name.encode()) + len(study.trials)
+    seed = (zlib.crc32(experiment.name.encode()) + len(study.trials)) % 2**32
     study.sampler = optuna.samplers.TPESampler(n_startup_trials=search.startup_trials, seed=seed)
     for left in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         # an interrupted sweep's trial: ended here, and its values asked for again next
@@ -116,6 +116,20 @@ def run_search(experiment: Experiment, out: Path, verbose: int = 1) -> Outcome:
             asked.set_user_attr(FAILED, f"no {search.metric} in its results")
         study.tell(asked, value, state)
     return outcome
+
+
+def _same_spaces(study: optuna.Study, experiment: Experiment, path: Path) -> None:
+    """Record the experiment's search spaces with a new study; refuse to go on with a study of
+    other spaces (an edited file), whose trials Optuna could not compare with the new ones."""
+    spaces = json.dumps({param_name(p): [s.kind, s.values] for p, s in experiment.spaces}, default=str)
+    held = study.user_attrs.get("spaces")
+    if held is None:
+        study.set_user_attr("spaces", spaces)
+    elif held != spaces:
+        raise ConfigError(
+            f"experiment '{experiment.name}': its search spaces changed since the study in '{path}' began; run the "
+            f"edited file with another --out, or delete '{path.parent}'."
+        )
 
 
 def _ended(study: optuna.Study) -> int:

@@ -361,7 +361,7 @@ def _judge_keys(
     if not isinstance(spec, dict):
         raise ConfigError(f"{at}: {block} must be a mapping such as {{type: {kind}, metric: ..., {first}: ...}}.")
     if spec.get("type") not in kinds:
-        expected = f"the one type is '{kind}'" if len(kinds) == 1 else " and ".join(f"'{k}'" for k in kinds)
+        expected = f"the one type is '{kind}'" if len(kinds) == 1 else "one of " + ", ".join(f"'{k}'" for k in kinds)
         raise ConfigError(f"{at}: {block} type {shorten(repr(spec.get('type')))}: {expected}.")
     for key in spec:
         if key not in allowed:
@@ -400,18 +400,21 @@ def _check_population(experiment: Experiment, at: str) -> None:
     if not experiment.spaces:
         raise ConfigError(f"{at}: scheduler type 'pbt' perturbs the searched values: give config a search space.")
     for path, _ in experiment.spaces:
-        if path[0] in ("model", "model_config", "env"):
+        if {"model", "model_config", "env", "normalize_obs"} & set(path):
             raise ConfigError(
                 f"{at}, config.{param_name(path)}: population-based training cannot search it: a trial takes "
-                f"another's weights, so every trial's networks must have the same shapes."
+                f"another's learned state, so every trial's networks and statistics must have the same shapes."
             )
 
 
 def _check_search(experiment: Experiment, at: str) -> None:
     """What Optuna's search takes: no scheduler beside it (it prunes by itself), one seed per trial,
     and choices of values it can store."""
-    if experiment.halving is not None:
-        raise ConfigError(f"{at}: search: optuna stops weak trials itself (median rule); give scheduler or search.")
+    if experiment.halving is not None or experiment.population is not None:
+        raise ConfigError(
+            f"{at}: search: optuna judges its trials itself (median rule), so it takes no scheduler; give "
+            f"scheduler or search."
+        )
     if len(experiment.seeds) != 1:
         raise ConfigError(
             f"{at}: search: optuna runs one seed per trial, got seeds {shorten(str(experiment.seeds))}; "

@@ -165,12 +165,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"no usable checkpoint in '{path}' (looked for {PREFIX}* directories in '{root}').")
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory a checkpoint belongs to (``runs/<run>`` for ``runs/<run>/checkpoints/<checkpoint>``),
-    where what is made from it (videos, exported policies) goes."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-
-
 def stored_settings(
     path: Path, settings: dict[str, Any], meta: dict[str, Any], overrides: dict[str, Any]
 ) -> dict[str, Any]:
