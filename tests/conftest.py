@@ -1,18 +1,22 @@
 """Small envs with known dynamics for the env-layer and learning tests; the hypothesis profiles."""
 
+# torch, shoal and hypothesis are imported where they are used, not at the top: pytest-xdist's
+# controller process loads this file too, before it starts the workers, and never runs a test.
+from __future__ import annotations
+
+import gc
 import os
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
-from hypothesis import settings
 
-from shoal.algos.ppo import PPOAlgorithm
-from shoal.envs.spaces import action_spec
-from shoal.models.distributions import make_distribution
-from shoal.models.networks import MLPModel
-from shoal.models.policy import ActorCriticPolicy
+if TYPE_CHECKING:
+    import torch
+
+    from shoal.models.policy import ActorCriticPolicy
+
 
 # Property tests (tests/test_properties_*.py) run under one of two profiles:
 # - "ci" (chosen when CI is set): derandomize=True, so every run tries the same examples and a red
@@ -22,9 +26,54 @@ from shoal.models.policy import ActorCriticPolicy
 # - "dev" (the default): random draws, so every local run explores new examples, and hypothesis's
 #   database in .hypothesis/ replays the last failure first.
 # HYPOTHESIS_PROFILE=ci gives a local run exactly CI's examples.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.register_profile("dev", print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+@pytest.hookimpl(tryfirst=True)  # before hypothesis's own plugin, whose --hypothesis-* options go on top
+def pytest_configure(config):
+    """In each process that runs tests (not in the controller of a pytest-xdist run, which only
+    hands the tests out): the garbage collector off while the test modules are imported (see
+    pytest_collection_finish), and the hypothesis profile, loaded before those imports (a
+    settings() made at import takes the profile's values)."""
+    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        return
+    gc.disable()
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    settings.register_profile("dev", print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_collection_modifyitems(items):
+    """The long tests first, the rest in their order: the slow ones (each trains, or starts
+    processes, for up to a minute), then the property tests (each runs its many examples for up
+    to a few seconds). At the end of the run, one of them would keep a pytest-xdist worker busy
+    while the other had nothing left to do."""
+    from hypothesis import is_hypothesis_test
+
+    items.sort(
+        key=lambda item: (not item.get_closest_marker("slow"), not is_hypothesis_test(getattr(item, "obj", None)))
+    )
+
+
+def pytest_collection_finish(session):
+    """Importing the test modules (torch, shoal and the rest with them) builds a heap of about a
+    million objects that live until the end. With the garbage collector on, each of its full
+    searches goes through all of them: a dozen and more while the modules are imported, a few
+    tenths of a second each, and more during the tests. So it is off during the imports
+    (pytest_configure); then one search frees the imports' garbage, and what is left is frozen out
+    of later searches before the tests run. Objects the tests make are collected as usual."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """The session is over. On its way out Python would search the whole heap for garbage, more
+    than once: over a million objects in a process that ran many of the tests (torch's and every
+    test module's among them), seconds that each pytest-xdist worker spends after its last test
+    while the run waits for it. Freezing the heap skips those searches; live objects are still
+    released as the modules are torn down."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +92,8 @@ def no_flush_denormal():
     """Every Trainer turns on flush-to-zero for the whole process (``torch.set_flush_denormal``),
     and it stays on after the trainer is gone. Hypothesis cannot draw floats then (subnormals read
     as 0), so a property test starts without it."""
+    import torch
+
     torch.set_flush_denormal(False)
     yield
     torch.set_flush_denormal(False)
@@ -106,6 +157,11 @@ def mlp_policy(
     activation: str = "tanh",
 ) -> ActorCriticPolicy:
     """The built-in actor-critic over ``obs_dim`` floats and the action ``space``."""
+    from shoal.envs.spaces import action_spec
+    from shoal.models.distributions import make_distribution
+    from shoal.models.networks import MLPModel
+    from shoal.models.policy import ActorCriticPolicy
+
     spec = action_spec(space)
     model = MLPModel(obs_dim, make_distribution(spec).param_dim, list(hiddens), activation, critic_dim)
     return ActorCriticPolicy(model, spec, log_std_init=log_std_init)
@@ -136,6 +192,8 @@ def folded_decisions(row, reward, value, terminated, truncated, final_value, val
 
 def weights_of(module: torch.nn.Module) -> torch.Tensor:
     """Every parameter of ``module`` as one flat tensor."""
+    import torch
+
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
@@ -143,6 +201,8 @@ def assert_resume_is_bit_identical(preset, settings, tmp_path, keys, iterations=
     """``iterations`` training iterations in one go, and ``split`` of them, a checkpoint, a fresh
     trainer from it (``from_checkpoint(path, **reload)``) and the rest: the policy's weights and
     the last result's ``keys`` must be identical."""
+    import torch
+
     straight = preset(run_dir=str(tmp_path / "straight"), **settings)
     for _ in range(iterations):
         last_straight = straight.train()
@@ -159,10 +219,15 @@ def assert_resume_is_bit_identical(preset, settings, tmp_path, keys, iterations=
         assert last_resumed[key] == last_straight[key], key
 
 
-def build_ppo(config, env, dtype=torch.float32):
+def build_ppo(config, env, dtype: torch.dtype | None = None):
     """What ``algo=ppo`` builds for ``config`` on ``env`` (PPO, or its segment learner), its
-    networks in ``dtype`` from torch seed 0; ``algo.learn(algo.learners["default_policy"],
-    rollout, None)`` runs one update."""
+    networks in ``dtype`` (None: float32) from torch seed 0; ``algo.learn(algo.learners[
+    "default_policy"], rollout, None)`` runs one update."""
+    import torch
+
+    from shoal.algos.ppo import PPOAlgorithm
+
+    dtype = torch.float32 if dtype is None else dtype
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -270,7 +270,8 @@ def test_env_state_with_numpy_scalars_loads_without_unpickling_code(tmp_path):
         np.int32,
         np.float32,
     ]
-    with shoal.DQN(env="MountainCar-v0", seed=1, learning_starts=0, run_dir=str(tmp_path / "run"), verbose=0) as algo:
+    settings = dict(seed=1, learning_starts=0, gradient_steps=1, run_dir=str(tmp_path / "run"), verbose=0)
+    with shoal.DQN(env="MountainCar-v0", **settings) as algo:  # one gradient step an iteration: no learning to test
         algo.learn(1000)  # ends with a checkpoint holding the envs' state
     with shoal.DQN.from_checkpoint(tmp_path / "run", verbose=0) as resumed:
         assert resumed.timesteps_total == algo.timesteps_total

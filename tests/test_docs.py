@@ -179,6 +179,8 @@ def small_budget(monkeypatch, tmp_path):
 
     def small_learn(self, total_timesteps=None, progress=None):
         left = self.config.total_timesteps - self.timesteps_total if total_timesteps is None else total_timesteps
+        if getattr(self.algorithm.config, "timesteps_per_iteration", 0) > BUDGET:  # a replay learner's iteration
+            self.algorithm.config.timesteps_per_iteration = BUDGET  # would run 1,000 steps, whatever learn() asks
         return learn(self, min(left, BUDGET) if left >= 1 else total_timesteps, progress=False)
 
     def small_evaluate(self, num_episodes=None, *args, **kwargs):

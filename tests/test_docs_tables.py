@@ -13,6 +13,7 @@ accepted for. Every config model must have a table.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -209,14 +210,20 @@ def literal_values(annotation: Any) -> list[Any]:
     return [v for arg in typing.get_args(annotation) for v in literal_values(arg)]
 
 
+@functools.cache
+def class_body(cls: type) -> list[ast.stmt]:
+    """The statements of ``cls``'s body, parsed from its source (once per class: ``getsource``
+    parses the whole module to find a class)."""
+    return ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+
+
 def source_docstring(model: type[BaseModel], name: str) -> str:
     """The attribute docstring of field ``name`` as the source has it: the string right under the
     field in the body of the nearest class of the MRO that annotates it and documents it."""
     for cls in model.__mro__:
         if name not in inspect.get_annotations(cls):
             continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-        for stmt, following in itertools.pairwise(body):
+        for stmt, following in itertools.pairwise(class_body(cls)):
             if (
                 isinstance(stmt, ast.AnnAssign)
                 and isinstance(stmt.target, ast.Name)

@@ -19,19 +19,52 @@ RUNS = {  # (trainer, env, keys): Discrete and Box actor-critics, the CNN on pix
     "ppo-discrete": (shoal.PPO, "CartPole-v1", {"normalize_obs": True}),
     "ppo-pixels": (shoal.PPO, "MinAtar/Breakout-v1", {"num_envs": 2, "rollout_fragment_length": 64}),
     "ppo-box": (shoal.PPO, "Pendulum-v1", {"normalize_obs": True, "num_envs": 2, "rollout_fragment_length": 64}),
-    "dqn": (shoal.DQN, "CartPole-v1", {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1}),
-    "sac": (shoal.SAC, "Pendulum-v1", {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1}),
+    "dqn": (
+        shoal.DQN,
+        "CartPole-v1",
+        {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1, "timesteps_per_iteration": 128},
+    ),
+    "sac": (
+        shoal.SAC,
+        "Pendulum-v1",
+        {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1, "timesteps_per_iteration": 128},
+    ),
+}
+RECURRENT = {  # an LSTM (state h and c), a GRU that also reads its previous action, a recurrent Q-network
+    "ppo-lstm": (
+        shoal.PPO,
+        "CartPole-v1",
+        {"model_config": {"core": "lstm"}, "num_envs": 2, "rollout_fragment_length": 32},
+    ),
+    "ppo-gru-prev-action": (
+        shoal.PPO,
+        "CartPole-v1",
+        {"model_config": {"core": "gru", "use_prev_action": True}, "num_envs": 2, "rollout_fragment_length": 32},
+    ),
+    "dqn-lstm": (shoal.DQN, "CartPole-v1", {"model_config": {"core": "lstm"}} | RUNS["dqn"][2]),
 }
 
 
 CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"  # legal moves come as action masks
 
 
-def trained(name):
-    trainer, env, keys = RUNS[name]
-    algo = trainer(env=env, seed=1, save_outputs=False, verbose=0, **keys)
-    algo.learn(128)  # normalization statistics and weights moved off their start
-    return algo
+@pytest.fixture(scope="module")
+def trained():
+    """``trained(name)``: the run ``name`` of RUNS or RECURRENT after 128 steps (its normalization
+    statistics and weights moved off their start), made once for the module, since the tests
+    only read it, and closed at the module's end."""
+    runs = {}
+
+    def run(name):
+        if name not in runs:
+            trainer, env, keys = (RUNS | RECURRENT)[name]
+            runs[name] = trainer(env=env, seed=1, save_outputs=False, verbose=0, **keys)
+            runs[name].learn(128)
+        return runs[name]
+
+    yield run
+    for algo in runs.values():
+        algo.close()
 
 
 def observations(algo, rows):
@@ -58,50 +91,38 @@ def run_file(path, obs, state=None):
 
 @pytest.mark.parametrize("suffix", [".onnx", ".pt"])
 @pytest.mark.parametrize("name", list(RUNS))
-def test_the_exported_file_acts_as_compute_actions(tmp_path, name, suffix):
-    with trained(name) as algo:
-        path = algo.export_policy(tmp_path / f"policy{suffix}")
-        for rows in (1, 1000):  # the batch size is free
-            obs = observations(algo, rows)
-            expected = algo.compute_actions(obs, deterministic=True)
-            actions = run_file(path, obs)
-            assert actions.shape == expected.shape
-            if algo.backend.act_spec.kind == "continuous":
-                np.testing.assert_allclose(actions, expected, atol=1e-5)
-                low, high = algo.backend.act_spec.space.low, algo.backend.act_spec.space.high
-                assert (actions >= low).all() and (actions <= high).all()
-            else:
-                np.testing.assert_array_equal(actions, expected)
+def test_the_exported_file_acts_as_compute_actions(tmp_path, trained, name, suffix):
+    algo = trained(name)
+    path = algo.export_policy(tmp_path / f"policy{suffix}")
+    for rows in (1, 1000):  # the batch size is free
+        obs = observations(algo, rows)
+        expected = algo.compute_actions(obs, deterministic=True)
+        actions = run_file(path, obs)
+        assert actions.shape == expected.shape
+        if algo.backend.act_spec.kind == "continuous":
+            np.testing.assert_allclose(actions, expected, atol=1e-5)
+            low, high = algo.backend.act_spec.space.low, algo.backend.act_spec.space.high
+            assert (actions >= low).all() and (actions <= high).all()
+        else:
+            np.testing.assert_array_equal(actions, expected)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no partial file is left"
-
-
-RECURRENT = {  # an LSTM (state h and c), a GRU that also reads its previous action, a recurrent Q-network
-    "ppo-lstm": (shoal.PPO, {"model_config": {"core": "lstm"}, "num_envs": 2, "rollout_fragment_length": 32}),
-    "ppo-gru-prev-action": (
-        shoal.PPO,
-        {"model_config": {"core": "gru", "use_prev_action": True}, "num_envs": 2, "rollout_fragment_length": 32},
-    ),
-    "dqn-lstm": (shoal.DQN, {"model_config": {"core": "lstm"}} | RUNS["dqn"][2]),
-}
 
 
 @pytest.mark.parametrize("suffix", [".onnx", ".pt"])
 @pytest.mark.parametrize("model", list(RECURRENT))
-def test_a_recurrent_file_carries_its_state_as_compute_actions_does(tmp_path, model, suffix):
-    trainer, keys = RECURRENT[model]
-    with trainer(env="CartPole-v1", seed=1, save_outputs=False, verbose=0, **keys) as algo:
-        algo.learn(128)
-        path = algo.export_policy(tmp_path / f"policy{suffix}")
-        rows = 100  # ten steps of a hundred rows: 1,000 observations
-        state = algo.get_policy().initial_state(rows)
-        file_state = {key: value.numpy() for key, value in state.items()}
-        for step in range(10):
-            obs = observations(algo, rows) + np.float32(step)  # a different batch at each step
-            expected, state = algo.compute_actions(obs, state, deterministic=True)
-            actions, file_state = run_file(path, obs, file_state)
-            np.testing.assert_array_equal(actions, expected)
-            for key, value in state.items():  # float sums in another order, over ten steps
-                np.testing.assert_allclose(file_state[key], value.numpy(), atol=1e-4)
+def test_a_recurrent_file_carries_its_state_as_compute_actions_does(tmp_path, trained, model, suffix):
+    algo = trained(model)
+    path = algo.export_policy(tmp_path / f"policy{suffix}")
+    rows = 100  # ten steps of a hundred rows: 1,000 observations
+    state = algo.get_policy().initial_state(rows)
+    file_state = {key: value.numpy() for key, value in state.items()}
+    for step in range(10):
+        obs = observations(algo, rows) + np.float32(step)  # a different batch at each step
+        expected, state = algo.compute_actions(obs, state, deterministic=True)
+        actions, file_state = run_file(path, obs, file_state)
+        np.testing.assert_array_equal(actions, expected)
+        for key, value in state.items():  # float sums in another order, over ten steps
+            np.testing.assert_allclose(file_state[key], value.numpy(), atol=1e-4)
 
 
 RUN_WITHOUT_SHOAL = """
@@ -118,11 +139,12 @@ np.save(sys.argv[4], np.stack([onnx, script]))
 """
 
 
-def test_both_files_act_in_a_process_that_never_imports_shoal(tmp_path):
-    with trained("ppo-pixels") as algo:
-        obs = observations(algo, 1000)
-        expected = algo.compute_actions(obs, deterministic=True)
-        files = [algo.export_policy(tmp_path / name) for name in ("policy.onnx", "policy.pt")]
+@pytest.mark.slow  # starts a process
+def test_both_files_act_in_a_process_that_never_imports_shoal(tmp_path, trained):
+    algo = trained("ppo-pixels")
+    obs = observations(algo, 1000)
+    expected = algo.compute_actions(obs, deterministic=True)
+    files = [algo.export_policy(tmp_path / name) for name in ("policy.onnx", "policy.pt")]
     np.save(tmp_path / "obs.npy", obs)
     command = [sys.executable, "-c", RUN_WITHOUT_SHOAL, str(tmp_path / "obs.npy"), *map(str, files)]
     subprocess.run([*command, str(tmp_path / "actions.npy")], check=True, cwd=tmp_path, env={"PATH": ""})

@@ -8,6 +8,8 @@ import gymnasium as gym
 import pytest
 import torch
 from tensordict import TensorDict
+from test_losses import loss_case, named
+from test_masks import allowed_action, random_mask
 
 import shoal
 from shoal.algos.losses import ppo_loss
@@ -29,8 +31,6 @@ from shoal.models.distributions import Categorical, MultiCategorical
 from shoal.models.layers import SMALL_BATCH, StackedMLP, stacked_forward
 from shoal.models.normalize import ObsNormalizer
 from tests.conftest import build_ppo, mlp_policy
-from tests.test_losses import loss_case, named
-from tests.test_masks import allowed_action, random_mask
 
 SPACES = [gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 4]), gym.spaces.Box(-1.0, 1.0, (2,))]
 

@@ -39,6 +39,18 @@ def record(tmp_path, steps=400, **settings):
     return out
 
 
+@pytest.fixture(scope="module")
+def short_record(tmp_path_factory):
+    """``record(steps=512)``, run once: the tests that only read or damage such a dataset take a
+    copy (``copy_of``) instead of recording the same steps again."""
+    return record(tmp_path_factory.mktemp("short_record"), steps=512)
+
+
+def copy_of(folder, tmp_path):
+    """A copy of the dataset ``folder`` as ``tmp_path / 'data'``, as ``record`` would have left it."""
+    return shutil.copytree(folder, tmp_path / "data")
+
+
 def record_counter(tmp_path, make, steps):
     """A PPO run on 2 copies of a counting env (``make()``) writing ``tmp_path / 'data'``."""
     out = tmp_path / "data"
@@ -212,8 +224,8 @@ def test_bc_learns_cartpole_from_a_ppo_run_s_steps(tmp_path):
 
 
 # ----- bad data: one message naming the file and the field, nothing written over -----------------
-def test_input_refuses_what_it_cannot_read(tmp_path):
-    out = record(tmp_path, steps=512)
+def test_input_refuses_what_it_cannot_read(tmp_path, short_record):
+    out = copy_of(short_record, tmp_path)
     shard = dataset_folders(out)[0]
     settings = dict(seed=1, save_outputs=False, verbose=0)
     with pytest.raises(
@@ -245,8 +257,8 @@ def test_input_refuses_what_it_cannot_read(tmp_path):
         ("wide_obs", r"episode_0: field 'observations' has rows of shape \(5,\); env 'CartPole-v1' observes \(4,\)"),
     ],
 )
-def test_a_damaged_dataset_is_refused_naming_the_file_and_the_field(tmp_path, damage, message):
-    out = record(tmp_path, steps=512)
+def test_a_damaged_dataset_is_refused_naming_the_file_and_the_field(tmp_path, short_record, damage, message):
+    out = copy_of(short_record, tmp_path)
     path = dataset_folders(out)[0] / "main_data.hdf5"
     if damage == "truncate_file":
         path.write_bytes(path.read_bytes()[:2000])

@@ -29,6 +29,12 @@ def record_ppo(folder, env="CartPole-v1", steps=1024, **settings):
     return folder
 
 
+@pytest.fixture(scope="module")
+def cartpole_record(tmp_path_factory):
+    """``record_ppo``'s default dataset, recorded once for the tests that only build a learner on it."""
+    return record_ppo(tmp_path_factory.mktemp("cartpole_record") / "d")
+
+
 def test_returns_to_go_match_a_slow_loop():
     rewards = np.random.default_rng(0).normal(size=37).astype(np.float32)
     slow = [sum(0.9**k * float(r) for k, r in enumerate(rewards[t:])) for t in range(len(rewards))]
@@ -43,9 +49,8 @@ def test_marwil_reads_each_step_s_return_to_go(tmp_path):
     assert rollout["return_to_go"][0, :5].tolist() == pytest.approx([1.9375, 1.875, 1.75, 1.5, 1.0])
 
 
-def test_marwil_with_beta_0_is_behaviour_cloning_plus_a_value_function(tmp_path):
-    record_ppo(tmp_path / "d")
-    with shoal.MARWIL(env="CartPole-v1", input=str(tmp_path / "d"), beta=0.0, seed=1, **QUIET) as m:
+def test_marwil_with_beta_0_is_behaviour_cloning_plus_a_value_function(cartpole_record):
+    with shoal.MARWIL(env="CartPole-v1", input=str(cartpole_record), beta=0.0, seed=1, **QUIET) as m:
         learner = m.algorithm.learners["default_policy"]
         policy = learner.policy
         batch = TensorDict(
@@ -60,9 +65,8 @@ def test_marwil_with_beta_0_is_behaviour_cloning_plus_a_value_function(tmp_path)
     assert float(stats["weight_mean"]) == 1.0
 
 
-def test_discrete_cql_s_conservative_term_is_logsumexp_minus_the_recorded_action_s_value(tmp_path):
-    record_ppo(tmp_path / "d")
-    with shoal.CQL(env="CartPole-v1", input=str(tmp_path / "d"), min_q_weight=2.0, **QUIET) as cql:
+def test_discrete_cql_s_conservative_term_is_logsumexp_minus_the_recorded_action_s_value(cartpole_record):
+    with shoal.CQL(env="CartPole-v1", input=str(cartpole_record), min_q_weight=2.0, **QUIET) as cql:
         learner = cql.algorithm.learners["default_policy"]
     q_all = torch.tensor([[1.0, 3.0], [0.0, 0.0]])
     action = torch.tensor([1, 0])

@@ -11,6 +11,8 @@ import pytest
 import torch
 from hypothesis import example, given
 from tensordict import TensorDict
+from test_advantages import slow_folded_gae
+from test_properties_math import TORCH, assert_close, gae_cases, pattern_case
 
 import shoal
 from shoal.algos.base import Statistics
@@ -21,8 +23,6 @@ from shoal.config import PQNConfig
 from shoal.errors import ConfigError
 from shoal.models.qpolicy import QPolicy
 from tests.conftest import assert_resume_is_bit_identical
-from tests.test_advantages import slow_folded_gae
-from tests.test_properties_math import TORCH, assert_close, gae_cases, pattern_case
 
 pytestmark = pytest.mark.usefixtures("no_flush_denormal")
 QUIET = dict(save_outputs=False, verbose=0)

@@ -19,13 +19,13 @@ import pytest
 import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
+from test_properties_math import divisors
 
 import shoal
 from shoal.algos.ppo import PPOAlgorithm
 from shoal.config import PPOConfig
 from shoal.config.sampling import LONGEST_COMPLETE_EPISODE
 from shoal.models.catalog import ModelConfig
-from tests.test_properties_math import divisors
 
 # torch is in every example: no per-example deadline (a first call may compile or allocate)
 TORCH = settings(deadline=None)

@@ -21,6 +21,7 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from tensordict import TensorDict
+from test_advantages import slow_folded_gae, slow_gae
 
 from shoal.algos.on_policy import ESTIMATORS, rollout_gae
 from shoal.algos.returns import gae
@@ -28,7 +29,6 @@ from shoal.buffers import FlatSampler, RolloutBuffer, transition_view
 from shoal.buffers.samplers import num_minibatches
 from shoal.config import PPOConfig
 from shoal.envs.spaces import EnvInfo, action_spec, obs_spec
-from tests.test_advantages import slow_folded_gae, slow_gae
 
 # torch is in every example: no per-example deadline (a first call may compile or allocate)
 TORCH = settings(deadline=None)

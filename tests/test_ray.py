@@ -3,6 +3,7 @@ carry recurrent state, replay exploration and checkpoints. One local cluster (2 
 ``ray_cluster`` fixture) serves the whole session."""
 
 import copy
+import importlib.util
 import os
 import re
 import signal
@@ -19,10 +20,19 @@ from shoal.collect.rollout_worker import RolloutWorker
 from shoal.config import DQNConfig, PPOConfig
 from shoal.errors import ConfigError
 
-ray = pytest.importorskip("ray")
-# the actors cannot import the test files
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray.cloudpickle.register_pickle_by_value(test_faults)
+# Ray itself is imported by the ray_cluster fixture, which only the slow tests take: the others
+# check settings and a worker's body in process, and need not pay for the import
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("could not import 'ray'", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(ray_cluster):
+    """The session's Ray instance, made to pickle this module and test_faults by value: the actors
+    cannot import the test files."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray_cluster.cloudpickle.register_pickle_by_value(test_faults)
+    return ray_cluster
 
 
 class DiesOnce(gym.Wrapper):
@@ -73,13 +83,13 @@ def test_a_killed_worker_is_replaced_and_every_step_is_counted_once(ray_cluster,
     )
     died = r"Ray rollout worker \d \(envs \d-\d of 'DiesOnce'\) died .* started anew with fresh envs"
     with pytest.warns(UserWarning, match=died), shoal.PPO(**config) as algo:
-        pids = ray.get([worker.pid.remote() for worker in algo.backend.workers])
+        pids = ray_cluster.get([worker.pid.remote() for worker in algo.backend.workers])
         for _ in range(4):  # 64 steps per env an iteration: the first env to take its 100th step dies in the second
             result = algo.train()
         assert (tmp_path / "died").exists()
         assert result["num_worker_restarts"] == 1
         assert result["timesteps_total"] == 4 * 256 and algo.collector.env_steps == 4 * 256
-        now = ray.get([worker.pid.remote() for worker in algo.backend.workers])
+        now = ray_cluster.get([worker.pid.remote() for worker in algo.backend.workers])
         assert sum(a != b for a, b in zip(pids, now)) == 1
         algo.save()
     with (

@@ -3,22 +3,28 @@
 nodes, a run learns, and losing the second node mid-run either brings its worker back on the head
 (``recreate_failed_workers``) or checkpoints the learner and stops with one message."""
 
+from __future__ import annotations
+
+import importlib.util
 import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import shoal
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402  (after the skip: Ray is optional)
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors run ``node_of``, and cannot import tests
+# Ray is optional, and imported where it is used: only by these slow tests, so that leaving them
+# out does not pay for the import
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("could not import 'ray'", allow_module_level=True)
 
 # Logical CPUs. The head has room for both workers (and their replacements once the second node
 # is gone), and so many CPUs that Ray's default placement, which fills the driver's node up to
@@ -31,6 +37,11 @@ def two_nodes() -> Iterator[Cluster]:
     """A head node with the driver connected to it; ``second_node`` adds the other. The session's
     one-node Ray (``ray_cluster`` in conftest.py), if earlier tests started it, is shut down first
     (a process holds one Ray connection) and started again, as conftest starts it, afterwards."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    # the actors run ``node_of``, and cannot import tests
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     restore = ray.is_initialized()
     if restore:
         ray.shutdown()
@@ -64,11 +75,15 @@ def second_node(two_nodes: Cluster) -> Iterator[Any]:
 
 def node_of(worker: Any) -> str:
     """Run in a rollout worker's actor (``__ray_call__``): the id of the node it runs on."""
+    import ray
+
     return str(ray.get_runtime_context().get_node_id())
 
 
 def worker_nodes(algo: shoal.Trainer) -> list[str]:
     """Where each of ``algo``'s rollout workers runs: "head" or "second", by the nodes' resources."""
+    import ray
+
     names = {node["NodeID"]: name for node in ray.nodes() for name in ("head", "second") if name in node["Resources"]}
     return [names[node] for node in ray.get([worker.__ray_call__.remote(node_of) for worker in algo.backend.workers])]
 

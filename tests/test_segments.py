@@ -198,6 +198,7 @@ def test_prio_beta_rises_from_beta0_to_one_by_the_last_iteration():
             betas.append(algorithm.prio_beta(algorithm.config))
 
     kw = dict(num_envs=4, rollout_fragment_length=16, bptt_horizon=4, sgd_minibatch_size=16, prio_alpha=0.6)
+    kw |= dict(num_sgd_iter=1)  # the schedule follows the iterations; more epochs of each update only cost time
     with shoal.PPO(prio_beta0=0.4, callbacks=[Watch()], save_outputs=False, verbose=0, **kw) as algo:
         algo.learn(10 * 64)
     assert betas[0] == pytest.approx(0.4 + 0.6 * 0.1) and betas[-1] == 1.0

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
+from test_replay import GAMMA, FakeEnvs, env_info, lost_finals
 
 import shoal
 from shoal.algos.off_policy import transitions
@@ -21,7 +22,6 @@ from shoal.buffers import PrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from shoal.config import DQNConfig
 from shoal.errors import ConfigError
 from tests.conftest import assert_resume_is_bit_identical
-from tests.test_replay import GAMMA, FakeEnvs, env_info, lost_finals
 
 QUIET = dict(save_outputs=False, verbose=0)
 # CartPole cut at 7 steps: episodes start (and are truncated) inside most sequences

@@ -78,8 +78,10 @@ def table_fields(model: type[BaseModel], own: bool) -> list[str]:
 
 
 @cache
-def _griffe_module(module: str) -> Any:
-    return griffe.load(module, search_paths=[str(SRC)], resolve_aliases=False)
+def _griffe_package(name: str) -> Any:
+    """The package ``name`` as griffe reads it from source, loaded once: griffe reads every module
+    of a package whichever of them is asked for."""
+    return griffe.load(name, search_paths=[str(SRC)], resolve_aliases=False)
 
 
 def meaning(model: type[BaseModel], name: str) -> str:
@@ -89,7 +91,8 @@ def meaning(model: type[BaseModel], name: str) -> str:
         if name not in inspect.get_annotations(cls):
             continue
         try:
-            attribute = _griffe_module(cls.__module__)[f"{cls.__qualname__}.{name}"]
+            package, _, module = cls.__module__.partition(".")
+            attribute = _griffe_package(package)[".".join(filter(None, (module, cls.__qualname__, name)))]
         except (KeyError, ImportError):
             continue
         if attribute.docstring is not None and attribute.docstring.value.strip():

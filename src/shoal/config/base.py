@@ -33,7 +33,7 @@ class ConfigModel(BaseModel):
     """A config: keys declared once, defaults set per subclass as data (``DEFAULTS``)."""
 
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=False, arbitrary_types_allowed=True, allow_inf_nan=False
+        extra="forbid", validate_assignment=False, arbitrary_types_allowed=True, allow_inf_nan=False, defer_build=True
     )
 
     DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -48,7 +48,9 @@ class ConfigModel(BaseModel):
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         """Apply the class body's ``DEFAULTS``: each named field is copied from the base with the new
-        default and the model rebuilt, so ``model_fields``, instances and the JSON schema all show it."""
+        default, so ``model_fields``, instances and the JSON schema all show it. The schema is built
+        from these fields when the class is first used (``defer_build``): a run builds the configs
+        of its own algorithm, not all of them, at start-up."""
         super().__pydantic_init_subclass__(**kwargs)
         for table in ("DEFAULTS", "NOTES"):
             for key in cls.__dict__.get(table, {}):
@@ -67,7 +69,7 @@ class ConfigModel(BaseModel):
             _check_default(cls, key, field.annotation, field.metadata, value)
             field.default, field.default_factory = value, None  # pydantic copies a mutable default per instance
             cls.__pydantic_fields__[name] = field
-        cls.model_rebuild(force=True)
+        cls.__pydantic_complete__ = False  # not built yet (defer_build), and built from these fields
 
     @classmethod
     def field_name(cls, key: str, table: str = "DEFAULTS") -> str:
