@@ -24,8 +24,6 @@ FIRST_STEP = """
 import os, sys, time
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-step = CartPoleEnv.step
-
 def first_step(self, action):
     print(time.time() - float(os.environ["STARTED"]), flush=True)
     os._exit(0)
@@ -36,17 +34,20 @@ sys.exit(main(["train", "CartPole-v1", "save_outputs=false"]))
 """
 
 
-def seconds(command: list[str], cwd: str) -> float:
-    """Wall time of ``command``, or, when it prints a number (the first-step script), that number."""
+def seconds(command: list[str], cwd: str, printed: bool) -> float:
+    """Wall time of ``command``, or, with ``printed``, the number it prints (the first-step script's
+    time since the interpreter started; a run that never steps CartPole in this process is an error)."""
     started = time.time()
     done = subprocess.run(
         command, cwd=cwd, env=os.environ | {"STARTED": repr(started)}, capture_output=True, text=True, check=True
     )
-    printed = done.stdout.strip().splitlines()
-    try:
-        return float(printed[-1])
-    except (IndexError, ValueError):
+    if not printed:
         return time.time() - started
+    lines = done.stdout.strip().splitlines()
+    try:
+        return float(lines[-1])
+    except (IndexError, ValueError):
+        raise SystemExit(f"{command[-1][:40]!r}... printed no time of its first step: {lines[-1:]}") from None
 
 
 def import_seconds(module: str) -> dict[str, float]:
@@ -55,7 +56,7 @@ def import_seconds(module: str) -> dict[str, float]:
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, check=True
     )
-    times = {}
+    times: dict[str, float] = {}
     for line in done.stderr.splitlines():
         _, _, fields = line.partition("import time:")
         parts = fields.split("|")
@@ -69,21 +70,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     shoal = os.path.join(os.path.dirname(sys.executable), "shoal")
-    commands = {
-        "shoal --version": [shoal, "--version"],
-        "shoal --help": [shoal, "--help"],
-        "shoal train CartPole-v1: first env step": [sys.executable, "-c", FIRST_STEP],
+    commands = {  # name -> (command, whether it prints its own time)
+        "shoal --version": ([shoal, "--version"], False),
+        "shoal --help": ([shoal, "--help"], False),
+        "shoal train CartPole-v1: first env step": ([sys.executable, "-c", FIRST_STEP], True),
     }
     with tempfile.TemporaryDirectory() as cwd:  # no run directory is left behind
         print(f"| command | median (s) | worst (s) |   ({args.runs} runs after a warm-up)\n|---|---|---|")
-        for name, command in commands.items():
-            seconds(command, cwd)
-            times = [seconds(command, cwd) for _ in range(args.runs)]
+        for name, (command, printed) in commands.items():
+            seconds(command, cwd, printed)
+            times = [seconds(command, cwd, printed) for _ in range(args.runs)]
             print(f"| {name} | {statistics.median(times):.2f} | {max(times):.2f} |", flush=True)
-    times = import_seconds("shoal.train")
-    parts = ["torch", "tensordict", "torch._dynamo", "gymnasium", "shoal.train"]
-    print("\nimport times (s, each with what it imports): " + ", ".join(f"{m} {times.get(m, 0):.2f}" for m in parts))
-    print("(tensordict imports torch._dynamo at load; shoal.train imports torch and tensordict)")
+    imports = import_seconds("shoal.train")
+    torch, tensordict, shoal_train = (imports.get(m, 0.0) for m in ("torch", "tensordict", "shoal.train"))
+    print(
+        f"\nimport shoal.train: {shoal_train:.2f} s in all; torch {torch:.2f}, then tensordict {tensordict:.2f} "
+        f"(of which torch._dynamo {imports.get('torch._dynamo', 0.0):.2f}, loaded by tensordict), "
+        f"the rest (shoal's own modules and what they import) {shoal_train - torch - tensordict:.2f}"
+    )
 
 
 if __name__ == "__main__":

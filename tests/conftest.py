@@ -43,14 +43,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The long tests first, the rest in their order: the slow ones (each trains, or starts
-    processes, for up to a minute), then the property tests (each runs its many examples for up
-    to a few seconds). At the end of the run, one of them would keep a pytest-xdist worker busy
-    while the other had nothing left to do."""
+    """The modules with long tests first, each module's tests kept together and in their order:
+    those with slow tests (each trains, or starts processes, for up to a minute), then those with
+    property tests (each runs its many examples for up to a few seconds). At the end of the run,
+    one of them would keep a pytest-xdist worker busy while the other had nothing left to do; kept
+    together, a module's fixtures are made once."""
     from hypothesis import is_hypothesis_test
 
+    slow, properties = set(), set()
+    for item in items:
+        module = getattr(item, "module", None)
+        if item.get_closest_marker("slow"):
+            slow.add(module)
+        if is_hypothesis_test(getattr(item, "obj", None)):
+            properties.add(module)
     items.sort(
-        key=lambda item: (not item.get_closest_marker("slow"), not is_hypothesis_test(getattr(item, "obj", None)))
+        key=lambda item: (getattr(item, "module", None) not in slow, getattr(item, "module", None) not in properties)
     )
 
 
@@ -72,7 +80,8 @@ def pytest_unconfigure(config):
     than once: over a million objects in a process that ran many of the tests (torch's and every
     test module's among them), seconds that each pytest-xdist worker spends after its last test
     while the run waits for it. Freezing the heap skips those searches; live objects are still
-    released as the modules are torn down."""
+    released as the modules are torn down, and garbage in cycles is left to the exit (child
+    processes are still ended by multiprocessing's own exit handler)."""
     gc.freeze()
 
 

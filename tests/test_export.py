@@ -58,8 +58,9 @@ def trained():
     def run(name):
         if name not in runs:
             trainer, env, keys = (RUNS | RECURRENT)[name]
-            runs[name] = trainer(env=env, seed=1, save_outputs=False, verbose=0, **keys)
-            runs[name].learn(128)
+            algo = trainer(env=env, seed=1, save_outputs=False, verbose=0, **keys)
+            algo.learn(128)
+            runs[name] = algo  # only once it has learned: a failed run is made again by the next test
         return runs[name]
 
     yield run

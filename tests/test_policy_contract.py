@@ -80,7 +80,7 @@ def test_state_is_carried_across_steps_and_rollouts_and_reset_where_episodes_sta
 
 
 def test_agents_that_leave_early_start_again_when_their_env_resets():
-    from tests.test_pettingzoo import DyingAgentsEnv
+    from test_pettingzoo import DyingAgentsEnv
 
     # agent k leaves after k + 1 steps and the env resets after 3: a row that left is padding
     # until then, and its next episode starts with its env's, not on the step after it left

@@ -69,7 +69,8 @@ class ConfigModel(BaseModel):
             _check_default(cls, key, field.annotation, field.metadata, value)
             field.default, field.default_factory = value, None  # pydantic copies a mutable default per instance
             cls.__pydantic_fields__[name] = field
-        cls.__pydantic_complete__ = False  # not built yet (defer_build), and built from these fields
+        if cls.__pydantic_complete__:  # a subclass that turned defer_build off was built without them
+            cls.model_rebuild(force=True)
 
     @classmethod
     def field_name(cls, key: str, table: str = "DEFAULTS") -> str:
