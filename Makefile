@@ -7,8 +7,9 @@ CORE := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 # test processes (pytest-xdist): the tests are mostly single-threaded, and CI has two cores. A
-# process that runs out of tests takes some of the other's (worksteal): the slow tests run first
-# (tests/conftest.py), and handed out in fixed shares they left one process a minute of them at the end.
+# process that runs out of tests takes some of the other's (worksteal): the modules with slow tests
+# run first (tests/conftest.py), and handed out in fixed shares they left one process minutes of
+# them at the end while the other waited.
 JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(JOBS) --dist worksteal
 

@@ -50,16 +50,12 @@ def pytest_collection_modifyitems(items):
     together, a module's fixtures are made once."""
     from hypothesis import is_hypothesis_test
 
-    slow, properties = set(), set()
-    for item in items:
-        module = getattr(item, "module", None)
-        if item.get_closest_marker("slow"):
-            slow.add(module)
-        if is_hypothesis_test(getattr(item, "obj", None)):
-            properties.add(module)
-    items.sort(
-        key=lambda item: (getattr(item, "module", None) not in slow, getattr(item, "module", None) not in properties)
-    )
+    def module(item):
+        return getattr(item, "module", None)
+
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    properties = {module(item) for item in items if is_hypothesis_test(getattr(item, "obj", None))}
+    items.sort(key=lambda item: (module(item) not in slow, module(item) not in properties))
 
 
 def pytest_collection_finish(session):

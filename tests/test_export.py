@@ -15,20 +15,14 @@ from shoal.cli import main
 
 ort = pytest.importorskip("onnxruntime")
 
+# a replay learner's 128 steps: one iteration, a gradient step after each 32 once 64 are stored
+REPLAY = {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1, "timesteps_per_iteration": 128}
 RUNS = {  # (trainer, env, keys): Discrete and Box actor-critics, the CNN on pixels, a Q-network, SAC
     "ppo-discrete": (shoal.PPO, "CartPole-v1", {"normalize_obs": True}),
     "ppo-pixels": (shoal.PPO, "MinAtar/Breakout-v1", {"num_envs": 2, "rollout_fragment_length": 64}),
     "ppo-box": (shoal.PPO, "Pendulum-v1", {"normalize_obs": True, "num_envs": 2, "rollout_fragment_length": 64}),
-    "dqn": (
-        shoal.DQN,
-        "CartPole-v1",
-        {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1, "timesteps_per_iteration": 128},
-    ),
-    "sac": (
-        shoal.SAC,
-        "Pendulum-v1",
-        {"learning_starts": 64, "train_freq": 32, "gradient_steps": 1, "timesteps_per_iteration": 128},
-    ),
+    "dqn": (shoal.DQN, "CartPole-v1", REPLAY),
+    "sac": (shoal.SAC, "Pendulum-v1", REPLAY),
 }
 RECURRENT = {  # an LSTM (state h and c), a GRU that also reads its previous action, a recurrent Q-network
     "ppo-lstm": (
@@ -41,7 +35,7 @@ RECURRENT = {  # an LSTM (state h and c), a GRU that also reads its previous act
         "CartPole-v1",
         {"model_config": {"core": "gru", "use_prev_action": True}, "num_envs": 2, "rollout_fragment_length": 32},
     ),
-    "dqn-lstm": (shoal.DQN, "CartPole-v1", {"model_config": {"core": "lstm"}} | RUNS["dqn"][2]),
+    "dqn-lstm": (shoal.DQN, "CartPole-v1", {"model_config": {"core": "lstm"}} | REPLAY),
 }
 
 
