@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from shoal.algos.optim import TargetNetwork
 from shoal.models.layers import SMALL_BATCH, StackedMLP
 from shoal.models.normalize import RewardScaler, RunningMeanStd
 from tests.conftest import mlp_policy
@@ -45,6 +46,41 @@ def test_one_tower_alone_is_that_towers_output_and_gradient(activation):
             grads.append((out.detach(), x.grad, *(p.grad.clone() for p in net.parameters() if p.grad is not None)))
         for alone, whole in zip(*grads):
             torch.testing.assert_close(alone, whole, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_stacked_heads_equal_the_heads_tower_by_tower(activation):
+    """``stacked(x)`` (twin critics' heads as one batched matmul) against ``forward(x)`` (each head on
+    its tower): the values with and without autograd, and the gradients to the input and parameters."""
+    torch.manual_seed(0)
+    net = StackedMLP(5, [7, 6], [1, 1], [1.0, 1.0], activation).double()
+    grads = []
+    for outputs in (net.stacked, lambda x: torch.stack(net(x))):
+        x = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        net.zero_grad()
+        out = outputs(x)
+        (out * torch.arange(1.0, 3.0, dtype=torch.float64).view(2, 1, 1)).sum().backward()  # towers weighted apart
+        with torch.no_grad():
+            torch.testing.assert_close(outputs(x), out.detach(), rtol=1e-12, atol=1e-12)
+        grads.append((out.detach(), x.grad, *(p.grad.clone() for p in net.parameters())))
+    for stacked, by_tower in zip(*grads, strict=True):
+        torch.testing.assert_close(stacked, by_tower, rtol=1e-12, atol=1e-12)
+
+
+def test_a_target_network_moves_its_floats_by_tau_and_copies_the_rest():
+    online = torch.nn.BatchNorm1d(3)
+    target = TargetNetwork(online)
+    with torch.no_grad():
+        online.weight.fill_(2.0)
+        online.running_mean.fill_(4.0)
+    online.num_batches_tracked.fill_(7)
+    target.update(0.25)
+    assert torch.equal(target.module.weight, torch.full((3,), 1.25))  # 1 + 0.25 * (2 - 1)
+    assert torch.equal(target.module.running_mean, torch.full((3,), 1.0))
+    assert int(target.module.num_batches_tracked) == 7
+    assert not target.module.weight.requires_grad
+    target.update(1.0)
+    assert torch.equal(target.module.weight, online.weight.detach())
 
 
 def test_stacked_mlp_init_is_orthogonal_per_tower():

@@ -117,11 +117,15 @@ class TargetNetwork:
         are looked up at each update, so the target keeps following an online network whose tensors
         were replaced (moved to another device, loaded with ``assign=True``)."""
         targets = itertools.chain(self.module.parameters(), self.module.buffers())
+        moved: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         for target, source in zip(targets, itertools.chain(self.online.parameters(), self.online.buffers())):
             if tau < 1.0 and target.is_floating_point():
-                target.lerp_(source, tau)
+                moved[0].append(target)
+                moved[1].append(source)
             else:
                 target.copy_(source)
+        if moved[0]:  # one op for all of them: a replay learner moves its targets after every step
+            torch._foreach_lerp_(moved[0], moved[1], tau)
 
     def state_dict(self) -> dict[str, Any]:
         return self.module.state_dict()

@@ -77,7 +77,7 @@ class QTowers(nn.Module):
         self.net = default_init_(StackedMLP(in_dim, hiddens, [1] * towers, [1.0] * towers, activation))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat(self.net(x), 1).T
+        return self.net.stacked(x).squeeze(-1)
 
     def first(self, x: torch.Tensor) -> torch.Tensor:
         """The first network's values ``[B]`` alone (``forward(x)[0]`` at 1/towers of the work)."""

@@ -102,11 +102,28 @@ class StackedMLP(nn.Module):
         if not torch.is_grad_enabled():
             outs, hidden = stacked_forward(x, self.activation, len(self.weights), self.flat_params)
             return outs, hidden[-1]
+        h = self.trunk(x)
+        return tuple(head(h[k]) for k, head in enumerate(self.heads)), h
+
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden layer of every tower, ``[k, B, h]``."""
+        if not torch.is_grad_enabled():
+            n_hidden = len(self.weights)
+            return stacked_forward(x, self.activation, n_hidden, self.flat_params[: 2 * n_hidden])[1][-1]
         act = torch.tanh if self.activation == "tanh" else torch.relu
         h = per_tower(x, len(self.heads))
         for w, b in zip(self.weights, self.biases):
             h = act(torch.baddbmm(b, h, w))
-        return tuple(head(h[k]) for k, head in enumerate(self.heads)), h
+        return h
+
+    def stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """Every tower's output as one tensor ``[k, B, out]``, for towers with one output size (twin
+        critics): the heads run as one batched matmul, whose backward hands the hidden layer one
+        gradient. Heads applied tower by tower would each scatter theirs into a zeroed copy of the
+        whole ``[k, B, h]`` block, which costs about as much as a hidden layer's matmul."""
+        weight = torch.stack([head.weight for head in self.heads])  # [k, out, h]
+        bias = torch.stack([head.bias for head in self.heads]).unsqueeze(1)  # [k, 1, out]
+        return torch.baddbmm(bias, self.trunk(x), weight.transpose(1, 2))
 
     def tower(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """Tower ``k``'s output alone, from an input ``[B, in]`` that every tower sees: what
