@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from shoal.algos.optim import TargetNetwork
+from shoal.models.actors import QTowers
 from shoal.models.layers import SMALL_BATCH, StackedMLP
 from shoal.models.normalize import RewardScaler, RunningMeanStd
 from tests.conftest import mlp_policy
@@ -53,18 +54,34 @@ def test_stacked_heads_equal_the_heads_tower_by_tower(activation):
     """``stacked(x)`` (twin critics' heads as one batched matmul) against ``forward(x)`` (each head on
     its tower): the values with and without autograd, and the gradients to the input and parameters."""
     torch.manual_seed(0)
-    net = StackedMLP(5, [7, 6], [1, 1], [1.0, 1.0], activation).double()
+    net = StackedMLP(5, [7, 6], [3, 3], [1.0, 1.0], activation).double()
+    with torch.no_grad():  # biases that differ by tower and output, so a mixed-up layout shows
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
     grads = []
     for outputs in (net.stacked, lambda x: torch.stack(net(x))):
         x = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
         net.zero_grad()
         out = outputs(x)
-        (out * torch.arange(1.0, 3.0, dtype=torch.float64).view(2, 1, 1)).sum().backward()  # towers weighted apart
+        (out * torch.arange(1.0, 7.0, dtype=torch.float64).view(2, 1, 3)).sum().backward()  # outputs weighted apart
         with torch.no_grad():
             torch.testing.assert_close(outputs(x), out.detach(), rtol=1e-12, atol=1e-12)
         grads.append((out.detach(), x.grad, *(p.grad.clone() for p in net.parameters())))
     for stacked, by_tower in zip(*grads, strict=True):
         torch.testing.assert_close(stacked, by_tower, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("towers,rows,per_tower", [(1, 1, False), (2, 1, False), (2, 5, False), (2, 5, True)])
+def test_q_towers_give_each_towers_value(towers, rows, per_tower):
+    torch.manual_seed(0)
+    q = QTowers(4, [8, 8], towers).double()
+    x = torch.randn(*((towers,) if per_tower else ()), rows, 4, dtype=torch.float64)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            values = q(x)
+            assert values.shape == (towers, rows)
+            for k in range(towers):
+                torch.testing.assert_close(values[k], q.net.forward_hidden(x)[0][k].squeeze(-1), rtol=1e-12, atol=1e-12)
 
 
 def test_a_target_network_moves_its_floats_by_tau_and_copies_the_rest():

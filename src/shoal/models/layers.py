@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -120,9 +121,11 @@ class StackedMLP(nn.Module):
         """Every tower's output as one tensor ``[k, B, out]``, for towers with one output size (twin
         critics): the heads run as one batched matmul, whose backward hands the hidden layer one
         gradient. Heads applied tower by tower would each scatter theirs into a zeroed copy of the
-        whole ``[k, B, h]`` block, which costs about as much as a hidden layer's matmul."""
-        weight = torch.stack([head.weight for head in self.heads])  # [k, out, h]
-        bias = torch.stack([head.bias for head in self.heads]).unsqueeze(1)  # [k, 1, out]
+        whole ``[k, B, h]`` block, which costs about as much as a hidden layer's matmul. The heads'
+        parameters are read here, so their modules' forward hooks do not run."""
+        heads = cast(list[nn.Linear], list(self.heads))  # read at each call: parameters may be replaced
+        weight = torch.stack([head.weight for head in heads])  # [k, out, h]
+        bias = torch.stack([head.bias for head in heads]).unsqueeze(1)  # [k, 1, out]
         return torch.baddbmm(bias, self.trunk(x), weight.transpose(1, 2))
 
     def tower(self, x: torch.Tensor, k: int) -> torch.Tensor:
