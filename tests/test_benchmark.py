@@ -181,6 +181,15 @@ def test_a_run_directory_holds_one_run_and_one_runner(tmp_path):
         run_suite(Suite([spec]), tmp_path, live=False)
 
 
+@pytest.mark.parametrize(
+    ("algo", "stored"), [("sac", True), ("td3", True), ("dqn", True), ("ppo", False), ("bc", False)]
+)
+def test_online_replay_runs_keep_their_buffer_in_checkpoints(tmp_path, algo, stored):
+    """A row run in parts resumes with its replay buffer, as the uninterrupted run would have it."""
+    command = RunSpec(algo, "Pendulum-v1", 1).command(tmp_path)
+    assert ("store_buffer_in_checkpoints=true" in command) is stored
+
+
 def test_a_summary_is_read_after_whatever_an_env_printed(tmp_path):
     path = tmp_path / "stdout.json"
     path.write_text('loading {assets}\n{\n  "env": "X",\n  "evaluation": {\n    "a": 1\n  }\n}\n')

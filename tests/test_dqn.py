@@ -213,14 +213,24 @@ def test_resume_with_the_buffer_is_bit_identical(tmp_path, prioritized):
     assert_resume_is_bit_identical(shoal.DQN, kw, tmp_path, keys, iterations=5, split=3)
 
 
-def test_a_checkpoint_without_the_buffer_resumes_and_refills_it(tmp_path):
-    algo = shoal.DQN(run_dir=str(tmp_path / "run"), **{k: v for k, v in SMALL.items() if k != "save_outputs"})
-    algo.train()
+def test_a_checkpoint_without_the_buffer_resumes_and_refills_it_before_learning(tmp_path):
+    """Resumed without its buffer, a run stores ``learning_starts`` steps again before its next
+    minibatch: its networks are not fitted to the few steps of a nearly empty buffer."""
+    kw = {k: v for k, v in SMALL.items() if k != "save_outputs"} | {"learning_starts": 128}
+    algo = shoal.DQN(run_dir=str(tmp_path / "run"), **kw)
+    for _ in range(3):
+        learned = algo.train()["num_gradient_steps"]
+    assert learned > 0
     path = algo.save()
     assert algo.algorithm.state_dict()["replay"] is None
     resumed = shoal.DQN.from_checkpoint(path)
     assert len(resumed.algorithm.replay) == 0
-    assert resumed.train()["replay_size"] > 0
+    weights = [p.clone() for p in resumed.get_policy().parameters()]
+    out = resumed.train()  # 64 steps stored: fewer than learning_starts
+    assert out["replay_size"] == 64
+    assert out["num_gradient_steps"] == learned
+    assert all(torch.equal(a, b) for a, b in zip(weights, resumed.get_policy().parameters()))
+    assert resumed.train()["num_gradient_steps"] == learned + 4  # the 128th step is in: one phase's 4
 
 
 @pytest.mark.slow  # a learning run

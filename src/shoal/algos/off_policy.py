@@ -195,7 +195,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             self.timesteps += steps
             collected += steps
             self.after_phase(before)
-            if self.timesteps < c.learning_starts or not self.learners:
+            if not self.learners or not self.warmed_up():
                 continue
             beta = c.prioritized_replay_beta + (1.0 - c.prioritized_replay_beta) * self.phase_progress(collected)
             self.learn_from_replay(c.gradient_steps if c.gradient_steps > 0 else steps, beta, totals)
@@ -205,6 +205,14 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         if single:
             return stats | next(iter(per_policy.values()), {})
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
+
+    def warmed_up(self) -> bool:
+        """The learners step once ``learning_starts`` env steps are in and the replay buffer holds
+        as many (or is full). The two differ after a resume from a checkpoint without the buffer:
+        the run refills it first, as networks fitted to the few steps of a nearly empty buffer
+        would forget what they had learned."""
+        envs, need = self.env.num_envs, self.config.learning_starts
+        return self.timesteps >= need and self.replay.size * envs >= min(need, (self.replay.columns - 1) * envs)
 
     def minibatch(self, index: torch.Tensor) -> TensorDict:
         """What a learner learns from for the sampled steps at flat ``index``: by default their
