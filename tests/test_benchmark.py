@@ -182,10 +182,11 @@ def test_a_run_directory_holds_one_run_and_one_runner(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("algo", "stored"), [("sac", True), ("td3", True), ("dqn", True), ("ppo", False), ("bc", False)]
+    ("algo", "stored"), [("sac", True), ("td3", True), ("dqn", True), ("ppo", False), ("bc", False), ("dqnn", False)]
 )
 def test_online_replay_runs_keep_their_buffer_in_checkpoints(tmp_path, algo, stored):
-    """A row run in parts resumes with its replay buffer, as the uninterrupted run would have it."""
+    """A row run in parts resumes with its replay buffer, as the uninterrupted run would have it;
+    a misspelt algo is left to fail in its own run, not in the runner."""
     command = RunSpec(algo, "Pendulum-v1", 1).command(tmp_path)
     assert ("store_buffer_in_checkpoints=true" in command) is stored
 

@@ -1,7 +1,7 @@
 """The loop every replay learner shares: collect a phase, store it, learn from replay.
 
     training_step: phases until timesteps_per_iteration env steps are in, each:
-        collect [N, T+1] (T = train_freq, or an episode of each env) -> replay.add -> after learning_starts:
+        collect [N, T+1] (T = train_freq, or an episode of each env) -> replay.add -> once warmed_up:
         gradient_steps x (each trained policy: sample its rows -> transitions: the buffer's n-step
         windows -> n_step_returns [-> importance_weights] -> learner.prepare -> learner.learn
         [-> priorities])

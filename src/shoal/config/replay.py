@@ -21,7 +21,8 @@ class OffPolicyConfig(TrainerConfig):
     """Agent steps the replay buffer holds (split evenly over the agent rows); the oldest are overwritten."""
     learning_starts: int = Field(default=100, ge=0)
     """Env steps collected before the first gradient step (the buffer fills with them first; the actor-critics act
-    uniformly at random meanwhile)."""
+    uniformly at random meanwhile). A run resumed from a checkpoint without its buffer collects as
+    many again, with its trained policy, before its next gradient step."""
     gradient_steps: int = Field(default=1, ge=-1)
     """Minibatch steps after each collection phase; -1: as many as the env steps the phase collected."""
     train_freq_unit: Literal["step", "episode"] = "step"
@@ -44,7 +45,8 @@ class OffPolicyConfig(TrainerConfig):
     prioritized_replay_eps: float = Field(default=1e-6, gt=0.0)
     """Added to each absolute TD error, so no step's priority is 0."""
     store_buffer_in_checkpoints: bool = False
-    """Write the replay buffer into checkpoints (large; needed for a resume that continues bit for bit)."""
+    """Write the replay buffer into checkpoints (large; needed for a resume that continues bit for bit;
+    without it a resumed run refills the buffer for `learning_starts` env steps before it learns)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "rollout_fragment_length": 1,

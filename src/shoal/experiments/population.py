@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from shoal.algos.off_policy import OffPolicyAlgorithm
 from shoal.errors import ConfigError, warn
 from shoal.experiments.books import Reading, locked_json
 from shoal.experiments.spec import Path_, Population, Space, param_name
@@ -172,11 +173,18 @@ class PopulationBook:
                 shutil.rmtree(entry["checkpoint"], ignore_errors=True)
 
 
-def take_learned_state(trainer: Trainer, checkpoint: Path) -> None:
+def take_learned_state(trainer: Trainer, checkpoint: Path, before: Trainer | None = None) -> None:
     """Load the learned state (weights, optimizers, normalization statistics) of another trial's
-    ``checkpoint`` into ``trainer``, whose counters, episodes and config stay its own."""
+    ``checkpoint`` into ``trainer``, whose counters, episodes and config stay its own. A replay
+    learner goes on with a full buffer: the donor's, when its checkpoint holds one, else the one
+    ``before`` (this trial as it reached the point) had; with neither it would refill its buffer
+    for ``learning_starts`` env steps before learning again."""
     state, _ = ckpt.read_checkpoint(checkpoint)
     try:
         trainer.algorithm.load_state_dict(state["algorithm"])
     except (RuntimeError, KeyError, ValueError) as e:
         raise ConfigError(f"population-based training: '{checkpoint}' does not fit this trial: {e}") from None
+    mine = trainer.algorithm
+    if before is not None and isinstance(mine, OffPolicyAlgorithm) and state["algorithm"]["replay"] is None:
+        assert isinstance(before.algorithm, OffPolicyAlgorithm)  # the same trial, so the same algorithm
+        mine.replay.load_state_dict(before.algorithm.replay.state_dict())
