@@ -206,11 +206,11 @@ def kill_after_the_first_move(spec, out):
     raise AssertionError("no trial moved before the sweep ended")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kept", [True, False])
-def test_a_replay_learner_that_moves_goes_on_learning_with_its_own_buffer(tmp_path, kept):
+@pytest.mark.parametrize("before", ["own", "none", "resized"])
+def test_a_replay_learner_that_moves_goes_on_learning_with_its_own_buffer(tmp_path, before):
     """Without the donor's buffer in its checkpoint, the moving trial keeps the experience it had
-    at the point; given nothing to keep, it would refill for ``learning_starts`` steps first."""
+    at the point; given nothing to keep, or a buffer of another size, it refills for
+    ``learning_starts`` steps first."""
     small = dict(env="CartPole-v1", rollout_fragment_length=16, gradient_steps=4, learning_starts=128)
     small |= dict(timesteps_per_iteration=64, buffer_size=2000, sgd_minibatch_size=32, verbose=0)
     own, donor = (
@@ -219,17 +219,20 @@ def test_a_replay_learner_that_moves_goes_on_learning_with_its_own_buffer(tmp_pa
     for _ in range(4):
         own.train(), donor.train()
     own_point, donor_point = own.save(), donor.save()
-    moved = shoal.DQN.from_checkpoint(own_point, run_dir=str(tmp_path / "own"))
-    take_learned_state(moved, donor_point, own if kept else None)
+    resized = {"buffer_size": 1000} if before == "resized" else {}
+    moved = shoal.DQN.from_checkpoint(own_point, run_dir=str(tmp_path / "own"), **resized)
+    take_learned_state(moved, donor_point, None if before == "none" else own)
+    kept = before == "own"
     replay = moved.algorithm.replay
     assert len(replay) == (len(own.algorithm.replay) if kept else 0)
     if kept:
         assert torch.equal(replay.storage["obs"], own.algorithm.replay.storage["obs"])
     assert all(torch.equal(a, b) for a, b in zip(moved.get_policy().parameters(), donor.get_policy().parameters()))
-    before = moved.algorithm.gradient_steps
-    assert (moved.train()["num_gradient_steps"] > before) is kept
+    steps = moved.algorithm.gradient_steps
+    assert (moved.train()["num_gradient_steps"] > steps) is kept
 
 
+@pytest.mark.slow
 def test_hopeless_trials_go_on_from_the_best_ones_and_learn_and_a_move_survives_a_kill(tmp_path, capsys):
     """Four step sizes, two that move nothing: each of those is the worst when it reaches 2,048
     steps and goes on from a trial that learns, with a step size from that trial's list

@@ -177,14 +177,18 @@ def take_learned_state(trainer: Trainer, checkpoint: Path, before: Trainer | Non
     """Load the learned state (weights, optimizers, normalization statistics) of another trial's
     ``checkpoint`` into ``trainer``, whose counters, episodes and config stay its own. A replay
     learner goes on with a full buffer: the donor's, when its checkpoint holds one, else the one
-    ``before`` (this trial as it reached the point) had; with neither it would refill its buffer
-    for ``learning_starts`` env steps before learning again."""
+    ``before`` (this trial as it reached the point) had, if its size was not searched; with neither
+    it refills its buffer for ``learning_starts`` env steps before learning again."""
     state, _ = ckpt.read_checkpoint(checkpoint)
     try:
         trainer.algorithm.load_state_dict(state["algorithm"])
     except (RuntimeError, KeyError, ValueError) as e:
         raise ConfigError(f"population-based training: '{checkpoint}' does not fit this trial: {e}") from None
-    mine = trainer.algorithm
-    if before is not None and isinstance(mine, OffPolicyAlgorithm) and state["algorithm"]["replay"] is None:
-        assert isinstance(before.algorithm, OffPolicyAlgorithm)  # the same trial, so the same algorithm
-        mine.replay.load_state_dict(before.algorithm.replay.state_dict())
+    mine, old = trainer.algorithm, None if before is None else before.algorithm
+    if (
+        isinstance(mine, OffPolicyAlgorithm)
+        and isinstance(old, OffPolicyAlgorithm)
+        and state["algorithm"]["replay"] is None  # the donor's checkpoint holds no buffer
+        and mine.replay.storage.batch_size == old.replay.storage.batch_size  # a searched buffer_size starts empty
+    ):
+        mine.replay.load_state_dict(old.replay.state_dict())
