@@ -279,6 +279,23 @@ def test_a_run_made_before_its_tuned_config_changed_is_not_taken_for_a_current_o
         run_suite(Suite([spec]), tmp_path, live=False)
 
 
+def test_a_run_made_before_its_kind_defaults_changed_is_not_taken_for_a_current_one(tmp_path, monkeypatch):
+    """Without a tuned config, a run starts from its algorithm's defaults for the env's kind."""
+    defaults = tmp_path / "box.yaml"
+    defaults.write_text("learning_rate: 0.0003\n")
+    monkeypatch.setattr("shoal.benchmark.runner.tuned_path", lambda algo, env: None)
+    monkeypatch.setattr("shoal.benchmark.runner.kind_path", lambda algo, kind: defaults if kind == "box" else None)
+    spec = RunSpec("ppo", "Walker2d-v5", 1)
+    finish(tmp_path, spec, 500.0)
+    (spec.directory(tmp_path) / SPEC).write_text(json.dumps(spec.identity()))
+    run_suite(Suite([spec]), tmp_path, live=False)  # the same defaults: finished, skipped
+    defaults.write_text("# a comment changes nothing\nlearning_rate: 0.0003\n")
+    run_suite(Suite([spec]), tmp_path, live=False)
+    defaults.write_text("learning_rate: 0.001\n")
+    with pytest.raises(ConfigError, match="holds ppo/Walker2d-v5 seed 1 run with other settings"):
+        run_suite(Suite([spec]), tmp_path, live=False)
+
+
 def test_the_curve_grid_draws_the_seeds_of_a_run_as_one_line_beside_its_reference(tmp_path, monkeypatch):
     import matplotlib.figure
 

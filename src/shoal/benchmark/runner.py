@@ -28,7 +28,7 @@ from typing import IO, Any, cast
 from shoal.algos.registry import algorithm_class
 from shoal.config.offline_learners import OfflineConfig
 from shoal.config.replay import OffPolicyConfig
-from shoal.config.tuned import env_slug, tuned_path
+from shoal.config.tuned import KINDS, env_slug, kind_path, tuned_path
 from shoal.errors import ConfigError, shorten
 from shoal.train import signals
 from shoal.train.checkpoint import list_checkpoints
@@ -97,12 +97,19 @@ class RunSpec:
 
 
 def _tuned_digest(algo: str, env: str) -> str | None:
-    """A digest of the keys of the tuned config the run starts from (None: none): a run made
-    before the tuned config changed is not taken for a run of the new one. Comments do not count."""
+    """A digest of the keys of the tuned config the run starts from, or without one, of every
+    defaults file its algorithm ships for an env kind (which applies depends on the env, not made
+    here); None: none of them. A run made before those keys changed is not taken for a run of the
+    new ones. Comments do not count."""
     path = tuned_path(algo, env)
-    if path is None:
-        return None
-    return hashlib.sha256(json.dumps(load_yaml(path), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    if path is not None:
+        keys = load_yaml(path)
+    else:
+        kinds = {kind: found for kind in KINDS if (found := kind_path(algo, kind)) is not None}
+        if not kinds:
+            return None
+        keys = {kind: load_yaml(found) for kind, found in kinds.items()}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 @dataclass
