@@ -279,17 +279,21 @@ def test_a_run_made_before_its_tuned_config_changed_is_not_taken_for_a_current_o
         run_suite(Suite([spec]), tmp_path, live=False)
 
 
-def test_a_run_made_before_its_kind_defaults_changed_is_not_taken_for_a_current_one(tmp_path, monkeypatch):
-    """Without a tuned config, a run starts from its algorithm's defaults for the env's kind."""
-    defaults = tmp_path / "box.yaml"
+@pytest.mark.parametrize("tuned_off", [False, True])
+def test_a_run_made_before_its_kind_defaults_changed_is_not_taken_for_a_current_one(tmp_path, monkeypatch, tuned_off):
+    """Without a tuned config, or with ``tuned=false``, a run starts from its algorithm's defaults
+    for the env's kind: those are what its identity follows, not a tuned config it does not read."""
+    defaults, tuned = tmp_path / "box.yaml", tmp_path / "tuned.yaml"
     defaults.write_text("learning_rate: 0.0003\n")
-    monkeypatch.setattr("shoal.benchmark.runner.tuned_path", lambda algo, env: None)
+    tuned.write_text("learning_rate: 0.1\n")
+    monkeypatch.setattr("shoal.benchmark.runner.tuned_path", lambda algo, env: tuned if tuned_off else None)
     monkeypatch.setattr("shoal.benchmark.runner.kind_path", lambda algo, kind: defaults if kind == "box" else None)
-    spec = RunSpec("ppo", "Walker2d-v5", 1)
+    spec = RunSpec("ppo", "Walker2d-v5", 1, overrides=("tuned=false",) if tuned_off else ())
     finish(tmp_path, spec, 500.0)
     (spec.directory(tmp_path) / SPEC).write_text(json.dumps(spec.identity()))
     run_suite(Suite([spec]), tmp_path, live=False)  # the same defaults: finished, skipped
     defaults.write_text("# a comment changes nothing\nlearning_rate: 0.0003\n")
+    tuned.write_text("learning_rate: 0.2\n")  # read by neither run
     run_suite(Suite([spec]), tmp_path, live=False)
     defaults.write_text("learning_rate: 0.001\n")
     with pytest.raises(ConfigError, match="holds ppo/Walker2d-v5 seed 1 run with other settings"):

@@ -206,23 +206,23 @@ def kill_after_the_first_move(spec, out):
     raise AssertionError("no trial moved before the sweep ended")
 
 
-@pytest.mark.parametrize("before", ["own", "none", "resized"])
-def test_a_replay_learner_that_moves_goes_on_learning_with_its_own_buffer(tmp_path, before):
-    """Without the donor's buffer in its checkpoint, the moving trial keeps the experience it had
-    at the point; given nothing to keep, or a buffer of another size, it refills for
-    ``learning_starts`` steps first."""
+@pytest.mark.parametrize("move", ["own", "none", "donor stored", "resized", "prioritized"])
+def test_a_replay_learner_that_moves_goes_on_learning_with_its_own_buffer(tmp_path, move):
+    """The moving trial keeps the experience it had at the point, which goes on from its own envs
+    (even when the donor's checkpoint holds a buffer); given nothing to keep, or when the move
+    changes the buffer's layout, it refills for ``learning_starts`` steps first."""
     small = dict(env="CartPole-v1", rollout_fragment_length=16, gradient_steps=4, learning_starts=128)
     small |= dict(timesteps_per_iteration=64, buffer_size=2000, sgd_minibatch_size=32, verbose=0)
-    own, donor = (
-        shoal.DQN(run_dir=str(tmp_path / name), seed=seed, **small) for name, seed in (("own", 1), ("donor", 2))
-    )
+    donor_keeps = {"store_buffer_in_checkpoints": True} if move == "donor stored" else {}
+    own = shoal.DQN(run_dir=str(tmp_path / "own"), seed=1, **small)
+    donor = shoal.DQN(run_dir=str(tmp_path / "donor"), seed=2, **small, **donor_keeps)
     for _ in range(4):
         own.train(), donor.train()
     own_point, donor_point = own.save(), donor.save()
-    resized = {"buffer_size": 1000} if before == "resized" else {}
-    moved = shoal.DQN.from_checkpoint(own_point, run_dir=str(tmp_path / "own"), **resized)
-    take_learned_state(moved, donor_point, None if before == "none" else own)
-    kept = before == "own"
+    changed = {"resized": {"buffer_size": 1000}, "prioritized": {"prioritized_replay": True}}.get(move, {})
+    moved = shoal.DQN.from_checkpoint(own_point, run_dir=str(tmp_path / "own"), **changed)
+    take_learned_state(moved, donor_point, None if move == "none" else own)
+    kept = move in ("own", "donor stored")
     replay = moved.algorithm.replay
     assert len(replay) == (len(own.algorithm.replay) if kept else 0)
     if kept:

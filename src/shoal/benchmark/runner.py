@@ -26,6 +26,7 @@ from types import FrameType
 from typing import IO, Any, cast
 
 from shoal.algos.registry import algorithm_class
+from shoal.config.files import parse_overrides
 from shoal.config.offline_learners import OfflineConfig
 from shoal.config.replay import OffPolicyConfig
 from shoal.config.tuned import KINDS, env_slug, kind_path, tuned_path
@@ -68,7 +69,7 @@ class RunSpec:
             "seed": self.seed,
             "timesteps": self.timesteps,
             "overrides": list(self.overrides),
-            "tuned": _tuned_digest(self.algo, self.env),
+            "tuned": _tuned_digest(self.algo, self.env, self.overrides),
         }
 
     def _learns_online_from_replay(self) -> bool:
@@ -96,16 +97,22 @@ class RunSpec:
         return [*base, *keys, *steps, *self.overrides, "--run-dir", str(run_dir)]
 
 
-def _tuned_digest(algo: str, env: str) -> str | None:
-    """A digest of the keys of the tuned config the run starts from, or without one, of every
-    defaults file its algorithm ships for an env kind (which applies depends on the env, not made
-    here); None: none of them. A run made before those keys changed is not taken for a run of the
-    new ones. Comments do not count."""
-    path = tuned_path(algo, env)
+def _tuned_digest(algo: str, env: str, overrides: tuple[str, ...] = ()) -> str | None:
+    """A digest of the keys of the tuned config the run starts from, or without one (or with
+    ``tuned=false``), of every defaults file its algorithm ships for an env kind (which of them
+    applies depends on the env, not made here; none with ``kind_defaults=false``); None: no file.
+    A run made before those keys changed is not taken for a run of the new ones. Comments do not
+    count."""
+    try:
+        given = parse_overrides(list(overrides))
+    except ConfigError:  # the run itself says what is wrong with them
+        given = {}
+    path = tuned_path(algo, env) if given.get("tuned", True) is not False else None
     if path is not None:
         keys = load_yaml(path)
     else:
-        kinds = {kind: found for kind in KINDS if (found := kind_path(algo, kind)) is not None}
+        by_kind = given.get("kind_defaults", True) is not False
+        kinds = {kind: found for kind in KINDS if by_kind and (found := kind_path(algo, kind)) is not None}
         if not kinds:
             return None
         keys = {kind: load_yaml(found) for kind, found in kinds.items()}
@@ -249,7 +256,7 @@ def _check_directory(spec: RunSpec, out: Path) -> None:
     if saved is not None and saved != expected:
         raise ConfigError(
             f"'{run_dir}' holds {spec.name} run with other settings ({saved}, now {expected}; 'tuned' is "
-            f"a digest of the tuned config's keys); "
+            f"a digest of the keys of the tuned config or kind defaults it starts from); "
             f"give another --out, or delete the directory to run it again."
         )
     try:

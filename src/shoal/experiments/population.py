@@ -83,6 +83,11 @@ def movers(arrived: int, fraction: float) -> int:
 def shapes(trainer: Trainer) -> str:
     """A digest of the names and shapes of the trainer's learned state: trials whose digests differ
     cannot take each other's state."""
+    return layout(trainer.algorithm.state_dict())
+
+
+def layout(state: Any) -> str:
+    """A digest of the names and shapes of the tensors in a (nested) state dict."""
     found: list[str] = []
 
     def walk(node: Any, at: str) -> None:
@@ -95,7 +100,7 @@ def shapes(trainer: Trainer) -> str:
             for i, value in enumerate(node):
                 walk(value, f"{at}.{i}")
 
-    walk(trainer.algorithm.state_dict(), "")
+    walk(state, "")
     return hashlib.sha1("\n".join(sorted(found)).encode()).hexdigest()[:12]
 
 
@@ -176,19 +181,19 @@ class PopulationBook:
 def take_learned_state(trainer: Trainer, checkpoint: Path, before: Trainer | None = None) -> None:
     """Load the learned state (weights, optimizers, normalization statistics) of another trial's
     ``checkpoint`` into ``trainer``, whose counters, episodes and config stay its own. A replay
-    learner goes on with a full buffer: the donor's, when its checkpoint holds one, else the one
-    ``before`` (this trial as it reached the point) had, if its size was not searched; with neither
-    it refills its buffer for ``learning_starts`` env steps before learning again."""
+    learner keeps the buffer ``before`` (this trial as it reached the point) had, which goes on
+    from its own envs, unless the move changed the buffer's layout. Then it holds the donor's
+    buffer when the donor's checkpoint has one, else it starts empty and refills for
+    ``learning_starts`` env steps before learning again."""
     state, _ = ckpt.read_checkpoint(checkpoint)
     try:
         trainer.algorithm.load_state_dict(state["algorithm"])
     except (RuntimeError, KeyError, ValueError) as e:
         raise ConfigError(f"population-based training: '{checkpoint}' does not fit this trial: {e}") from None
     mine, old = trainer.algorithm, None if before is None else before.algorithm
-    if (
-        isinstance(mine, OffPolicyAlgorithm)
-        and isinstance(old, OffPolicyAlgorithm)
-        and state["algorithm"]["replay"] is None  # the donor's checkpoint holds no buffer
-        and mine.replay.storage.batch_size == old.replay.storage.batch_size  # a searched buffer_size starts empty
-    ):
-        mine.replay.load_state_dict(old.replay.state_dict())
+    if isinstance(mine, OffPolicyAlgorithm) and isinstance(old, OffPolicyAlgorithm):
+        kept = old.replay.state_dict()
+        # the same kind of buffer with the same tensors: a searched value may have changed its
+        # layout (buffer_size, prioritized_replay, a recurrent learner's sequence length)
+        if type(mine.replay) is type(old.replay) and layout(kept) == layout(mine.replay.state_dict()):
+            mine.replay.load_state_dict(kept)
