@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,15 @@ from hypothesis import strategies as st
 import shoal
 from shoal.errors import ConfigError, ShoalWarning
 from shoal.experiments import load_experiments, run_experiments
-from shoal.experiments.population import BOOK, POINTS, PopulationBook, explore, movers, take_learned_state
+from shoal.experiments.population import (
+    BOOK,
+    POINTS,
+    PopulationBook,
+    explore,
+    movers,
+    shapes,
+    take_learned_state,
+)
 from shoal.experiments.spec import Population, Space
 from shoal.train import checkpoint as ckpt
 
@@ -206,30 +215,55 @@ def kill_after_the_first_move(spec, out):
     raise AssertionError("no trial moved before the sweep ended")
 
 
-@pytest.mark.parametrize("move", ["own", "none", "donor stored", "resized", "prioritized"])
+# how the trial moves: (what its own run and the donor store, the changed settings, whose buffer it then holds)
+MOVES = {
+    "own": ({}, {}, {}, "own"),
+    "none": ({}, {}, {}, "empty"),  # nothing of its own to keep: a trial resumed at the move
+    "donor stored": ({}, {"store_buffer_in_checkpoints": True}, {}, "own"),
+    "resized": ({}, {}, {"buffer_size": 1000}, "empty"),
+    "prioritized": ({}, {}, {"prioritized_replay": True}, "empty"),
+    "resized, both stored": ({"store_buffer_in_checkpoints": True},) * 2 + ({"buffer_size": 1000}, "empty"),
+    "resized to the donor's": (
+        {"store_buffer_in_checkpoints": True},
+        {"store_buffer_in_checkpoints": True, "buffer_size": 1000},
+        {"buffer_size": 1000},
+        "donor",
+    ),
+}
+
+
+@pytest.mark.parametrize("move", list(MOVES))
 def test_a_replay_learner_that_moves_goes_on_learning_with_its_own_buffer(tmp_path, move):
     """The moving trial keeps the experience it had at the point, which goes on from its own envs
-    (even when the donor's checkpoint holds a buffer); given nothing to keep, or when the move
-    changes the buffer's layout, it refills for ``learning_starts`` steps first."""
+    (even when the donor's checkpoint holds a buffer). When the move changes the buffer's layout it
+    takes the donor's stored buffer if that fits, else it refills for ``learning_starts`` steps
+    first, as it does given nothing to keep; a trial's stored buffer does not count among the
+    shapes that must match across the population."""
+    own_keeps, donor_keeps, changed, holds = MOVES[move]
     small = dict(env="CartPole-v1", rollout_fragment_length=16, gradient_steps=4, learning_starts=128)
     small |= dict(timesteps_per_iteration=64, buffer_size=2000, sgd_minibatch_size=32, verbose=0)
-    donor_keeps = {"store_buffer_in_checkpoints": True} if move == "donor stored" else {}
-    own = shoal.DQN(run_dir=str(tmp_path / "own"), seed=1, **small)
-    donor = shoal.DQN(run_dir=str(tmp_path / "donor"), seed=2, **small, **donor_keeps)
+    own = shoal.DQN(run_dir=str(tmp_path / "own"), seed=1, **small | own_keeps)
+    donor = shoal.DQN(run_dir=str(tmp_path / "donor"), seed=2, **small | donor_keeps)
     for _ in range(4):
         own.train(), donor.train()
+    assert shapes(own) == shapes(donor)
     own_point, donor_point = own.save(), donor.save()
-    changed = {"resized": {"buffer_size": 1000}, "prioritized": {"prioritized_replay": True}}.get(move, {})
-    moved = shoal.DQN.from_checkpoint(own_point, run_dir=str(tmp_path / "own"), **changed)
-    take_learned_state(moved, donor_point, None if move == "none" else own)
-    kept = move in ("own", "donor stored")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moved = shoal.DQN.from_checkpoint(own_point, run_dir=str(tmp_path / "own"), **changed)
+        take_learned_state(moved, donor_point, None if move == "none" else own)
+    stored_but_resized = own_keeps and changed
+    assert [str(w.message).split(")")[0] for w in caught] == (
+        ["the checkpoint's replay buffer (1 x 2000 steps"] if stored_but_resized else []
+    )
     replay = moved.algorithm.replay
-    assert len(replay) == (len(own.algorithm.replay) if kept else 0)
-    if kept:
-        assert torch.equal(replay.storage["obs"], own.algorithm.replay.storage["obs"])
+    source = {"own": own, "donor": donor}.get(holds)
+    assert len(replay) == (0 if source is None else len(source.algorithm.replay))
+    if source is not None:
+        assert torch.equal(replay.storage["obs"], source.algorithm.replay.storage["obs"])
     assert all(torch.equal(a, b) for a, b in zip(moved.get_policy().parameters(), donor.get_policy().parameters()))
     steps = moved.algorithm.gradient_steps
-    assert (moved.train()["num_gradient_steps"] > steps) is kept
+    assert (moved.train()["num_gradient_steps"] > steps) is (source is not None)
 
 
 @pytest.mark.slow

@@ -265,6 +265,33 @@ def test_state_dict_round_trip() -> None:
     assert (a == b).all()
 
 
+@pytest.mark.parametrize("stored_alpha", [0.3, 0.0])
+def test_a_buffer_loaded_with_another_alpha_draws_by_the_new_one(stored_alpha: float) -> None:
+    """A resume (or a population-based move) with a changed ``alpha``: the loaded priorities are
+    what a buffer built with the new alpha holds after the same updates; from ``alpha=0``, which
+    kept no priority, every drawable step takes the largest one."""
+    envs = FakeEnvs(2, next_step=False, seed=10)
+    rollout = envs.rollout(12)
+    stored = PrioritizedReplayBuffer(env_info(2), 60, alpha=stored_alpha)
+    direct = PrioritizedReplayBuffer(env_info(2), 60, alpha=0.8)
+    for buffer in (stored, direct):
+        buffer.add(*rollout)
+    steps = direct.sampleable.view(-1).nonzero().squeeze(1)[::2]  # half the stored steps
+    priority = torch.linspace(0.5, 4.0, len(steps))
+    for buffer in (stored, direct):
+        buffer.update_priorities(steps, priority)
+    loaded = PrioritizedReplayBuffer(env_info(2), 60, alpha=0.8)
+    loaded.load_state_dict(stored.state_dict())
+    if stored_alpha == 0.0:  # each drawable step: the largest priority given, 4.0
+        expected = torch.where(direct.sums[0].tree > 0, 4.0**0.8, 0.0).double()
+        leaves = slice(direct.sums[0].leaves, None)
+        torch.testing.assert_close(loaded.sums[0].tree[leaves], expected[leaves])
+        return
+    for mine, theirs in ((loaded.sums[0], direct.sums[0]), (loaded.mins[0], direct.mins[0])):
+        torch.testing.assert_close(mine.tree, theirs.tree)
+    assert loaded.probabilities(steps).sum() > stored.probabilities(steps).sum(), "the test must tell alphas apart"
+
+
 def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="capacity 3 cannot hold two steps of each of 2 agent rows"):
         ReplayBuffer(env_info(2), 3)

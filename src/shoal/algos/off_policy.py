@@ -34,6 +34,7 @@ from shoal.algos.returns import importance_weights, n_step_returns
 from shoal.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
 from shoal.config import OffPolicyConfig
 from shoal.envs.spaces import EnvInfo
+from shoal.errors import warn
 from shoal.models.policy import Policy
 
 GATHER_BYTES = 32 << 20
@@ -280,5 +281,15 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             learner.load_state_dict(state["learners"][pid])
         self.generator.set_state(state["generator"])
         self.timesteps, self.gradient_steps = state["timesteps"], state["gradient_steps"]
-        if state["replay"] is not None:
-            self.replay.load_state_dict(state["replay"])
+        if (stored := state["replay"]) is None:
+            return
+        if self.replay.fits(stored):
+            self.replay.load_state_dict(stored)
+            return
+        rows, columns = stored["sampleable"].shape
+        warn(
+            f"the checkpoint's replay buffer ({rows} x {columns} steps) does not fit this run's "
+            f"{type(self.replay).__name__} ({self.replay.num_rows} x {self.replay.columns}): a changed buffer_size, "
+            f"num_envs, prioritized_replay or sequence length changes it. It is not loaded; the run refills its "
+            f"buffer for learning_starts={self.config.learning_starts} env steps before it learns again."
+        )

@@ -96,6 +96,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             "sums": [tree.state_dict() for tree in self.sums],
             "mins": [tree.state_dict() for tree in self.mins],
             "max_priority": self.max_priority,
+            "alpha": self.alpha,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -104,3 +105,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             for tree, tree_state in zip(trees, saved):
                 tree.load_state_dict(tree_state)
         self.max_priority = state["max_priority"]
+        if (stored_alpha := state.get("alpha", self.alpha)) != self.alpha:  # a resume with another alpha
+            self._rescale(stored_alpha)
+
+    def _rescale(self, stored_alpha: float) -> None:
+        """Turn the leaves, ``p ** stored_alpha``, into ``p ** alpha``: exact, except from
+        ``stored_alpha=0``, whose leaves kept no priority, so each drawable step gets the largest."""
+        every = torch.arange(self.sums[0].capacity, device=self.sums[0].tree.device)
+        for sums, mins in zip(self.sums, self.mins):
+            held = sums[every]
+            if stored_alpha > 0:
+                scaled = held ** (self.alpha / stored_alpha)
+            else:
+                scaled = torch.full_like(held, self.max_priority**self.alpha)
+            drawable = held > 0
+            sums.update(every, torch.where(drawable, scaled, 0.0))
+            mins.update(every, torch.where(drawable, scaled, torch.inf))

@@ -31,6 +31,7 @@ the last step summed. The buffer computes no returns.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, NamedTuple
 
 import torch
@@ -40,6 +41,25 @@ from shoal.buffers.rollout import FieldSpec, env_fields
 from shoal.envs.spaces import EnvInfo
 
 FINAL_OBS_SHARE = 64  # the side table of truncated episodes' final observations: capacity / 64 entries
+
+
+def tensor_layout(state: Any) -> str:
+    """A digest of the names and shapes of the tensors in a (nested) state dict: two states with
+    the same digest load into each other."""
+    found: list[str] = []
+
+    def walk(node: Any, at: str) -> None:
+        if isinstance(node, torch.Tensor):
+            found.append(f"{at}:{tuple(node.shape)}")
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{at}.{key}")
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                walk(value, f"{at}.{i}")
+
+    walk(state, "")
+    return hashlib.sha1("\n".join(sorted(found)).encode()).hexdigest()[:12]
 
 
 class Windows(NamedTuple):
@@ -270,6 +290,12 @@ class ReplayBuffer:
             "final_next": self._final_next,
             "finals_kept": self._finals_kept,
         }
+
+    def fits(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` (a buffer's ``state_dict``) loads into this buffer: the same kind of
+        buffer (each kind stores tensors of its own names) with tensors of the same shapes, which
+        a changed ``buffer_size``, number of env rows or sequence length changes."""
+        return tensor_layout(state) == tensor_layout(self.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.storage.update_(state["storage"])

@@ -15,7 +15,6 @@ its later checkpoints keep. The checkpoints at a point are deleted once every tr
 
 from __future__ import annotations
 
-import hashlib
 import math
 import shutil
 import zlib
@@ -24,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from shoal.algos.off_policy import OffPolicyAlgorithm
+from shoal.buffers.replay import tensor_layout
 from shoal.errors import ConfigError, warn
 from shoal.experiments.books import Reading, locked_json
 from shoal.experiments.spec import Path_, Population, Space, param_name
@@ -83,25 +82,7 @@ def movers(arrived: int, fraction: float) -> int:
 def shapes(trainer: Trainer) -> str:
     """A digest of the names and shapes of the trainer's learned state: trials whose digests differ
     cannot take each other's state."""
-    return layout(trainer.algorithm.state_dict())
-
-
-def layout(state: Any) -> str:
-    """A digest of the names and shapes of the tensors in a (nested) state dict."""
-    found: list[str] = []
-
-    def walk(node: Any, at: str) -> None:
-        if isinstance(node, torch.Tensor):
-            found.append(f"{at}:{tuple(node.shape)}")
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{at}.{key}")
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                walk(value, f"{at}.{i}")
-
-    walk(state, "")
-    return hashlib.sha1("\n".join(sorted(found)).encode()).hexdigest()[:12]
+    return tensor_layout(trainer.algorithm.state_dict() | {"replay": None})
 
 
 class PopulationBook:
@@ -182,18 +163,23 @@ def take_learned_state(trainer: Trainer, checkpoint: Path, before: Trainer | Non
     """Load the learned state (weights, optimizers, normalization statistics) of another trial's
     ``checkpoint`` into ``trainer``, whose counters, episodes and config stay its own. A replay
     learner keeps the buffer ``before`` (this trial as it reached the point) had, which goes on
-    from its own envs, unless the move changed the buffer's layout. Then it holds the donor's
-    buffer when the donor's checkpoint has one, else it starts empty and refills for
+    from its own envs, unless the move changed the buffer's layout (a searched ``buffer_size``,
+    ``prioritized_replay``, a recurrent learner's sequence length). Then it holds the donor's
+    buffer when the donor's checkpoint has one that fits, else it starts empty and refills for
     ``learning_starts`` env steps before learning again."""
     state, _ = ckpt.read_checkpoint(checkpoint)
+    learned = state["algorithm"]
+    replay = trainer.algorithm.replay if isinstance(trainer.algorithm, OffPolicyAlgorithm) else None
+    old = None if before is None else before.algorithm
+    own = old.replay.state_dict() if replay is not None and isinstance(old, OffPolicyAlgorithm) else None
+    if replay is not None:
+        own = own if own is not None and replay.fits(own) else None
+        theirs = learned.get("replay")
+        if own is not None or (theirs is not None and not replay.fits(theirs)):
+            learned = learned | {"replay": None}  # not copied in only to be replaced, nor to warn
     try:
-        trainer.algorithm.load_state_dict(state["algorithm"])
+        trainer.algorithm.load_state_dict(learned)
     except (RuntimeError, KeyError, ValueError) as e:
         raise ConfigError(f"population-based training: '{checkpoint}' does not fit this trial: {e}") from None
-    mine, old = trainer.algorithm, None if before is None else before.algorithm
-    if isinstance(mine, OffPolicyAlgorithm) and isinstance(old, OffPolicyAlgorithm):
-        kept = old.replay.state_dict()
-        # the same kind of buffer with the same tensors: a searched value may have changed its
-        # layout (buffer_size, prioritized_replay, a recurrent learner's sequence length)
-        if type(mine.replay) is type(old.replay) and layout(kept) == layout(mine.replay.state_dict()):
-            mine.replay.load_state_dict(kept)
+    if replay is not None and own is not None:
+        replay.load_state_dict(own)

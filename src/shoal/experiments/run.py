@@ -179,16 +179,14 @@ def run_trial(
         (run_dir / "result.json").unlink()  # not finished: killed before the next one, it resumes
         # on from this trial's own checkpoint at the point (its counters and episodes), with the new
         # values and the donor's learned state, saved at once: a resume goes on from the move
-        before, trainer = (
-            trainer,
-            Trainer.from_checkpoint(
-                move.own,
-                callbacks=callbacks,
-                verbose=verbose,
-                run_dir=str(run_dir),
-                **_objects(settings),
-                **_overrides(trial.settings, move.params),
-            ),
+        before = trainer
+        trainer = Trainer.from_checkpoint(
+            move.own,
+            callbacks=callbacks,
+            verbose=verbose,
+            run_dir=str(run_dir),
+            **_objects(settings),
+            **_overrides(trial.settings, move.params),
         )
         take_learned_state(trainer, move.checkpoint, before)
         del before  # its replay buffer, if any, is copied: not kept twice through the next stretch
