@@ -21,6 +21,7 @@ from shoal.algos.pqn import PQNAlgorithm
 from shoal.algos.returns import q_lambda_returns
 from shoal.config import PQNConfig
 from shoal.errors import ConfigError
+from shoal.models.encoders import ChannelNorm
 from shoal.models.qpolicy import QPolicy
 from tests.conftest import assert_resume_is_bit_identical
 
@@ -138,13 +139,26 @@ def test_a_step_minimizes_half_the_squared_error_to_the_return():
             torch.testing.assert_close(p.grad, grads[name])
 
 
-def test_the_q_network_has_layer_norm_unless_told_otherwise():
-    layer_norms = lambda algo: sum(isinstance(m, torch.nn.LayerNorm) for m in algo.get_policy().modules())  # noqa: E731
-    assert layer_norms(shoal.PQN(**SMALL)) == 2
-    assert layer_norms(shoal.PQN(**SMALL, model_config={"layer_norm": False})) == 0
+def layer_kinds(algo: Any) -> list[str]:
+    """The policy's layers in forward order, by kind (containers left out)."""
+    names = {torch.nn.Linear: "linear", torch.nn.LayerNorm: "norm", torch.nn.ReLU: "relu", torch.nn.Conv2d: "conv"}
+    return [names[type(m)] for m in algo.get_policy().modules() if type(m) in names]
+
+
+def test_the_q_network_has_layer_norm_before_each_activation_unless_told_otherwise():
+    """Linear, LayerNorm, ReLU in each hidden layer; in the CNN a LayerNorm over each pixel's
+    channels between each conv and its ReLU too; then the heads (outputs, unused value)."""
+    assert layer_kinds(shoal.PQN(**SMALL)) == ["linear", "norm", "relu"] * 2 + ["linear"] * 2
     assert (
-        layer_norms(shoal.PPO(**SMALL, model_config={"layer_norm": True})) == 4
-    )  # one trunk each for actor and critic
+        layer_kinds(shoal.PQN(**SMALL, model_config={"layer_norm": False})) == ["linear", "relu"] * 2 + ["linear"] * 2
+    )
+    assert layer_kinds(shoal.PPO(**SMALL, model_config={"layer_norm": True})).count("norm") == 4  # actor and critic
+    minatar = shoal.PQN(env="MinAtar/Breakout-v1", model="cnn", model_config={"hiddens": [128]}, num_envs=2, **QUIET)
+    assert layer_kinds(minatar) == ["conv", "norm", "relu", "linear", "norm", "relu", "linear", "linear"]
+    (conv_norm,) = [m for m in minatar.get_policy().modules() if isinstance(m, ChannelNorm)]
+    x = torch.randn(3, 16, 8, 8) * 5 + 2
+    per_pixel = torch.nn.functional.layer_norm(x.movedim(1, -1), (16,), conv_norm.norm.weight, conv_norm.norm.bias)
+    torch.testing.assert_close(conv_norm(x), per_pixel.movedim(-1, 1))
 
 
 def test_epsilon_follows_the_schedule_and_is_logged():
@@ -169,6 +183,20 @@ def test_masked_actions_and_several_policies_through_the_flat_batch():
     assert bool(steps["action_mask"].gather(1, steps["action"].unsqueeze(1)).all())  # every action taken was legal
 
 
+@pytest.mark.parametrize("algo", ["pqn", "dqn"])
+def test_a_frozen_policy_acts_greedily_while_the_trained_one_explores(algo):
+    """A policy left out of ``policies_to_train`` (a fixed opponent) acts as it has learned."""
+    small = {**SMALL, "env": "pettingzoo:pettingzoo.classic.connect_four_v3"}
+    if algo == "dqn":
+        small |= {"learning_starts": 0, "sgd_minibatch_size": 8}
+    trainer = {"pqn": shoal.PQN, "dqn": shoal.DQN}[algo](
+        **small, policies=["player_0", "player_1"], policies_to_train=["player_0"], exploration_initial_eps=0.5
+    )
+    trainer.train()
+    assert trainer.get_policy("player_0").epsilon > 0.4  # on its schedule from 0.5
+    assert trainer.get_policy("player_1").epsilon == 0.0
+
+
 def test_config_errors_name_the_problem():
     with pytest.raises(ConfigError, match="Discrete actions; 'Pendulum-v1' acts in Box"):
         shoal.PQN(env="Pendulum-v1", **QUIET)
@@ -176,6 +204,8 @@ def test_config_errors_name_the_problem():
         shoal.PQN(**SMALL, model_config={"core": "lstm"})
     with pytest.raises(ConfigError, match="target_kl=0.01 .* PQN does not record"):
         shoal.PQN(**SMALL, target_kl=0.01)
+    with pytest.raises(ConfigError, match=r"target_kl=0.02 \(policy 'a'\) .* PQN does not record"):  # per policy too
+        shoal.PQN(**SMALL, policies={"a": {"target_kl": 0.02}})
     with pytest.raises(ConfigError, match="Did you mean 'q_lambda'"):
         PQNConfig.build(q_lamda=0.5)
     with pytest.raises(ConfigError, match="optimizer"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -141,6 +142,10 @@ def test_config_errors_name_the_problem():
         )
     with pytest.raises(ConfigError, match="sde_sample_freq"):
         shoal.PPOConfig.build(sde_sample_freq=-2)
+    with pytest.warns(shoal.ShoalWarning, match="sde_sample_freq=4 has no effect without use_sde=true"):
+        shoal.SACConfig.build(sde_sample_freq=4)
+    with pytest.raises(ConfigError, match="use_sde=True is an exploration method .* CQL learns from a dataset"):
+        shoal.CQLConfig.build(use_sde=True)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
@@ -296,8 +301,32 @@ def test_sac_collects_with_each_rows_held_matrix_and_evaluates_on_the_mean():
 def test_sac_with_gsde_trains_and_td3_has_no_such_key():
     algo, _ = sac_policy()
     assert math.isfinite(algo.train()["critic_loss"])
+    # without log_std_init, SAC's std matrix starts at Stable-Baselines3's SAC default, exp(-3)
+    plain = shoal.SAC(env="Pendulum-v1", use_sde=True, tuned=False, kind_defaults=False, **QUIET).get_policy()
+    assert isinstance(plain, SDESquashedGaussianPolicy)
+    assert bool((plain.sde.log_std == -3.0).all())
     with pytest.raises(ConfigError, match="use_sde"):
         shoal.TD3(env="Pendulum-v1", use_sde=True, **QUIET)
+
+
+def test_each_served_episode_draws_its_own_noise_matrix():
+    """The policy server's episodes reuse rows, and it runs no collections: a new episode on a row
+    must not act with the matrix the row's last episode drew."""
+    from shoal.serve.inference import InferenceSession
+
+    algo, policy = sac_policy()
+    session = InferenceSession(policy, algo.backend, max_episodes=1, deterministic=False)
+    try:
+        obs = np.array([1.0, 0.0, 0.0], np.float32)
+        matrices = []
+        for _ in range(2):
+            episode = session.start_episode()
+            session.get_action(episode, obs)
+            matrices.append(session.state["sde_noise"][0].clone())
+            session.end_episode(episode, obs)
+        assert not torch.equal(*matrices)
+    finally:
+        session.close()
 
 
 # ----- Ornstein-Uhlenbeck noise of the deterministic actors ---------------------------------------

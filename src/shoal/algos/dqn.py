@@ -92,8 +92,8 @@ class DQNAlgorithm(OffPolicyAlgorithm[DQNConfig, QPolicy, "DQNLearner"]):
 
     def before_phase(self, progress: float) -> None:
         self.epsilon = self.config.epsilon(progress)
-        for policy in self.policies.values():
-            policy.epsilon = self.epsilon
+        for pid in self.trained_policy_ids:  # a frozen policy acts as it has learned
+            self.policies[pid].epsilon = self.epsilon
         super().before_phase(progress)
 
     def after_phase(self, steps_before: int) -> None:

@@ -117,11 +117,14 @@ class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, O
     ``critic_obs`` whenever the env gives them)."""
 
     def __init__(self, config: ConfigT, env: EnvInfo):
-        if config.target_kl is not None and "approx_kl" not in self.STAT_NAMES:
-            raise ConfigError(
-                f"target_kl={config.target_kl} stops the epochs on the approximate KL, which {self.name} does "
-                f"not record (it records {list(self.STAT_NAMES)}); leave target_kl unset."
-            )
+        if "approx_kl" not in self.STAT_NAMES:  # any policy's target_kl: each learner reads its own
+            for pid in config.policy_ids:
+                if (kl := config.policy_config(pid).target_kl) is not None:
+                    whose = f" (policy {pid!r})" if config.policies else ""
+                    raise ConfigError(
+                        f"target_kl={kl}{whose} stops the epochs on the approximate KL, which {self.name} does "
+                        f"not record (it records {list(self.STAT_NAMES)}); leave target_kl unset."
+                    )
         super().__init__(config, env)
         self.buffer = self.make_buffer()
         if "final_value" in self.buffer.rollout.keys():  # noqa: SIM118 (a TensorDict)

@@ -8,10 +8,12 @@ away, and the many envs decorrelate the data a replay buffer would.
 
 One training step (the loop is ``OnPolicyAlgorithm``'s):
 
-1. every policy gets this iteration's epsilon (``exploration_*``, linear over each ``learn()``);
+1. every trained policy gets this iteration's epsilon (``exploration_*``, linear over each
+   ``learn()``); a frozen one (not in ``policies_to_train``) acts greedily;
 2. collect ``[N, T+1]``: each step stores ``value``, the greedy value ``max_a Q(s_t, a)`` over the
-   legal actions as the policy acted (the last slot's bootstraps the tail, and a truncated
-   episode's last observation is valued the same way);
+   legal actions as the policy acted (the last slot's bootstraps the tail; a truncated episode's
+   last observation is valued over every action when the env resets in the same step, which
+   keeps no action mask for it, and as a stored slot when it resets in the next);
 3. each trained policy, on the steps it took: Q(lambda) returns over the whole rollout
    (``returns.q_lambda_returns`` with its ``gamma`` and ``q_lambda``, rewards times
    ``reward_scale``), then ``num_sgd_iter`` epochs of shuffled minibatches of single transitions,
@@ -78,8 +80,8 @@ class PQNAlgorithm(OnPolicyAlgorithm[PQNConfig, QPolicy]):
 
     def training_step(self, collector: Collector) -> dict[str, Any]:
         epsilon = self.config.epsilon(self.progress)
-        for policy in self.policies.values():
-            policy.epsilon = epsilon
+        for pid in self.trained_policy_ids:  # a frozen policy acts as it has learned
+            self.policies[pid].epsilon = epsilon
         return super().training_step(collector) | {"epsilon": epsilon}
 
     def advantages(self, learner: Learner, rollout: TensorDict) -> None:

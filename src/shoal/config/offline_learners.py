@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shoal.config.replay import DQNConfig, OffPolicyConfig
 from shoal.config.sac import SACConfig
+from shoal.errors import ConfigError
 
 
 class OfflineConfig(OffPolicyConfig):
@@ -69,5 +70,16 @@ class CQLConfig(OfflineConfig, SACConfig, DQNConfig):
         "target_update_interval": 1,
         "sgd_minibatch_size": 256,
         "max_grad_norm": None,
+        "log_std_init": SACConfig.DEFAULTS["log_std_init"],  # SAC's, though without gSDE nothing reads it
     }
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (*SACConfig.POLICY_KEYS, "min_q_weight")
+
+    @model_validator(mode="after")
+    def _check_no_sde(self) -> CQLConfig:
+        if self.use_sde:
+            raise ConfigError(
+                "use_sde=True is an exploration method for collecting; CQL learns from a dataset and collects "
+                "nothing (and its conservative term draws several actions per state, which one held noise matrix "
+                "would make equal). Leave use_sde false."
+            )
+        return self

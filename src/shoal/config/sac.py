@@ -45,8 +45,12 @@ class SACConfig(ReplayActorCriticConfig, StateDependentExplorationConfig):
     target_entropy: float | Literal["auto"] = "auto"
     """The entropy a learned coefficient aims at; `auto`: minus the number of action dimensions."""
 
-    DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-4}
-    NOTES: ClassVar[dict[str, str]] = {"learning_rate": "SAC: the learned entropy coefficient's too."}
+    DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-4, "log_std_init": -3.0}
+    NOTES: ClassVar[dict[str, str]] = {
+        "learning_rate": "SAC: the learned entropy coefficient's too.",
+        "log_std_init": "SAC reads it only with `use_sde` (its plain actor learns a std per state): where gSDE's "
+        "std matrix starts, as in Stable-Baselines3's SAC.",
+    }
     POLICY_KEYS: ClassVar[tuple[str, ...]] = (
         *OffPolicyConfig.POLICY_KEYS,
         "entropy_coeff",

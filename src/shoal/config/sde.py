@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from shoal.config.trainer import TrainerConfig
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, warn
 
 
 class StateDependentExplorationConfig(TrainerConfig):
@@ -28,6 +28,8 @@ class StateDependentExplorationConfig(TrainerConfig):
                 "use_sde=True reads the actor's last hidden layer, which the feedforward models expose; a recurrent "
                 "core (model_config core) has none to give. Leave use_sde false, or drop the core."
             )
+        if not self.use_sde and self.sde_sample_freq not in (-1, 0):
+            warn(f"sde_sample_freq={self.sde_sample_freq} has no effect without use_sde=true.")
         if self.use_sde and self.batch_mode == "complete_episodes":
             raise ConfigError(
                 "use_sde=True carries each row's noise matrix from step to step, and batch_mode='complete_episodes' "

@@ -66,9 +66,10 @@ class ModelConfig(BaseModel):
     channels: Literal["first", "last"] | None = None
     """Where an image's channels are; None: detected from the shape (first when the first dim is the smallest)."""
     layer_norm: bool | None = None
-    """A LayerNorm between each hidden layer and its activation (the Q-network of `algo=pqn`, where it is on by
-    default); with separate actor and critic (`shared_trunk` false) each trunk is a plain MLP rather than the
-    stacked towers. None: off, except for PQN."""
+    """A LayerNorm between each hidden layer and its activation, and over the channels between each conv layer of
+    `model=cnn` and its activation (the Q-network of `algo=pqn`, where it is on by default); with separate actor and
+    critic (`shared_trunk` false) each trunk is a plain MLP rather than the stacked towers. None: off, except for
+    PQN."""
     core: Literal["lstm", "gru"] | None = None
     """A recurrent core after the encoder and hidden layers (one per trunk: see `shared_trunk`); None: feedforward."""
     core_size: int | None = Field(default=None, ge=1)
@@ -184,7 +185,7 @@ def build_model(model: Any, model_config: dict[str, Any], env: EnvInfo, num_outp
                 cfg, env, num_outputs, encoder_space, hiddens=hiddens, activation=activation, shared=shared
             )
         return EncoderModel(
-            lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels),
+            lambda: make_encoder(encoder_space, cfg.conv_filters, cfg.channels, bool(cfg.layer_norm)),
             num_outputs,
             hiddens,
             activation,
@@ -213,7 +214,9 @@ def recurrent_model(
         raise ConfigError(
             f"central_critic is not supported with a recurrent core (model_config.core={cfg.core!r}); drop one of them."
         )
-    encoders = [make_encoder(space, cfg.conv_filters, cfg.channels) for _ in range(1 if shared else 2)]
+    encoders = [
+        make_encoder(space, cfg.conv_filters, cfg.channels, bool(cfg.layer_norm)) for _ in range(1 if shared else 2)
+    ]
     trunks = [
         nn.Sequential(encoder, mlp(encoder.out_dim, hiddens, activation, bool(cfg.layer_norm))) for encoder in encoders
     ]
@@ -345,11 +348,12 @@ def build_q_policy(
     if spec.kind != "discrete":
         raise ConfigError(
             f"Q-learning needs Discrete actions; '{env.name}' acts in {spec.space}. For Box actions use "
-            f"algo=sac, algo=td3 or algo=ppo."
+            f"algo=sac, algo=td3 or algo=ppo; for MultiDiscrete or MultiBinary ones, algo=ppo."
         )
     if env.critic_dim:
         raise ConfigError(
-            "central_critic feeds an actor-critic's value function, which DQN has not; drop central_critic."
+            "central_critic feeds an actor-critic's value function, which a Q-learner (DQN, PQN) has not; drop "
+            "central_critic."
         )
     built_in = isinstance(config.model, str) and config.model in BUILT_IN
     options = config.model_options

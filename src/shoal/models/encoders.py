@@ -79,12 +79,26 @@ class Encoder(nn.Module):
     out_dim: int
 
 
+class ChannelNorm(nn.Module):
+    """LayerNorm over the channels at each position of a ``[B, C, H, W]`` map: each pixel's feature
+    vector normalized on its own, as a LayerNorm over a channels-last map's last axis does."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed: torch.Tensor = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return normed
+
+
 class CNNEncoder(Encoder):
     """Conv stack (ReLU after each, padding 0) over ``[B, *shape]`` images, flattened to ``[B, out_dim]``.
 
     ``shape`` is ``[C, H, W]``, ``[H, W, C]`` (see ``image_channels_first``) or ``[H, W]``.
     ``dtype`` is the observation space's dtype; uint8 is scaled by 1/255 whatever dtype the tensor
     arrives in, because a uint8 leaf of a Dict arrives as float 0..255 (``DictEncoder``).
+    ``layer_norm`` puts a ``ChannelNorm`` between each conv and its ReLU.
     """
 
     def __init__(
@@ -93,6 +107,7 @@ class CNNEncoder(Encoder):
         dtype: np.dtype[Any] | torch.dtype,
         conv_filters: list[tuple[int, int, int]] | None = None,
         channels: str | None = None,
+        layer_norm: bool = False,
     ):
         super().__init__()
         self.shape = tuple(int(n) for n in shape)
@@ -126,7 +141,7 @@ class CNNEncoder(Encoder):
             nn.init.orthogonal_(conv.weight, math.sqrt(2))
             assert conv.bias is not None  # built with a bias (the default)
             nn.init.zeros_(conv.bias)
-            layers += [conv, nn.ReLU()]
+            layers += [conv, ChannelNorm(out_channels), nn.ReLU()] if layer_norm else [conv, nn.ReLU()]
             in_channels, height, width = out_channels, (height - kernel) // stride + 1, (width - kernel) // stride + 1
         self.net = nn.Sequential(*layers, nn.Flatten())
         self.filters = filters
@@ -186,6 +201,7 @@ class DictEncoder(Encoder):
         space: gym.spaces.Dict | gym.spaces.Tuple[Any],
         conv_filters: list[tuple[int, int, int]] | None = None,
         channels: str | None = None,
+        layer_norm: bool = False,
     ):
         super().__init__()
         if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
@@ -202,7 +218,7 @@ class DictEncoder(Encoder):
             size, kind = int(gym.spaces.flatdim(leaf)), "vector"
             if is_image(leaf):
                 kind = "image"
-                cnn = CNNEncoder(leaf.shape, leaf.dtype, conv_filters, channels)
+                cnn = CNNEncoder(leaf.shape, leaf.dtype, conv_filters, channels, layer_norm)
                 self.cnns.append(cnn)
                 image_features += cnn.out_dim
             self.leaves.append((path, kind, offset, size))
@@ -244,13 +260,17 @@ class DictEncoder(Encoder):
 
 
 def make_encoder(
-    space: gym.Space[Any], conv_filters: list[tuple[int, int, int]] | None = None, channels: str | None = None
+    space: gym.Space[Any],
+    conv_filters: list[tuple[int, int, int]] | None = None,
+    channels: str | None = None,
+    layer_norm: bool = False,
 ) -> Encoder:
-    """The encoder for observations of ``space`` as shoal stores them; every one has ``out_dim``."""
+    """The encoder for observations of ``space`` as shoal stores them; every one has ``out_dim``.
+    ``layer_norm``: a LayerNorm over the channels after each conv layer of an image's CNN."""
     if is_image(space):
-        return CNNEncoder(space.shape, space.dtype, conv_filters, channels)
+        return CNNEncoder(space.shape, space.dtype, conv_filters, channels, layer_norm)
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-        return DictEncoder(space, conv_filters, channels)
+        return DictEncoder(space, conv_filters, channels, layer_norm)
     if isinstance(space, gym.spaces.Box):
         if len(space.shape) > 2:
             raise ValueError(

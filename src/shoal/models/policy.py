@@ -26,9 +26,11 @@ class Policy(nn.Module):
         initial_state(rows) -> state
 
     ``state`` is a TensorDict with one entry per agent row: empty for feedforward models, the
-    recurrent core's tensors otherwise; a policy resets the rows where ``first`` is True (the
-    observation starts an episode) before using them. ``extras`` is a TensorDict of what the
-    algorithm asked the collector to store per step (for PPO: ``sample_log_prob`` and ``value``).
+    recurrent core's tensors otherwise; a recurrent policy resets the rows where ``first`` is True
+    (the observation starts an episode) before using them. A gSDE policy's state is its rows' noise
+    matrices, which it keeps across episode starts and redraws per collection (``sde``). ``extras``
+    is a TensorDict of what the algorithm asked the collector to store per step (for PPO:
+    ``sample_log_prob`` and ``value``).
     When the caller passes ``out`` (a TensorDict of views into the rollout), the policy writes the
     extras ``out`` holds there (all of its ``extras``, or the subset the algorithm stores) and
     returns it, so the rollout loop creates nothing per step.

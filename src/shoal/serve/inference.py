@@ -68,6 +68,11 @@ class InferenceSession:
                 raise RequestError(503, f"{len(self._row_of)} episodes are running, the most this server holds.")
             row = self._free.pop()
             self._row_of[episode_id], self._last_seen[episode_id] = row, time.monotonic()
+            # a fresh state, not only `first`: a gSDE policy keeps its row's noise matrix across
+            # episode starts (it redraws per collection, which a server has not), so each episode
+            # draws its own here
+            if not self.state.is_empty():  # type: ignore[no-untyped-call]
+                self.state[row] = self.policy.initial_state(1)[0]
             self.first[row] = True
             self.episodes_started += 1
             return episode_id
