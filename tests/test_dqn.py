@@ -2,6 +2,7 @@
 one buffer per policy, clear config errors, exact resume, and a CartPole run that learns."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -190,6 +191,17 @@ def test_config_errors_name_the_key_and_the_fix():
     assert DQNConfig.build(train_freq=8, minibatch_size=16).rollout_fragment_length == 8
     with pytest.raises(ConfigError, match="advantage_learning"):
         DQNConfig.build(advantage_learning=1.0)
+
+
+def test_a_turn_based_env_is_warned_of_once_and_a_simultaneous_one_is_not():
+    """One-step targets of a replay learner do not fold another agent's turn into a decision."""
+    with pytest.warns(shoal.ShoalWarning, match="agents act in turns") as caught:
+        algo = shoal.DQN(**{**SMALL, "env": "pettingzoo:pettingzoo.classic.connect_four_v3"})
+        algo.train(), algo.train()
+    assert sum("agents act in turns" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shoal.ShoalWarning)
+        shoal.DQN(**{**SMALL, "env": "pettingzoo:mpe2.simple_spread_v3"}).train()
 
 
 def test_each_policy_learns_from_its_own_rows():

@@ -178,19 +178,53 @@ def test_only_stored_transitions_are_sampled() -> None:
     assert set(col.tolist()) <= set(stored.tolist())
 
 
-def test_a_reset_between_rollouts_unlinks_the_step_before() -> None:
-    rows = 1
-    envs = FakeEnvs(rows, next_step=False, seed=0)
-    buffer = ReplayBuffer(env_info(rows), 50)
-    rollout, truncations = envs.rollout(4)
-    rollout["done"][:, :4] = False  # an episode under way...
-    rollout["terminated"][:, :4] = rollout["truncated"][:, :4] = False
-    buffer.add(rollout, truncations)
+def episode_under_way(envs: FakeEnvs, horizon: int, reward: float) -> TensorDict:
+    """A rollout of ``horizon`` steps in which no episode ends, each step's reward ``reward``."""
+    rollout, _ = envs.rollout(horizon)
+    for key in ("done", "terminated", "truncated"):
+        rollout[key][:] = False
+    rollout["reward"][:] = reward
+    return rollout
+
+
+@pytest.mark.parametrize("how", ["the envs were reset", "the buffer came from another run"])
+def test_a_rollout_that_does_not_go_on_from_the_stored_rows_unlinks_them(how: str) -> None:
+    """The step before it has no next observation any more: it is not drawn, and an n-step return
+    from an earlier step stops after the step before it, bootstrapping from its own episode's
+    observation (not summing the next rollout's rewards)."""
+    envs = FakeEnvs(1, next_step=False, seed=0)
+    buffer = ReplayBuffer(env_info(1), 50)
+    buffer.add(episode_under_way(envs, 4, 1.0), None)
     assert bool(buffer.sampleable[0, 3])
-    restart, _ = envs.rollout(4)
-    restart["first"][:, 0] = True  # ...then the envs were reset: the next observation is not its successor
+    old_obs = buffer.storage["obs"][0, 3].clone()
+    if how == "the buffer came from another run":  # a population-based move took it: these envs go on mid-episode
+        moved = ReplayBuffer(env_info(1), 50)
+        moved.load_state_dict(buffer.state_dict())
+        buffer = moved
+        buffer.unlink()
+    restart = episode_under_way(envs, 4, 100.0)
+    restart["first"][:, 0] = how == "the envs were reset"
     buffer.add(restart, None)
     assert not bool(buffer.sampleable[0, 3])
+    batch = transitions(buffer, torch.tensor([2]), n_step=3, gamma=1.0)
+    assert float(batch["reward"][0]) == 1.0 and float(batch["discount"][0]) == 1.0
+    assert torch.equal(batch["next_obs"][0], old_obs)
+    buffer.add(episode_under_way(envs, 4, 100.0), None)  # later rollouts go on from the rows again
+    assert bool(buffer.sampleable[0, 7])
+
+
+def test_an_n_step_return_stops_before_padding() -> None:
+    """A row whose env group parked early (episode-paced collection with several groups) holds
+    padding after its last step; a return stops there and bootstraps from the parked observation."""
+    envs = FakeEnvs(2, next_step=False, seed=0)
+    rollout = episode_under_way(envs, 6, 1.0)
+    rollout["valid"][0, 3:6], rollout["reward"][0, 3:6] = False, 0.0
+    rollout["obs"][0, 4:] = -7.0  # what the padding slots hold: not observations
+    buffer = ReplayBuffer(env_info(2), 2 * 40)
+    buffer.add(rollout, None)
+    batch = transitions(buffer, torch.tensor([1]), n_step=4, gamma=0.5)
+    assert float(batch["reward"][0]) == 1.5 and float(batch["discount"][0]) == 0.25
+    assert torch.equal(batch["next_obs"][0], rollout["obs"][0, 3])
 
 
 def test_uniform_sampling_frequencies() -> None:

@@ -209,6 +209,27 @@ def _unbounded_pendulum():
     return env
 
 
+def test_episode_paced_collection_is_refused_on_data_parallel_ranks():
+    """Each rank's phases would end with its own episodes: different numbers of optimizer steps."""
+    with shoal.TD3(**SMALL, train_freq=[1, "episode"]) as trainer:
+        assert "train_freq in episodes" in trainer.algorithm.data_parallel_problem()
+    with shoal.TD3(**SMALL, train_freq=1) as trainer:
+        assert trainer.algorithm.data_parallel_problem() is None
+
+
+def test_a_resume_steps_with_the_adam_eps_it_is_given(tmp_path):
+    """The optimizers' moments come from the checkpoint, their settings from the config."""
+    kw = dict(SMALL, run_dir=str(tmp_path), save_outputs=True)
+    with shoal.SAC(**kw) as trainer:
+        trainer.train()
+        trainer.save()
+    with shoal.SAC.from_checkpoint(str(tmp_path), adam_eps=1e-3, verbose=0) as resumed:
+        learner = resumed.algorithm.learners["default_policy"]
+        assert learner.critic.optimizer.optimizer.state  # the moments were loaded
+        for optimizer in learner.optimizers:
+            assert [group["eps"] for group in optimizer.optimizer.param_groups] == [1e-3]
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.slow
 def test_resume_with_the_buffer_is_bit_identical(tmp_path, algo):

@@ -42,9 +42,9 @@ class Critics:
         """Within it, gradients flow through the critics to the actions only: an actor's loss then
         skips the critics' weight gradients, which its optimizer would not use."""
         params = self.optimizer.params
-        for p in params:
-            p.requires_grad_(False)
-        try:
+        try:  # the loop inside: interrupted half way, every parameter still gets its gradient back
+            for p in params:
+                p.requires_grad_(False)
             yield
         finally:
             for p in params:

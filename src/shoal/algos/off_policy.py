@@ -138,6 +138,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         """Env steps collected so far (``learning_starts`` and the target schedule count them)."""
         self.gradient_steps = 0
         """Minibatch steps taken so far (per trained policy)."""
+        self._warned_of_turns = False
 
     def make_replay(self) -> ReplayBuffer:
         """The replay buffer: uniform or prioritized (subclasses may store more, e.g. sequences)."""
@@ -191,6 +192,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             if by_episode:
                 rollout = played(rollout)
             self.update_obs_stats(rollout)
+            if not collected and not self._warned_of_turns:
+                self._warn_of_turns(rollout)
             self.replay.add(rollout, collector.truncations)
             before = self.timesteps
             self.timesteps += steps
@@ -206,6 +209,28 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         if single:
             return stats | next(iter(per_policy.values()), {})
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
+
+    def _warn_of_turns(self, rollout: TensorDict) -> None:
+        """Warn once when an agent's row skips turns mid-episode (a turn-based env): a stored step's
+        successor is then the next column, another agent's turn, which one-step targets do not fold."""
+        valid, first = rollout["valid"], rollout["first"]
+        if bool((~valid[:, :-1] & valid[:, 1:] & ~first[:, 1:]).any()):
+            self._warned_of_turns = True
+            warn(
+                f"{self.name} on '{self.env.name}': agents act in turns, and a replay learner takes the column after "
+                f"each step for its successor, which is another agent's turn. Its targets bootstrap from positions "
+                f"its agent does not act in, and a reward that lands on another agent's turn (a board game's loss) "
+                f"is never learned. For turn-based games use algo=ppo or algo=pqn, which fold the other turns into "
+                f"each decision."
+            )
+
+    def data_parallel_problem(self) -> str | None:
+        if self.config.train_freq_unit == "episode":
+            return (
+                "train_freq in episodes: each rank's phases end when its own envs end their episodes, so the ranks "
+                "would take different numbers of optimizer steps; give train_freq in env steps"
+            )
+        return None
 
     def warmed_up(self) -> bool:
         """The learners step once ``learning_starts`` env steps are in and the replay buffer holds

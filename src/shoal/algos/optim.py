@@ -63,17 +63,18 @@ class AutogradOptimizer:
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def step(self) -> None:
-        if distributed.world_size() > 1:
-            self._average_gradients()
-        if self.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        if not bool(torch.isfinite(self._loss + norm)):  # one read: NaN or inf in either
+        try:
+            if distributed.world_size() > 1:
+                self._average_gradients()
+            if self.max_grad_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            if not bool(torch.isfinite(self._loss + norm)):  # one read: NaN or inf in either
+                raise non_finite_step(self.owner, self.part, float(self._loss), float(norm))
+            self.optimizer.step()
+        finally:  # taken or not (diverged, interrupted), the next backward starts a new step
             self._fresh = True
-            raise non_finite_step(self.owner, self.part, float(self._loss), float(norm))
-        self.optimizer.step()
-        self._fresh = True
 
     def _average_gradients(self) -> None:
         """One all-reduce of every gradient, flattened, with a flag per parameter saying whether any
@@ -90,7 +91,13 @@ class AutogradOptimizer:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The moments and step counts of ``state``; the settings (``eps``, the step size) stay
+        this optimizer's, as its config gives them: torch's loader would take the saved ones, so
+        a resume or a population move with another ``adam_eps`` would go on with the old."""
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state)
+        for group, own in zip(self.optimizer.param_groups, settings):
+            group.update(own)
 
 
 def non_finite_step(owner: str, part: str, loss: float, grad_norm: float) -> TrainingDiverged:

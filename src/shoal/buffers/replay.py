@@ -44,13 +44,13 @@ FINAL_OBS_SHARE = 64  # the side table of truncated episodes' final observations
 
 
 def tensor_layout(state: Any) -> str:
-    """A digest of the names and shapes of the tensors in a (nested) state dict: two states with
-    the same digest load into each other."""
+    """A digest of the names, shapes and dtypes of the tensors in a (nested) state dict: two states
+    with the same digest load into each other."""
     found: list[str] = []
 
     def walk(node: Any, at: str) -> None:
         if isinstance(node, torch.Tensor):
-            found.append(f"{at}:{tuple(node.shape)}")
+            found.append(f"{at}:{tuple(node.shape)}:{node.dtype}")
         elif isinstance(node, dict):
             for key, value in node.items():
                 walk(value, f"{at}.{key}")
@@ -117,7 +117,7 @@ class ReplayBuffer:
         self.final_owner = torch.full((side,), -1, dtype=torch.long, device=device)  # flat step index of each entry
         self.final_slot = torch.full((n, self.columns), -1, dtype=torch.long, device=device)  # entry of each step
         self._final_next = 0  # the side table entry written next
-        self._finals_kept = False  # same-step autoreset: final observations live in the side table
+        self._unlinked = False  # the next rollout does not go on from the stored rows (``unlink``)
         step = self._flat[0]
         leaves = [*step.values(True, True), *step.select("obs").values(True, True)]  # nested: Dict observations
         self.row_bytes = sum(t.numel() * t.element_size() for t in leaves)
@@ -156,7 +156,10 @@ class ReplayBuffer:
         # A rollout that does not go on from the stored head (the envs were reset in between) leaves
         # the step before it without its next observation.
         previous = (self.head - 1) % c
-        broken = rollout["first"][:, 0] & ~self.storage["done"][:, previous] if self.size else None
+        broken = None
+        if self.size:
+            broken = (rollout["first"][:, 0] | self._unlinked) & ~self.storage["done"][:, previous]
+            self._unlinked = False
         given = rollout.keys()
         for key, stored in self.storage.items():
             if key in given:
@@ -170,8 +173,8 @@ class ReplayBuffer:
             rows = broken.nonzero().squeeze(1)
             self.sampleable[rows, previous] = False
             changed.append(rows * c + previous)
-        self._finals_kept = truncations is not None and not truncations.next_step
-        if self._finals_kept and len(truncations):
+        # same-step autoreset: truncated steps' final observations go into the side table
+        if truncations is not None and not truncations.next_step and len(truncations):
             device = cols.device  # the collector keeps its truncations where the envs step
             rows, steps = truncations.row.to(device), truncations.step.to(device)
             changed.append(self._store_final_obs(rows, cols[steps], truncations.obs.to(device)))
@@ -237,10 +240,12 @@ class ReplayBuffer:
 
     def windows(self, index: torch.Tensor, n_step: int, limit: torch.Tensor | None = None) -> Windows:
         """The ``n_step`` stored steps from each flat ``index`` ``[*S]`` on along its row, as ``[*S,
-        n_step]`` rewards and flags; ``valid`` is False where the row does not go on in one piece:
-        at the newest observation (the head, not a step yet) and after it, at a truncated step whose
-        final observation the side table lost (nothing to bootstrap from), and from ``limit`` steps
-        on when given (``[*S]``: a sequence's steps stop at its end)."""
+        n_step]`` rewards and flags; ``valid`` is False at each step that is not itself a whole
+        transition (not ``sampleable``): the newest observation (the head, not a step yet), a step
+        whose next column does not go on from it (the envs were reset between two rollouts), a
+        truncated step whose final observation the side table lost, a padding step; and from
+        ``limit`` steps on when given (``[*S]``: a sequence's steps stop at its end). A return
+        stops before the first invalid step (``n_step_returns``)."""
         flat = self._flat
         if n_step == 1:  # a window of the step itself, which is stored whole
             at = index.unsqueeze(-1)
@@ -249,13 +254,10 @@ class ReplayBuffer:
         col = index % c
         cols = (col.unsqueeze(-1) + torch.arange(n_step, device=index.device)) % c
         at = (index - col).unsqueeze(-1) + cols
-        truncated = flat["truncated"][at]
-        valid = cols != self.head
-        if self._finals_kept:
-            valid &= ~(truncated & (self.final_slot.view(-1)[at] < 0))
+        valid = self.sampleable.view(-1)[at]
         if limit is not None:
             valid &= torch.arange(n_step, device=index.device) < limit.unsqueeze(-1)
-        return Windows(index, flat["reward"][at], flat["terminated"][at], truncated, valid)
+        return Windows(index, flat["reward"][at], flat["terminated"][at], flat["truncated"][at], valid)
 
     def bootstrap(self, index: torch.Tensor, last: torch.Tensor) -> dict[str, torch.Tensor]:
         """What to bootstrap from after the step ``last`` steps on from each flat ``index`` (both
@@ -288,13 +290,19 @@ class ReplayBuffer:
             "final_owner": self.final_owner,
             "final_slot": self.final_slot,
             "final_next": self._final_next,
-            "finals_kept": self._finals_kept,
         }
+
+    def unlink(self) -> None:
+        """The next ``add`` does not go on from the stored rows, whatever its ``first`` flags say:
+        for a buffer loaded from another run, whose envs these are not. Each row's newest stored
+        step then stops being a transition."""
+        self._unlinked = True
 
     def fits(self, state: dict[str, Any]) -> bool:
         """Whether ``state`` (a buffer's ``state_dict``) loads into this buffer: the same kind of
-        buffer (each kind stores tensors of its own names) with tensors of the same shapes, which
-        a changed ``buffer_size``, number of env rows or sequence length changes."""
+        buffer (each kind stores tensors of its own names) with tensors of the same shapes and
+        dtypes, which a changed ``buffer_size``, number of env rows, sequence length or observation
+        dtype changes."""
         return tensor_layout(state) == tensor_layout(self.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -302,4 +310,3 @@ class ReplayBuffer:
         for key in ("sampleable", "final_obs", "final_owner", "final_slot"):
             getattr(self, key).copy_(state[key])
         self.head, self.size, self._final_next = state["head"], state["size"], state["final_next"]
-        self._finals_kept = state["finals_kept"]

@@ -80,8 +80,8 @@ def movers(arrived: int, fraction: float) -> int:
 
 
 def shapes(trainer: Trainer) -> str:
-    """A digest of the names and shapes of the trainer's learned state: trials whose digests differ
-    cannot take each other's state."""
+    """A digest of the names, shapes and dtypes of the trainer's learned state: trials whose
+    digests differ cannot take each other's state."""
     return tensor_layout(trainer.algorithm.state_dict() | {"replay": None})
 
 
@@ -183,3 +183,5 @@ def take_learned_state(trainer: Trainer, checkpoint: Path, before: Trainer | Non
         raise ConfigError(f"population-based training: '{checkpoint}' does not fit this trial: {e}") from None
     if replay is not None and own is not None:
         replay.load_state_dict(own)
+    elif replay is not None and learned.get("replay") is not None:
+        replay.unlink()  # the donor's buffer: its rows do not go on into this trial's envs
