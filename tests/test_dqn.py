@@ -193,6 +193,20 @@ def test_config_errors_name_the_key_and_the_fix():
         DQNConfig.build(advantage_learning=1.0)
 
 
+def test_a_trained_policy_that_has_not_acted_yet_waits_for_its_steps():
+    """Every agent mapped to "a": "b" is trained but holds no steps, and learns nothing (it did
+    not stop the run); both uniform and prioritized replay."""
+    for prioritized in (False, True):
+        algo = shoal.DQN(
+            **{**SMALL, "env": "pettingzoo:mpe2.simple_spread_v3", "learning_starts": 0},
+            policies=["a", "b"],
+            policy_mapping_fn=lambda agent, episode: "a",
+            prioritized_replay=prioritized,
+        )
+        learner = algo.train()["learner"]
+        assert "a/loss" in learner and "b/loss" not in learner
+
+
 def test_a_turn_based_env_is_warned_of_once_and_a_simultaneous_one_is_not():
     """One-step targets of a replay learner do not fold another agent's turn into a decision."""
     with pytest.warns(shoal.ShoalWarning, match="agents act in turns") as caught:

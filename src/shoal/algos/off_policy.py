@@ -139,6 +139,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         self.gradient_steps = 0
         """Minibatch steps taken so far (per trained policy)."""
         self._warned_of_turns = False
+        self._holding: set[str] = set()  # trained policies whose rows the buffer is known to hold steps of
 
     def make_replay(self) -> ReplayBuffer:
         """The replay buffer: uniform or prioritized (subclasses may store more, e.g. sequences)."""
@@ -249,16 +250,28 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         """A phase's ``updates`` minibatch steps of each trained policy (step by step, each policy
         in turn), importance weights annealed to ``beta``; each step's statistics are added to the
         policy's ``totals``."""
+        ready = [pid for pid in self.learners if self._holds_steps(pid)]
         if self.replay.can_draw_ahead:
-            minibatches = {pid: self.phase_minibatches(pid, updates) for pid in self.learners}
+            minibatches = {pid: self.phase_minibatches(pid, updates) for pid in ready}
             for _ in range(updates):
-                for pid, learner in self.learners.items():
-                    totals[pid].add(learner.learn(next(minibatches[pid]), None)[0])
+                for pid in ready:
+                    totals[pid].add(self.learners[pid].learn(next(minibatches[pid]), None)[0])
         else:
             for _ in range(updates):
-                for pid, out in self.learn_step(beta):
+                for pid, out in self.learn_step(beta, ready):
                     totals[pid].add(out)
         self.gradient_steps += updates
+
+    def _holds_steps(self, policy_id: str) -> bool:
+        """Whether the buffer holds steps of the policy's rows: one that has not acted yet (a
+        rarely mapped one) waits. Once it holds some, it is not asked again (a full scan)."""
+        owner = self._owner[policy_id]
+        if owner is None or policy_id in self._holding:
+            return True
+        if self.replay.holds(owner):
+            self._holding.add(policy_id)
+            return True
+        return False
 
     def phase_minibatches(self, policy_id: str, updates: int) -> Iterator[TensorDict]:
         """The minibatches of ``updates`` steps of one policy, drawn at once from a uniform replay
@@ -272,12 +285,12 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             for start in range(0, len(prepared), size):
                 yield prepared[start : start + size]
 
-    def learn_step(self, beta: float) -> list[tuple[str, dict[str, torch.Tensor]]]:
-        """One minibatch step of each trained policy, on steps of its own rows."""
+    def learn_step(self, beta: float, policy_ids: list[str]) -> list[tuple[str, dict[str, torch.Tensor]]]:
+        """One minibatch step of each of the trained policies ``policy_ids``, on steps of its own rows."""
         c = self.config
         out = []
-        for pid, learner in self.learners.items():
-            owner = self._owner[pid]
+        for pid in policy_ids:
+            learner, owner = self.learners[pid], self._owner[pid]
             index = self.replay.sample(c.sgd_minibatch_size, self.generator, owner)
             weights = None
             if isinstance(self.replay, PrioritizedReplayBuffer):

@@ -60,6 +60,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             mins.update(changed, torch.where(mine, fresh, torch.inf))
         return changed
 
+    def holds(self, policy: int | None = None) -> bool:
+        return self.sums[policy or 0].total() > 0
+
     def sample(
         self, batch_size: int, generator: torch.Generator | None = None, policy: int | None = None
     ) -> torch.Tensor:

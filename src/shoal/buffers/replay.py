@@ -202,6 +202,12 @@ class ReplayBuffer:
         self._final_next = int((self._final_next + len(flat)) % side)
         return torch.cat((lost, evicted))
 
+    def holds(self, policy: int | None = None) -> bool:
+        """Whether ``sample`` can draw a step (of policy ``policy``'s rows, when given)."""
+        if policy is None:
+            return bool(self.drawable.any())
+        return bool((self.drawable & (self.storage["policy_id"] == policy)).any())
+
     def sample(
         self, batch_size: int, generator: torch.Generator | None = None, policy: int | None = None
     ) -> torch.Tensor:

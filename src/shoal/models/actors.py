@@ -213,8 +213,9 @@ class SDESquashedGaussianPolicy(HeldNoise, SquashedGaussianPolicy):
     """SAC's actor exploring with gSDE (``shoal.models.sde``): ``actor`` is the hidden layers, whose
     output ``f(s)`` feeds the mean head (clipped to ``[-MEAN_CLIP, MEAN_CLIP]`` before the tanh, as
     Stable-Baselines3's gSDE actor) and the noise ``f(s) @ W``. Collecting, each agent row keeps its
-    ``W`` as gSDE holds it; learning draws one ``W`` per sample, reparameterized, so the gradient
-    reaches the std matrix and the features."""
+    ``W`` as gSDE holds it; learning draws one ``W`` for each batch it samples actions for (as
+    Stable-Baselines3 does at each gradient step), reparameterized, so the gradient reaches the
+    std matrix and the features."""
 
     MEAN_CLIP = 2.0
 
