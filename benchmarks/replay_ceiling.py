@@ -18,7 +18,7 @@ Each row is one thread count (``--threads``; default one and all cores): the ste
 updates/s (the paths timed in turns in one process, each the median of 5 rounds); "bound",
 the env-step rate the bare step allows if collecting cost nothing (updates/s times env steps per
 update); SPS of shoal (``torch_threads``) and of SB3 (``torch.set_num_threads``, left at torch's
-default on the whole machine), each the mean of the seeds.
+default on the whole machine), each the mean of the seeds, the two libraries run in turns.
 
     python benchmarks/replay_ceiling.py [--algos dqn sac td3] [--seeds 1 2 3] [--threads 1 2]
         [--skip-sb3] [--updates 600] [--src DIR]
@@ -183,9 +183,16 @@ def sb3_sps(args: dict) -> dict:
 WORKERS = {"steps": step_rates, "shoal": shoal_sps, "sb3": sb3_sps}
 
 
-def mean_sps(kind: str, algo: str, seeds: list[int], threads: int, src: str | None) -> float:
-    runs = [spawn(__file__, kind, src, algo=algo, seed=seed, threads=threads)["sps"] for seed in seeds]
-    return statistics.mean(runs)
+def mean_sps(algo: str, seeds: list[int], threads: int, src: str | None, sb3: bool) -> tuple[float, float]:
+    """Mean SPS over ``seeds`` of shoal and of SB3 (nan when skipped), the two run in turns, seed
+    by seed, so that a machine whose speed drifts (other tenants) weighs on both alike."""
+    shoal_runs, sb3_runs = [], []
+    sb3_threads = 0 if threads == os.cpu_count() else threads  # SB3 at torch's default on the whole machine
+    for seed in seeds:
+        shoal_runs.append(spawn(__file__, "shoal", src, algo=algo, seed=seed, threads=threads)["sps"])
+        if sb3:
+            sb3_runs.append(spawn(__file__, "sb3", None, algo=algo, seed=seed, threads=sb3_threads)["sps"])
+    return statistics.mean(shoal_runs), statistics.mean(sb3_runs) if sb3_runs else math.nan
 
 
 def row(algo: str, threads: int, args: argparse.Namespace, src: str | None, label: str) -> tuple[str, str | None]:
@@ -193,10 +200,7 @@ def row(algo: str, threads: int, args: argparse.Namespace, src: str | None, labe
     its default when that is the whole machine); for DQN also a line on the written-out step."""
     rates = spawn(__file__, "steps", src, algo=algo, threads=threads, updates=args.updates)
     bare, learner = rates["bare"], rates["shoal"]
-    sps = mean_sps("shoal", algo, args.seeds, threads, src)
-    sb3 = math.nan
-    if not args.skip_sb3:
-        sb3 = mean_sps("sb3", algo, args.seeds, 0 if threads == os.cpu_count() else threads, None)
+    sps, sb3 = mean_sps(algo, args.seeds, threads, src, not args.skip_sb3)
     per_update = TASKS[algo]["steps_per_update"]
     bound = bare * per_update
     line = None
