@@ -13,6 +13,7 @@ from shoal.config import DQNConfig
 from shoal.errors import ConfigError
 from shoal.models.qpolicy import QPolicy, greedy
 from tests.conftest import assert_resume_is_bit_identical, weights_of
+from tests.test_pettingzoo import DyingAgentsEnv
 
 QUIET = dict(save_outputs=False, verbose=0)
 SMALL = dict(
@@ -216,6 +217,10 @@ def test_a_turn_based_env_is_warned_of_once_and_a_simultaneous_one_is_not():
     with warnings.catch_warnings():
         warnings.simplefilter("error", shoal.ShoalWarning)
         shoal.DQN(**{**SMALL, "env": "pettingzoo:mpe2.simple_spread_v3"}).train()
+        # agents that leave mid-episode are padding until the next one starts, wherever a rollout ends
+        for fragment in (1, 5, 6):
+            dying = dict(num_envs=1, rollout_fragment_length=fragment, timesteps_per_iteration=30, buffer_size=200)
+            shoal.DQN(env=lambda: DyingAgentsEnv(), learning_starts=10_000, **dying, **QUIET).train()
 
 
 def test_each_policy_learns_from_its_own_rows():

@@ -200,8 +200,9 @@ def test_a_rollout_that_does_not_go_on_from_the_stored_rows_unlinks_them(how: st
     if how == "the buffer came from another run":  # a population-based move took it: these envs go on mid-episode
         moved = ReplayBuffer(env_info(1), 50)
         moved.load_state_dict(buffer.state_dict())
-        buffer = moved
-        buffer.unlink()
+        moved.unlink()
+        buffer = ReplayBuffer(env_info(1), 50)  # and resumed from the checkpoint written at the move
+        buffer.load_state_dict(moved.state_dict())
     restart = episode_under_way(envs, 4, 100.0)
     restart["first"][:, 0] = how == "the envs were reset"
     buffer.add(restart, None)

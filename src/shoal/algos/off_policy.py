@@ -28,6 +28,7 @@ import torch
 from tensordict import TensorDict
 from typing_extensions import TypeVar
 
+from shoal import distributed
 from shoal.algos.base import Algorithm, Collector, Statistics
 from shoal.algos.optim import AutogradOptimizer
 from shoal.algos.returns import importance_weights, n_step_returns
@@ -138,7 +139,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         """Env steps collected so far (``learning_starts`` and the target schedule count them)."""
         self.gradient_steps = 0
         """Minibatch steps taken so far (per trained policy)."""
-        self._warned_of_turns = False
+        self._watching_turns = True  # through the first iteration: see _watch_for_turns
+        self._last_valid: torch.Tensor | None = None
         self._holding: set[str] = set()  # trained policies whose rows the buffer is known to hold steps of
 
     def make_replay(self) -> ReplayBuffer:
@@ -193,8 +195,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             if by_episode:
                 rollout = played(rollout)
             self.update_obs_stats(rollout)
-            if not collected and not self._warned_of_turns:
-                self._warn_of_turns(rollout)
+            if self._watching_turns:
+                self._watch_for_turns(rollout)
             self.replay.add(rollout, collector.truncations)
             before = self.timesteps
             self.timesteps += steps
@@ -204,6 +206,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
                 continue
             beta = c.prioritized_replay_beta + (1.0 - c.prioritized_replay_beta) * self.phase_progress(collected)
             self.learn_from_replay(c.gradient_steps if c.gradient_steps > 0 else steps, beta, totals)
+        self._watching_turns = False
         stats: dict[str, Any] = {"replay_size": len(self.replay), "num_gradient_steps": self.gradient_steps}
         single = len(self.policies) == 1
         per_policy = {pid: total.means() for pid, total in totals.items() if total.count}
@@ -211,12 +214,18 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             return stats | next(iter(per_policy.values()), {})
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
 
-    def _warn_of_turns(self, rollout: TensorDict) -> None:
-        """Warn once when an agent's row skips turns mid-episode (a turn-based env): a stored step's
-        successor is then the next column, another agent's turn, which one-step targets do not fold."""
-        valid, first = rollout["valid"], rollout["first"]
-        if bool((~valid[:, :-1] & valid[:, 1:] & ~first[:, 1:]).any()):
-            self._warned_of_turns = True
+    def _watch_for_turns(self, rollout: TensorDict) -> None:
+        """Through the first iteration, warn when an agent's row acts again after a step it did not
+        act on, within one episode (a turn-based env): a stored step's successor is then the next
+        column, another agent's turn, which one-step targets do not fold. Padding (an agent that
+        left, an env group parked early) acts again only in a new episode. Slot T is not read (the
+        collector has not written it); the last step of the rollout before is."""
+        valid, first = rollout["valid"][:, :-1], rollout["first"][:, :-1]
+        before = valid[:, :1] if self._last_valid is None else self._last_valid
+        self._last_valid = valid[:, -1:].clone()
+        acted = torch.cat([before, valid], 1)
+        if bool((~acted[:, :-1] & acted[:, 1:] & ~first).any()):
+            self._watching_turns = False
             warn(
                 f"{self.name} on '{self.env.name}': agents act in turns, and a replay learner takes the column after "
                 f"each step for its successor, which is another agent's turn. Its targets bootstrap from positions "
@@ -263,12 +272,14 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         self.gradient_steps += updates
 
     def _holds_steps(self, policy_id: str) -> bool:
-        """Whether the buffer holds steps of the policy's rows: one that has not acted yet (a
-        rarely mapped one) waits. Once it holds some, it is not asked again (a full scan)."""
+        """Whether the buffer (on every data-parallel rank) holds steps of the policy's rows: one
+        that has not acted yet (a rarely mapped one) waits. Once it holds some, it is not asked
+        again (each asking is a scan of the buffer)."""
         owner = self._owner[policy_id]
         if owner is None or policy_id in self._holding:
             return True
-        if self.replay.holds(owner):
+        # every data-parallel rank must step the same learners: each holds steps of its own envs
+        if not distributed.any_rank(not self.replay.holds(owner)):
             self._holding.add(policy_id)
             return True
         return False
@@ -328,6 +339,6 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         warn(
             f"the checkpoint's replay buffer ({rows} x {columns} steps) does not fit this run's "
             f"{type(self.replay).__name__} ({self.replay.num_rows} x {self.replay.columns}): a changed buffer_size, "
-            f"num_envs, prioritized_replay or sequence length changes it. It is not loaded; the run refills its "
-            f"buffer for learning_starts={self.config.learning_starts} env steps before it learns again."
+            f"num_envs, prioritized_replay or sequence length changes it. It is not loaded; a run left without a "
+            f"buffer refills it for learning_starts={self.config.learning_starts} env steps before it learns again."
         )

@@ -120,7 +120,7 @@ class OnPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, O
         if "approx_kl" not in self.STAT_NAMES:  # any policy's target_kl: each learner reads its own
             for pid in config.policy_ids:
                 if (kl := config.policy_config(pid).target_kl) is not None:
-                    whose = f" (policy {pid!r})" if config.policies else ""
+                    whose = "" if kl == config.target_kl else f" (policy {pid!r})"
                     raise ConfigError(
                         f"target_kl={kl}{whose} stops the epochs on the approximate KL, which {self.name} does "
                         f"not record (it records {list(self.STAT_NAMES)}); leave target_kl unset."

@@ -159,7 +159,7 @@ class ReplayBuffer:
         broken = None
         if self.size:
             broken = (rollout["first"][:, 0] | self._unlinked) & ~self.storage["done"][:, previous]
-            self._unlinked = False
+        self._unlinked = False
         given = rollout.keys()
         for key, stored in self.storage.items():
             if key in given:
@@ -296,6 +296,7 @@ class ReplayBuffer:
             "final_owner": self.final_owner,
             "final_slot": self.final_slot,
             "final_next": self._final_next,
+            "unlinked": self._unlinked,
         }
 
     def unlink(self) -> None:
@@ -316,3 +317,4 @@ class ReplayBuffer:
         for key in ("sampleable", "final_obs", "final_owner", "final_slot"):
             getattr(self, key).copy_(state[key])
         self.head, self.size, self._final_next = state["head"], state["size"], state["final_next"]
+        self._unlinked = state.get("unlinked", False)  # a checkpoint written right after a population move
