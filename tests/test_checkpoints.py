@@ -64,6 +64,35 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     straight.close()
 
 
+def test_a_run_ending_on_a_periodic_checkpoint_writes_it_once(tmp_path):
+    """The end of ``learn`` keeps the checkpoint its last iteration wrote (a replay learner's
+    can be large); a ``learn`` that starts after a ``save`` and ends at once writes its own."""
+    written = []
+
+    class Count(shoal.Callback):
+        def on_checkpoint(self, trainer, path):
+            written.append(path.name)
+
+    with shoal.PPO(seed=0, run_dir=str(tmp_path), checkpoint_interval=2, callbacks=[Count()], **FAST) as algo:
+        algo.learn(4 * 128)
+        assert written == ["checkpoint_000002", "checkpoint_000004"]
+        algo.learn(1 * 128)
+        assert written[2:] == ["checkpoint_000005"]  # not a periodic one: the end's own
+
+
+def test_resuming_a_finished_run_keeps_its_budget(tmp_path):
+    """A run whose last iteration passed its budget (300 steps, 384 taken), resumed twice with
+    nothing left to do, still has the budget it was given, not the step count it stands at."""
+    with shoal.PPO(seed=0, run_dir=str(tmp_path), total_timesteps=300, **FAST) as algo:
+        algo.learn()
+        assert algo.timesteps_total == 384
+    for _ in range(2):
+        with shoal.PPO.from_checkpoint(tmp_path) as resumed:
+            assert resumed.config.total_timesteps == 300
+            resumed.learn()
+            assert resumed.timesteps_total == 384
+
+
 def test_periodic_checkpoints_rotate_and_hold_the_whole_state(tmp_path):
     with shoal.PPO(seed=0, run_dir=str(tmp_path), checkpoint_interval=2, keep_checkpoints=2, **FAST) as algo:
         algo.learn(7 * 128)

@@ -36,7 +36,7 @@ from shoal.train.checkpoint import list_checkpoints
 from shoal.yaml_io import load_yaml
 
 RESULT = "benchmark.json"
-STOP_GRACE_S = 120.0  # how long an interrupted run may take to write its checkpoint
+STOP_GRACE_S = 300.0  # how long an interrupted run may take to end its iteration and write its checkpoint
 CHECKPOINT_EVERY = 10  # iterations between a run's checkpoints
 SPEC, LOCK = "benchmark_run.json", "benchmark_run.pid"  # in each run's directory
 

@@ -130,6 +130,7 @@ class Trainer:
         """Env steps so far, across resumes (one step of a multi-agent env counts once)."""
         self.time_total_s = 0.0
         self._schedule_end = c.total_timesteps
+        self._saved: tuple[int, Path] | None = None  # the iteration of the newest run checkpoint, and its path
         self.analysis = MetricAnalysis()
         self.stop_reason: str | None = None
         """Why ``learn`` stopped early: ``"SIGINT"``, ``"SIGTERM"``, ``"callback"``; None otherwise."""
@@ -259,7 +260,9 @@ class Trainer:
         if total < 1 and total_timesteps is not None:
             raise ConfigError(f"total_timesteps must be >= 1, got {total}.")
         start = self.timesteps_total
-        self._schedule_end = start + total
+        # the budget's end; a run already past it (its last phase overshot) keeps it, not where it stands
+        self._schedule_end = c.total_timesteps if total_timesteps is None else start + total
+        self._saved = None  # a checkpoint written before this call may not hold the state it ends with
         verbose = c.verbose if progress is None else (max(c.verbose, 1) if progress else 0)
         if verbose and self.iteration == 0 and (layout := self.algorithm.describe()):
             print(layout, file=sys.stderr)  # beside the progress line, leaving stdout to results
@@ -275,8 +278,8 @@ class Trainer:
                     display.update(self.timesteps_total - start, result)
             if self.callbacks.stop_requested and self.stop_reason is None:
                 self.stop_reason = "callback"
-            if self.run_dir is not None:
-                last = self.save()
+            if self.run_dir is not None:  # the last iteration's own checkpoint, if it wrote one, is the one
+                last = self._saved[1] if self._saved and self._saved[0] == self.iteration else self.save()
                 run_state.write_summary(self, last)
         return result
 
@@ -308,6 +311,8 @@ class Trainer:
             ckpt.write_checkpoint(path, self.state_dict(), self.checkpoint_meta())
             if root is not None:
                 lineage.rotate(root, self.config.keep_checkpoints, self.run_id)
+        if root is not None:
+            self._saved = (self.iteration, path)
         self.callbacks("on_checkpoint", self, path)
         return path
 
