@@ -13,8 +13,10 @@ import pytest
 from shoal.benchmark import load_references, load_suite, run_suite
 from shoal.benchmark.references import Reference, References
 from shoal.benchmark.report import collect_rows, env_family, markdown_table, write_report
-from shoal.benchmark.runner import LOCK, RESULT, SPEC, RunSpec, Suite, _read_summary
+from shoal.benchmark.runner import LOCK, PARTS, RESULT, SPEC, RunSpec, Suite, _read_summary
 from shoal.errors import ConfigError
+from shoal.train import checkpoint as ckpt
+from shoal.train.run_state import source_revision
 
 REFS = References(
     {
@@ -251,6 +253,12 @@ def test_interrupted_benchmark_resumes_unfinished_runs_and_skips_finished_ones(t
     assert summary["timesteps_total"] == logged[-1]["timesteps_total"] >= 60_000
     assert [row["training_iteration"] for row in logged] == list(range(1, len(logged) + 1))  # resumed, not restarted
     assert "resuming at iteration" in (second / "stderr.log").read_text()
+    # each part says which source it ran, and so does each checkpoint
+    parts = [json.loads(line) for line in (second / PARTS).read_text().splitlines()]
+    assert [p["resumed"] for p in parts] == [False, True]
+    assert all(p["source"] == source_revision() for p in parts)
+    newest = sorted((second / "checkpoints").iterdir())[-1]
+    assert ckpt.read_meta(newest)["source"] == source_revision()
 
 
 def test_settings_after_the_env_ids_are_settings_and_jobs_must_be_positive(tmp_path, monkeypatch, capsys):

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, cast
@@ -33,12 +34,14 @@ from shoal.config.tuned import KINDS, env_slug, kind_path, tuned_path
 from shoal.errors import ConfigError, shorten
 from shoal.train import signals
 from shoal.train.checkpoint import list_checkpoints
+from shoal.train.run_state import source_revision
 from shoal.yaml_io import load_yaml
 
 RESULT = "benchmark.json"
 STOP_GRACE_S = 300.0  # how long an interrupted run may take to end its iteration and write its checkpoint
 CHECKPOINT_EVERY = 10  # iterations between a run's checkpoints
 SPEC, LOCK = "benchmark_run.json", "benchmark_run.pid"  # in each run's directory
+PARTS = "benchmark_parts.jsonl"  # one line per part of a run made in parts: when, and from which source
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,9 @@ def _start(state: RunState, out: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SPEC).write_text(json.dumps(state.spec.identity()))
     state.status = "resumed" if "--resume" in command else "running"
+    part = {"started": datetime.now().isoformat(timespec="seconds"), "resumed": "--resume" in command}
+    with (run_dir / PARTS).open("a") as parts:
+        parts.write(json.dumps(part | {"source": source_revision()}) + "\n")
     stdout, stderr = (run_dir / "stdout.json").open("wb"), (run_dir / "stderr.log").open("ab")
     state._files = [stdout, stderr]
     # a session of its own: Ctrl-C reaches the benchmark, which stops each run in turn

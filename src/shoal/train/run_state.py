@@ -6,8 +6,10 @@ how ``load_state_dict`` puts it back so the run continues bit for bit, and what
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +85,26 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
     data_parallel.after_resume(t)
 
 
+@functools.cache
+def source_revision() -> str | None:
+    """The git commit of the source shoal runs from, ``+changes`` when its files differ from it;
+    None when shoal is not run from a git checkout (an installed wheel). A run made in parts
+    records each part's, so that a figure can say which code made it."""
+    package = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=package, capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if commit is None:
+        return None
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".") else "")
+
+
 def meta(trainer: Trainer) -> dict[str, Any]:
     """What a checkpoint records beside the state: algorithm, env, counters, shoal version, time,
     and what ties it to its run (``shoal.train.lineage``): the run id and config fingerprint."""
@@ -98,6 +120,7 @@ def meta(trainer: Trainer) -> dict[str, Any]:
         "training_iteration": trainer.iteration,
         "timesteps_total": trainer.timesteps_total,
         "shoal_version": __version__,
+        "source": source_revision(),
         "saved_at": datetime.now().isoformat(timespec="seconds"),
     }
 
