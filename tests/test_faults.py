@@ -242,6 +242,13 @@ def _wait_for(condition, timeout=120.0):
         time.sleep(0.02)
 
 
+def _iterations_logged(run: Path) -> int:
+    """Iterations the run has logged: a stop asked for after the newest is its own checkpoint's
+    (the end of a run keeps a periodic checkpoint of its last iteration rather than writing it again)."""
+    metrics = run / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+
+
 def _interrupted_twice(proc: subprocess.Popen, marker: Path) -> str:
     """Ctrl-C (the run stops after this iteration: the last checkpoint starts), then Ctrl-C again
     once that write is under way; the run must end at once (not after the 8 s write), with exit
@@ -263,6 +270,7 @@ def test_a_second_ctrl_c_during_the_last_checkpoint_exits_at_once_and_names_what
     run, marker = tmp_path / "run", tmp_path / "writing"
     proc = _training_with_slow_checkpoints(run, marker, slow=(2,), torch_error=torch_error)
     _wait_for(lambda: (run / "checkpoints" / "checkpoint_000005").is_dir() and not marker.exists())
+    _wait_for(lambda: _iterations_logged(run) > 5)  # stopped after iteration 5 the run would keep its checkpoint
     message = _interrupted_twice(proc, marker)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["checkpoint_000005"]
     assert ckpt.resolve_checkpoint(run).name == "checkpoint_000005"
@@ -276,6 +284,7 @@ def test_a_second_ctrl_c_between_a_checkpoint_and_its_pruning_keeps_keep_checkpo
     run, marker = tmp_path / "run", tmp_path / "writing"
     proc = _training_with_slow_checkpoints(run, marker, slow=(3,), slow_pruning=True)  # keep_checkpoints=2
     _wait_for(lambda: (run / "checkpoints" / "checkpoint_000010").is_dir() and not marker.exists())
+    _wait_for(lambda: _iterations_logged(run) > 10)
     message = _interrupted_twice(proc, marker)
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert len(names) == 2 and names[0] == "checkpoint_000010", names
