@@ -92,9 +92,10 @@ def test_aec_envs_are_told_from_parallel_ones_and_get_the_turn_based_adapter():
     assert is_parallel_env(parallel) and not is_aec_env(parallel)
     for env in (CONNECT_FOUR, aec, connect_four_v3.env, lambda: TurnsEnv()):
         backend = make_backend(env, 2)
-        assert type(backend.envs[0]) is AECEnvAdapter, env
+        assert type(backend.envs[0]) is AECEnvAdapter and backend.turn_based, env
     # A module with both APIs is stepped through the Parallel one: every agent acts each step.
-    assert type(make_backend("pettingzoo:mpe2.simple_spread_v3", 1).envs[0]) is ParallelEnvAdapter
+    parallel_backend = make_backend("pettingzoo:mpe2.simple_spread_v3", 1)
+    assert type(parallel_backend.envs[0]) is ParallelEnvAdapter and not parallel_backend.turn_based
 
 
 def _step(backend, actions):
@@ -216,6 +217,7 @@ def _random_legal(mask: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.slow
 def test_worker_processes_give_the_same_turn_based_batches(env):
     serial, mp = make_backend(env, 4), make_backend(env, 4, num_workers=2)
+    assert mp.turn_based  # the row layout the workers' envs were probed for says so
     gen = torch.Generator().manual_seed(0)
     ended = 0
     try:

@@ -13,7 +13,18 @@ import pytest
 from shoal.benchmark import load_references, load_suite, run_suite
 from shoal.benchmark.references import Reference, References
 from shoal.benchmark.report import collect_rows, env_family, markdown_table, write_report
-from shoal.benchmark.runner import LOCK, PARTS, RESULT, SPEC, RunSpec, Suite, _read_summary
+from shoal.benchmark.runner import (
+    LOCK,
+    PARTS,
+    RESULT,
+    SPEC,
+    RunSpec,
+    RunState,
+    Suite,
+    _poll,
+    _read_summary,
+    _stop_all,
+)
 from shoal.errors import ConfigError
 from shoal.train import checkpoint as ckpt
 from shoal.train.run_state import source_revision
@@ -259,6 +270,26 @@ def test_interrupted_benchmark_resumes_unfinished_runs_and_skips_finished_ones(t
     assert all(p["source"] == source_revision() for p in parts)
     newest = sorted((second / "checkpoints").iterdir())[-1]
     assert ckpt.read_meta(newest)["source"] == source_revision()
+
+
+def test_a_run_the_benchmark_stops_outside_an_iteration_is_stopped_not_failed(tmp_path):
+    """SIGTERM in a run's final evaluation (no handler there) ends its process by the signal; the
+    same command evaluates it again, so it is stopped, as a run stopped between iterations is. A run
+    that dies of SIGTERM sent by anyone else failed."""
+    states = []
+    for seed in (1, 2):
+        state = RunState(RunSpec("ppo", "CartPole-v1", seed))
+        state.spec.directory(tmp_path).mkdir(parents=True)
+        state.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        states.append(state)
+    stopped, killed = states
+    _stop_all([stopped], tmp_path)
+    killed.process.send_signal(signal.SIGTERM)
+    killed.process.wait(10)
+    _poll(killed, tmp_path)
+    assert stopped.process is killed.process is None
+    assert (stopped.status, killed.status) == ("stopped", "failed")
+    assert "exit -15" in killed.detail
 
 
 def test_settings_after_the_env_ids_are_settings_and_jobs_must_be_positive(tmp_path, monkeypatch, capsys):

@@ -13,9 +13,16 @@ from shoal.config import DQNConfig
 from shoal.errors import ConfigError
 from shoal.models.qpolicy import QPolicy, greedy
 from tests.conftest import assert_resume_is_bit_identical, weights_of
+from tests.test_multi_agent_dict import TurnsEnv
 from tests.test_pettingzoo import DyingAgentsEnv
 
 QUIET = dict(save_outputs=False, verbose=0)
+
+
+class DeclaredTurnsEnv(TurnsEnv):
+    turn_based = True
+
+
 SMALL = dict(
     env="CartPole-v1",
     rollout_fragment_length=16,
@@ -208,14 +215,16 @@ def test_a_trained_policy_that_has_not_acted_yet_waits_for_its_steps():
         assert "a/loss" in learner and "b/loss" not in learner
 
 
-def test_a_turn_based_env_is_warned_of_once_and_a_simultaneous_one_is_not():
-    """One-step targets of a replay learner do not fold another agent's turn into a decision."""
-    with pytest.warns(shoal.ShoalWarning, match="agents act in turns") as caught:
-        algo = shoal.DQN(**{**SMALL, "env": "pettingzoo:pettingzoo.classic.connect_four_v3"})
+def test_an_env_that_takes_turns_undeclared_is_warned_of_once_and_a_declared_or_simultaneous_one_is_not():
+    """Without ``turn_based`` a replay learner cannot tell a waiting agent from one that left."""
+    with pytest.warns(shoal.ShoalWarning, match="agents act in turns, but the env does not say so") as caught:
+        algo = shoal.DQN(**{**SMALL, "env": TurnsEnv})
         algo.train(), algo.train()
     assert sum("agents act in turns" in str(w.message) for w in caught) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", shoal.ShoalWarning)
+        shoal.DQN(**{**SMALL, "env": DeclaredTurnsEnv}).train()
+        shoal.DQN(**{**SMALL, "env": "pettingzoo:pettingzoo.classic.connect_four_v3"}).train()
         shoal.DQN(**{**SMALL, "env": "pettingzoo:mpe2.simple_spread_v3"}).train()
         # agents that leave mid-episode are padding until the next one starts, wherever a rollout ends
         for fragment in (1, 5, 6):

@@ -2,6 +2,8 @@
 target against a per-sample loop, frozen critics, config errors, exact resume, and a short run on
 mpe2's simple_spread that learns."""
 
+import warnings
+
 import gymnasium as gym
 import pytest
 import torch
@@ -11,6 +13,7 @@ from shoal.algos.critics import Critics
 from shoal.errors import ConfigError
 from shoal.models.actors import GumbelSoftmaxPolicy, QTowers
 from tests.conftest import assert_resume_is_bit_identical
+from tests.test_sequence_replay import MaskedPair
 
 SPREAD = dict(env="pettingzoo:mpe2.simple_spread_v3", env_config={"max_cycles": 25})
 QUIET = dict(save_outputs=False, verbose=0)
@@ -110,12 +113,25 @@ def test_frozen_critics_pass_gradients_to_the_actions_only():
 def test_config_errors_name_the_problem_and_the_fix():
     with pytest.raises(ConfigError, match="Discrete or Box"):
         shoal.MADDPG(env=MultiDiscreteEnv(), **QUIET)
-    with pytest.raises(ConfigError, match="action masks"):
+    with pytest.raises(ConfigError, match="connect_four_v3' is turn-based: one agent moves at a time"):
         shoal.MADDPG(env="pettingzoo:pettingzoo.classic.connect_four_v3", **QUIET)
+    with pytest.raises(ConfigError, match="action masks"):
+        shoal.MADDPG(env=MaskedPair, **QUIET)
     with pytest.raises(ConfigError, match="model='mlp'"):
         shoal.MADDPG(**dict(SMALL, model="cnn"))
     with pytest.raises(ConfigError, match="gumbel_temprature.*gumbel_temperature"):
         shoal.MADDPG(gumbel_temprature=0.5, **SMALL)
+
+
+def test_noise_settings_for_discrete_actors_are_warned_of_as_unread():
+    unread = "exploration_noise, noise_type set for MADDPG on .* Discrete: .* the noise settings are not read"
+    with pytest.warns(shoal.ShoalWarning, match=unread):
+        shoal.MADDPG(exploration_noise=0.3, policies={"p": {"noise_type": "ornstein-uhlenbeck"}}, **SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shoal.ShoalWarning)
+        shoal.MADDPG(**SMALL)  # the defaults
+        box = dict(SMALL, env_config={"max_cycles": 25, "continuous_actions": True})
+        shoal.MADDPG(exploration_noise=0.3, **box)  # read by Box actors
 
 
 class MultiDiscreteEnv(gym.Env):

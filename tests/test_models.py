@@ -1,6 +1,8 @@
 """Network pieces: stacked towers, normalizers, the centralized critic's inputs. (The hand-fused
 learn step's backward passes: tests/test_fused.py.)"""
 
+import copy
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -29,6 +31,21 @@ def test_stacked_mlp_equals_separate_mlps(activation, ref, rows, per_tower):
             h = ref(h @ w[k] + b[k, 0])
         assert torch.allclose(outs[k], net.heads[k](h), atol=1e-12)
         assert torch.allclose(rollout_outs[k], outs[k], atol=1e-12)
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_stacked_mlp_rollout_path_reads_the_weights_loaded_into_it(assign):
+    """``load_state_dict(assign=True)`` puts new parameters in; the no-graph path lists its
+    parameters once, and must list them again."""
+    net, other = StackedMLP(5, [7, 6], [3, 1], [0.01, 1.0]), StackedMLP(5, [7, 6], [3, 1], [0.01, 1.0])
+    net.load_state_dict(other.state_dict(), assign=assign)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        for fast, loaded in zip(net(x), other(x)):
+            torch.testing.assert_close(fast, loaded)
+    assert {id(p) for p in net.flat_params} == {id(p) for p in net.parameters()}
+    copied = copy.deepcopy(net)
+    assert {id(p) for p in copied.flat_params} == {id(p) for p in copied.parameters()}
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])

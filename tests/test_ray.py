@@ -19,6 +19,7 @@ import shoal
 from shoal.collect.rollout_worker import RolloutWorker
 from shoal.config import DQNConfig, PPOConfig
 from shoal.errors import ConfigError
+from shoal.vector.build import build_backend
 
 # Ray itself is imported by the ray_cluster fixture, which only the slow tests take: the others
 # check settings and a worker's body in process, and need not pay for the import
@@ -347,6 +348,23 @@ def test_remote_worker_envs_step_the_same_episodes_as_in_process_envs(ray_cluste
         pytest.raises(shoal.EnvError, match=r"env .* raised RuntimeError in step\(\): the simulator went away"),
     ):
         algo.train()
+
+
+@pytest.mark.slow
+def test_ray_workers_tell_the_replay_that_agents_take_turns(ray_cluster):
+    connect_four = dict(env="pettingzoo:pettingzoo.classic.connect_four_v3", num_envs=2)
+    settings = dict(backend="ray", num_workers=1, learning_starts=10**9, timesteps_per_iteration=64)
+    with shoal.DQN(**connect_four, **settings, save_outputs=False, verbose=0) as algo:
+        algo.train()
+        replay = algo.algorithm.replay
+        assert algo.algorithm.env.turn_based and replay.link is not None and bool(replay.sampleable.any())
+    # what a rollout worker steps with remote_worker_envs: each env an actor, the layout from the first
+    config = DQNConfig.build(**connect_four, backend="ray", num_workers=1, remote_worker_envs=True)
+    remote = build_backend(config.model_copy(update={"backend": "local"}), 2)  # as a worker builds it
+    try:
+        assert type(remote).__name__ == "RemoteEnvBackend" and remote.turn_based
+    finally:
+        remote.close()
 
 
 def test_remote_worker_envs_need_ray_workers():

@@ -43,6 +43,37 @@ SEQUENCES = dict(
 )
 
 
+class MaskedPair(shoal.MultiAgentEnv):
+    """Two agents that move together, each with 3 actions of which a random 1-3 are legal; the
+    episode ends after 8 steps."""
+
+    def __init__(self):
+        self.possible_agents = self.agents = ["p0", "p1"]
+        space = gym.spaces.Dict(
+            {"observation": gym.spaces.Box(-1.0, 1.0, (2,)), "action_mask": gym.spaces.MultiBinary(3)}
+        )
+        self.observation_spaces = dict.fromkeys(self.agents, space)
+        self.action_spaces = dict.fromkeys(self.agents, gym.spaces.Discrete(3))
+        self.rng = np.random.default_rng(0)
+
+    def _obs(self):
+        masks = self.rng.random((2, 3)) < 0.6
+        masks[:, 0] |= ~masks.any(1)
+        return {
+            a: {"observation": np.array([i, self.t / 8], np.float32), "action_mask": masks[i].astype(np.int8)}
+            for i, a in enumerate(self.agents)
+        }
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action_dict):
+        self.t += 1
+        over = {"__all__": self.t >= 8}
+        return self._obs(), {a: float(action_dict[a] == 0) for a in action_dict}, over, {"__all__": False}, {}
+
+
 def fake_buffer(rows: int, length: int, burn_in: int, columns: int, **kw) -> SequenceReplayBuffer:
     """A buffer over ``FakeEnvs`` rows whose "state" is one number: ``add_rollout`` stores there the
     serial of the observation at each state column, so a window's start state names its first step."""
@@ -271,12 +302,17 @@ def test_sequence_config_errors_name_the_values_and_a_fix():
     with pytest.raises(ConfigError, match=r"buffer_size=70 holds 64 steps .* collection phase \(train_freq=64\)"):
         shoal.DQN(model_config=lstm, train_freq=64, buffer_size=70, **QUIET)  # more than a phase, not in strides
     shoal.DQN(train_freq=10, replay_sequence_length=8, replay_burn_in=4, **QUIET)  # feedforward: no sequences
-    connect_four = dict(env="pettingzoo:pettingzoo.classic.connect_four_v3", **QUIET)
-    with pytest.raises(ConfigError, match=r"\['player_1'\] have no recurrent core while \['player_0'\] do"):
-        shoal.DQN(policies={"player_0": {"model_config": lstm}, "player_1": {}}, **connect_four)
-    sizes = {"player_0": {"model_config": {"core": "gru", "core_size": 8}}, "player_1": {"model_config": lstm}}
+    with pytest.raises(
+        ConfigError,
+        match="cannot replay these sequences: 'pettingzoo:pettingzoo.classic.connect_four_v3' is turn-based.*algo=ppo",
+    ):
+        shoal.DQN(env="pettingzoo:pettingzoo.classic.connect_four_v3", model_config=lstm, **QUIET)
+    pair = dict(env=MaskedPair, **QUIET)
+    with pytest.raises(ConfigError, match=r"\['p1'\] have no recurrent core while \['p0'\] do"):
+        shoal.DQN(policies={"p0": {"model_config": lstm}, "p1": {}}, **pair)
+    sizes = {"p0": {"model_config": {"core": "gru", "core_size": 8}}, "p1": {"model_config": lstm}}
     with pytest.raises(ConfigError, match="one state table.*the same core and core_size"):
-        shoal.DQN(policies=sizes, **connect_four)
+        shoal.DQN(policies=sizes, **pair)
     envs = FakeEnvs(1, next_step=False, seed=0)
     with pytest.raises(ValueError, match=r"rollout_states\(8\)"):
         fake_buffer(1, 6, 2, 40).add(*envs.rollout(8))
@@ -285,17 +321,16 @@ def test_sequence_config_errors_name_the_values_and_a_fix():
 def test_each_recurrent_policy_replays_its_own_sequences():
     """Two recurrent policies on a two-agent env (with action masks): each learns, from windows that
     start on its own rows, with the state its own core had there."""
-    connect_four = dict(env="pettingzoo:pettingzoo.classic.connect_four_v3", env_config={}, num_envs=1)
-    algo = shoal.DQN(**(SEQUENCES | connect_four), policies=["player_0", "player_1"])
+    algo = shoal.DQN(**(SEQUENCES | dict(env=MaskedPair, env_config={}, num_envs=1)), policies=["p0", "p1"])
     result = algo.train()
-    assert {"player_0/loss", "player_1/loss"} <= set(result["learner"])
+    assert {"p0/loss", "p1/loss"} <= set(result["learner"])
     replay = algo.algorithm.replay
     for owner in (0, 1):
         batch = transitions(
             replay, replay.sample(64, torch.Generator().manual_seed(owner), owner), n_step=1, gamma=0.99
         )
         assert bool((batch["policy_id"][:, 0] == owner).all())
-        assert batch["next_action_mask"].shape == (len(batch), replay.sequence_length, 7)
+        assert batch["next_action_mask"].shape == (len(batch), replay.sequence_length, 3)
     horizon = algo.algorithm.rollout.horizon  # the last phase's state columns, and what each policy stored there
     columns = (replay.head - horizon + torch.arange(0, horizon, replay.stride)) % replay.columns
     for owner, staged in enumerate(replay.rollout_states(horizon)):

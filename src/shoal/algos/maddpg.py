@@ -30,7 +30,7 @@ from shoal.algos.critics import ReplayActorCritic, TargetActorLearner
 from shoal.algos.off_policy import bootstrapped, transitions
 from shoal.config.maddpg import MADDPGConfig
 from shoal.envs.spaces import EnvInfo
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, warn
 from shoal.models.actors import (
     DeterministicPolicy,
     GumbelSoftmaxPolicy,
@@ -45,6 +45,9 @@ TeamActions = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 """``MADDPGAlgorithm.team_actions``: (raw observations, their policy ids, by target actors?) -> actions."""
 
 
+NOISE_KEYS = frozenset({"exploration_noise", "noise_type"})  # read by the Box actors only
+
+
 class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearner"]):
     name = "MADDPG"
     config_class = MADDPGConfig
@@ -55,9 +58,20 @@ class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearne
         kind = env.act_spec.kind
         if kind == "multi_discrete":
             raise ConfigError(f"MADDPG takes Discrete or Box actions; '{env.name}' acts in {env.act_spec.space}.")
+        if env.turn_based:
+            raise ConfigError(
+                f"MADDPG's critics learn from the team's simultaneous actions, and '{env.name}' is turn-based: one "
+                f"agent moves at a time. Use algo=ppo, or algo=dqn (Discrete actions) or sac (Box)."
+            )
         self.action_width = env.act_spec.nvec[0] if kind == "discrete" else env.act_spec.shape[0]
         """Width of one agent's action as the critics read it."""
         super().__init__(config, env)
+        noise = sorted({key for pc in self.policy_configs.values() for key in NOISE_KEYS & pc.model_fields_set})
+        if kind == "discrete" and noise:
+            warn(
+                f"{', '.join(noise)} set for MADDPG on '{env.name}', whose actions are Discrete: its actors explore "
+                f"by sampling their Gumbel-Softmax (gumbel_temperature), and the noise settings are not read."
+            )
 
     def make_policy(self, policy_id: str, config: MADDPGConfig) -> MADDPGActor:
         """A Gumbel-Softmax actor for Discrete actions, a deterministic one with exploration noise for Box."""

@@ -139,7 +139,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         """Env steps collected so far (``learning_starts`` and the target schedule count them)."""
         self.gradient_steps = 0
         """Minibatch steps taken so far (per trained policy)."""
-        self._watching_turns = True  # through the first iteration: see _watch_for_turns
+        self._watching_turns = not env.turn_based  # through the first iteration: see _watch_for_turns
         self._last_valid: torch.Tensor | None = None
         self._holding: set[str] = set()  # trained policies whose rows the buffer is known to hold steps of
 
@@ -215,11 +215,12 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         return stats | {"learner": {f"{pid}/{k}": v for pid, out in per_policy.items() for k, v in out.items()}}
 
     def _watch_for_turns(self, rollout: TensorDict) -> None:
-        """Through the first iteration, warn when an agent's row acts again after a step it did not
-        act on, within one episode (a turn-based env): a stored step's successor is then the next
-        column, another agent's turn, which one-step targets do not fold. Padding (an agent that
-        left, an env group parked early) acts again only in a new episode. Slot T is not read (the
-        collector has not written it); the last step of the rollout before is."""
+        """Through the first iteration of an env not declared turn-based, warn when an agent's row
+        acts again after a step it did not act on, within one episode (an env that takes turns
+        undeclared): a stored step's successor is then taken to be the next column, another
+        agent's turn. Padding (an agent that left, an env group parked early) acts again only in a
+        new episode. Slot T is not read (the collector has not written it); the last step of the
+        rollout before is."""
         valid, first = rollout["valid"][:, :-1], rollout["first"][:, :-1]
         before = valid[:, :1] if self._last_valid is None else self._last_valid
         self._last_valid = valid[:, -1:].clone()
@@ -227,11 +228,11 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         if bool((~acted[:, :-1] & acted[:, 1:] & ~first).any()):
             self._watching_turns = False
             warn(
-                f"{self.name} on '{self.env.name}': agents act in turns, and a replay learner takes the column after "
-                f"each step for its successor, which is another agent's turn. Its targets bootstrap from positions "
-                f"its agent does not act in, and a reward that lands on another agent's turn (a board game's loss) "
-                f"is never learned. For turn-based games use algo=ppo or algo=pqn, which fold the other turns into "
-                f"each decision."
+                f"{self.name} on '{self.env.name}': agents act in turns, but the env does not say so, and a replay "
+                f"learner then takes the step after each decision for its successor, which is another agent's turn. "
+                f"Its targets bootstrap from positions its agent does not act in, and a reward that lands on another "
+                f"agent's turn (a board game's loss) is never learned. Set turn_based = True on the env class, and "
+                f"the learner links each decision to its agent's next one."
             )
 
     def data_parallel_problem(self) -> str | None:
@@ -272,12 +273,13 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         self.gradient_steps += updates
 
     def _holds_steps(self, policy_id: str) -> bool:
-        """Whether the buffer (on every data-parallel rank) holds steps of the policy's rows: one
-        that has not acted yet (a rarely mapped one) waits. Once it holds some, it is not asked
-        again (each asking is a scan of the buffer)."""
-        owner = self._owner[policy_id]
-        if owner is None or policy_id in self._holding:
+        """Whether the buffer (on every data-parallel rank) holds steps of the policy's rows that
+        it may draw: a policy that has not acted yet (a rarely mapped one) waits, and so does every
+        policy of a turn-based game until an agent has moved twice. Once it holds some, it is not
+        asked again (each asking is a scan of the buffer)."""
+        if policy_id in self._holding:
             return True
+        owner = self._owner[policy_id]
         # every data-parallel rank must step the same learners: each holds steps of its own envs
         if not distributed.any_rank(not self.replay.holds(owner)):
             self._holding.add(policy_id)

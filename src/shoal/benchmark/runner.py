@@ -205,6 +205,8 @@ class RunState:
     seconds: float | None = None
     """How long its process ran this time (None: not started or still running)."""
     detail: str = ""
+    stopping: bool = False
+    """The benchmark sent it SIGTERM: however its process ends without a result, it was stopped."""
     _files: list[IO[bytes]] = field(default_factory=list)
 
 
@@ -306,7 +308,7 @@ def _poll(state: RunState, out: Path) -> None:
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(run_dir / RESULT)
         state.status = "done"
-    elif code in (130, 143):
+    elif code in (130, 143) or state.stopping:  # stopped between iterations, or in its final evaluation
         state.status = "stopped"
     else:
         state.status = "failed"
@@ -319,6 +321,7 @@ def _stop_all(states: list[RunState], out: Path) -> None:
     running = [s for s in states if s.process is not None]
     for state in running:
         cast(subprocess.Popen[bytes], state.process).send_signal(signal.SIGTERM)
+        state.stopping = True
     deadline = time.monotonic() + STOP_GRACE_S
     try:
         for state in running:

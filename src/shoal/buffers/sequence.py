@@ -57,6 +57,11 @@ class SequenceReplayBuffer(ReplayBuffer):
     ):
         if not 0 <= burn_in < sequence_length:
             raise ValueError(f"burn_in={burn_in} must be in [0, sequence_length={sequence_length})")
+        if env.turn_based:
+            raise ValueError(
+                f"'{env.name}' is turn-based, and a sequence holds consecutive steps, most of them other agents' "
+                f"turns; use a feedforward Q-network, or algo=ppo with a recurrent core"
+            )
         stride = sequence_length - burn_in
         n = env.num_rows
         columns = capacity // n // stride * stride

@@ -31,6 +31,7 @@ class AECEnvAdapter(ParallelEnvAdapter):
 
     def __init__(self, env: Any, name: str, env_state: bool = False):
         super().__init__(env, name, env_state)
+        self.turn_based = True
         self.done = np.zeros(self.num_agents, dtype=bool)  # rows whose agent has left this episode
 
     def reset(self, seed: int | None) -> None:

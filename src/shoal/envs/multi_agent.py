@@ -54,6 +54,10 @@ class MultiAgentEnv(gym.Env):
 
     observation_spaces: dict[Any, gym.Space[Any]] | None = None
     action_spaces: dict[Any, gym.Space[Any]] | None = None
+    turn_based: bool = False
+    """True when agents take turns (one or a few act at each step while the others wait in the
+    episode): a replay learner then links each agent's decision to its next one and folds the
+    rewards that arrive while it waits into it."""
 
     def get_observation_space(self, agent: Any) -> gym.Space[Any]:
         return space_of(self, "observation", agent)
@@ -86,6 +90,7 @@ class ParallelView:
                 f"it may use in self.possible_agents."
             )
         self.possible_agents = list(agents)
+        self.turn_based = bool(getattr(env, "turn_based", False))
         self._known = frozenset(self.possible_agents) | {ALL}
         self.agents: list[Any] = []  # in the episode: observed since the reset and not done since
 

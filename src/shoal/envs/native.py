@@ -107,6 +107,9 @@ class AgentEnv:
     """None: anonymous agents, each agent's episode is an episode of its own."""
     state_size: int = 0
     """Width of a global state for a centralized critic; 0 for none (``team_obs`` works)."""
+    turn_based: bool = False
+    """True when agents take turns: the rows of agents still playing but not to move are not
+    ``valid``, and a replay learner links each decision to its agent's next one."""
     final_infos: dict[int, dict[str, Any]]
     """Slot -> info of an agent whose episode ended this step; feeds custom metrics."""
 

@@ -108,6 +108,7 @@ class ParallelEnvAdapter:
     def __init__(self, env: Any, name: str, env_state: bool = False):
         """``env_state``: also write the env's global ``state()`` on its rows (for a centralized critic)."""
         self.env, self.name = env, name
+        self.turn_based = bool(getattr(env, "turn_based", False))  # a dict-API env that says its agents take turns
         self.state_size = _state_size(env, name) if env_state else 0
         self.agents = list(env.possible_agents)
         if not self.agents:

@@ -115,6 +115,9 @@ class EnvInfo:
     """Width of a centralized critic's extra input, 0 without one."""
     info_size: int = 0
     """Values of the step infos stored each step (``info_keys``), 0 without them."""
+    turn_based: bool = False
+    """Agents take turns (PettingZoo AEC games): a row that is not ``valid`` while its agent still
+    plays waits for its turn, and its previous decision's successor is its next one."""
 
     @property
     def num_rows(self) -> int:

@@ -60,6 +60,12 @@ def per_tower(x: torch.Tensor, towers: int) -> torch.Tensor:
     return x if x.dim() == 3 else x.unsqueeze(0).expand(towers, *x.shape)
 
 
+def _list_params(module: StackedMLP, incompatible_keys: object = None) -> None:
+    """Fill ``StackedMLP.flat_params`` (also its hook after loading a state dict)."""
+    params = [p for pair in zip(module.weights, module.biases) for p in pair]
+    module.flat_params = params + [p for head in module.heads for p in (head.weight, head.bias)]
+
+
 class StackedMLP(nn.Module):
     """``k`` MLPs with the same hidden sizes, each with its own linear head, fed the same input
     ``[B, in]`` or one input each ``[k, B, in]`` (a critic that sees more than the actor).
@@ -88,10 +94,12 @@ class StackedMLP(nn.Module):
             self.weights.append(nn.Parameter(w))
             self.biases.append(nn.Parameter(torch.zeros(towers, 1, fan_out)))
         self.heads = nn.ModuleList(linear_head(hiddens[-1], d, g) for d, g in zip(out_dims, head_gains))
-        # every parameter in the order stacked_forward takes them: (weight, bias) per layer, then per
-        # head; listed once, since walking the module lists costs more than a forward at rollout sizes
-        self.flat_params = [p for pair in zip(self.weights, self.biases) for p in pair]
-        self.flat_params += [p for head in self.heads for p in (head.weight, head.bias)]
+        self.flat_params: list[nn.Parameter] = []
+        """Every parameter in the order stacked_forward takes them: (weight, bias) per layer, then per
+        head; listed once, since walking the module lists costs more than a forward at rollout sizes,
+        and listed again after a ``load_state_dict(assign=True)``, which puts new parameters in."""
+        _list_params(self)
+        self.register_load_state_dict_post_hook(_list_params)  # type: ignore[no-untyped-call]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not torch.is_grad_enabled():  # the rollout: no graph, the fast activations

@@ -135,6 +135,7 @@ def env_info(backend: VecBackend, env_name: str, critic: CriticInput | None) -> 
         0 if mask is None else mask.shape[1],
         critic.dim if critic else 0,
         0 if backend.batch.info is None else backend.batch.info.shape[1],
+        backend.turn_based,
     )
 
 

@@ -52,6 +52,8 @@ class AgentAdapter(Protocol):
     def state_size(self) -> int: ...  # width of the env's global state() it writes, 0: none
     @property
     def final_infos(self) -> dict[int, dict[str, Any]]: ...  # slot -> info, emptied by the backend
+    @property
+    def turn_based(self) -> bool: ...  # agents take turns (EnvInfo.turn_based)
 
     def bind(self, rows: dict[str, npt.NDArray[Any]]) -> None: ...
     def reset(self, seed: int | None) -> None: ...
@@ -76,16 +78,19 @@ class AgentEnvBackend(VecBackend):
         layout = first.layout
         k = first.num_agents
         for i, env in enumerate(self.envs[1:], start=1):
-            if (env.agents, env.num_agents, env.layout.obs_space, env.layout.action_space) != (
+            if (env.agents, env.num_agents, env.layout.obs_space, env.layout.action_space, env.turn_based) != (
                 first.agents,
                 k,
                 layout.obs_space,
                 layout.action_space,
+                first.turn_based,
             ):
+                turns = {True: ", taking turns", False: ""}
                 raise EnvError(
-                    f"env '{name}' copy {i} has {env.num_agents} agents {env.agents} with spaces "
-                    f"{env.layout.obs_space} / {env.layout.action_space}, copy 0 has {k} agents "
-                    f"{first.agents} with {layout.obs_space} / {layout.action_space}; all copies must match."
+                    f"env '{name}' copy {i} has {env.num_agents} agents {env.agents}{turns[env.turn_based]} with "
+                    f"spaces {env.layout.obs_space} / {env.layout.action_space}, copy 0 has {k} agents "
+                    f"{first.agents}{turns[first.turn_based]} with {layout.obs_space} / {layout.action_space}; all "
+                    f"copies must match."
                 )
         super().__init__(
             name,
@@ -98,7 +103,7 @@ class AgentEnvBackend(VecBackend):
             mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0,
             state_size=first.state_size,
         )
-        self.agents = first.agents
+        self.agents, self.turn_based = first.agents, first.turn_based
         self.single_observation_space, self.single_action_space = layout.obs_space, layout.action_space
         for i, env in enumerate(self.envs):
             env.bind({key: buf[i * k : (i + 1) * k] for key, buf in self._buffers.items()})

@@ -149,6 +149,7 @@ class VecBackend:
     autoreset: Literal["same_step", "next_step"] = "same_step"
     async_factor: int = 1
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
+    turn_based = False  # agents take turns (see EnvInfo.turn_based)
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
     clip_actions, normalize_actions = True, False  # see configure_actions
     logs_actions = False  # some rows' actions are chosen by the env's side (external clients): see ``logged``

@@ -150,7 +150,7 @@ class MultiprocessBackend(VecBackend):
         probe = serial_class(make_env, 1, name)
         obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
         mask, state, info = probe.batch.action_mask, probe.batch.state, probe.batch.info
-        self.agents = probe.agents
+        self.agents, self.turn_based = probe.agents, probe.turn_based
         self.single_observation_space, self.single_action_space = (
             probe.single_observation_space,
             probe.single_action_space,
