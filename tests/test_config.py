@@ -186,6 +186,10 @@ def test_progress_off_a_terminal_is_plain_lines_with_the_last_one_whole(capsys):
     assert len(lines) == 512 // 64  # one after every iteration of 2 envs x 32 steps
     assert lines[-1].startswith("PPO CartPole-v1: 512/512 steps (100%) | ") and lines[-1].endswith("eta 0:00:00")
     assert not any("\x1b" in line or "\r" in line for line in lines)
+    with shoal.PPO(env="CartPole-v1", num_envs=2, sgd_minibatch_size=64, save_outputs=False, log_interval_s=0) as ppo:
+        ppo.learn(100)  # two iterations of 64 steps: past the budget
+    (last,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("PPO CartPole-v1: 128/")]
+    assert last.startswith("PPO CartPole-v1: 128/100 steps (128%) | ") and last.endswith("eta 0:00:00"), last
     with shoal.PPO(env="CartPole-v1", num_envs=2, sgd_minibatch_size=64, save_outputs=False, verbose=0) as ppo:
         ppo.learn(128)
     assert "steps" not in capsys.readouterr().err

@@ -63,7 +63,8 @@ class ProgressDisplay:
         now = time.perf_counter()
         self.last_line, self.steps_shown, elapsed = now, self.steps, now - self.start
         share = self.steps / self.total if self.total else 1.0
-        eta = elapsed * (1 - share) / share if share > 0 else math.inf
+        # a run's last phase may overshoot its budget (replay phases end with episodes): nothing is left
+        eta = elapsed * max(1 - share, 0.0) / share if share > 0 else math.inf
         print(
             f"{self.title}: {self.steps:,}/{self.total:,} steps ({share:.0%}) | {self.sps:,.0f} sps | "
             f"return {self.ret} | elapsed {_clock(elapsed)} | eta {_clock(eta)}",
