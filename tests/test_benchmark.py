@@ -23,6 +23,8 @@ from shoal.benchmark.runner import (
     Suite,
     _poll,
     _read_summary,
+    _sigterm_interrupts,
+    _start,
     _stop_all,
 )
 from shoal.errors import ConfigError
@@ -290,6 +292,29 @@ def test_a_run_the_benchmark_stops_outside_an_iteration_is_stopped_not_failed(tm
     assert stopped.process is killed.process is None
     assert (stopped.status, killed.status) == ("stopped", "failed")
     assert "exit -15" in killed.detail
+
+
+def test_a_stop_that_comes_while_a_run_starts_stops_it_with_the_others(tmp_path, monkeypatch):
+    """SIGTERM as the run's process is made (the worst moment: it exists, the benchmark has not yet
+    taken it in) is held until the benchmark knows it and its lock file is written."""
+    real_popen = subprocess.Popen
+
+    def popen_then_stop(command, **kwargs):
+        if not kwargs.get("start_new_session"):  # not the run (git, asked which commit runs)
+            return real_popen(command, **kwargs)
+        process = real_popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs as this call returns
+        return process
+
+    monkeypatch.setattr("shoal.benchmark.runner.subprocess.Popen", popen_then_stop)
+    state = RunState(RunSpec("ppo", "CartPole-v1", 1))
+    with _sigterm_interrupts(), pytest.raises(KeyboardInterrupt):
+        _start(state, tmp_path)
+    monkeypatch.undo()
+    run_dir = state.spec.directory(tmp_path)
+    assert state.process is not None and (run_dir / LOCK).read_text() == str(state.process.pid)
+    _stop_all([state], tmp_path)
+    assert state.status == "stopped" and not (run_dir / LOCK).exists()
 
 
 def test_settings_after_the_env_ids_are_settings_and_jobs_must_be_positive(tmp_path, monkeypatch, capsys):

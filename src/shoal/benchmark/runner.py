@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -286,9 +287,22 @@ def _start(state: RunState, out: Path) -> None:
     stdout, stderr = (run_dir / "stdout.json").open("wb"), (run_dir / "stderr.log").open("ab")
     state._files = [stdout, stderr]
     # a session of its own: Ctrl-C reaches the benchmark, which stops each run in turn
-    state.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
-    (run_dir / LOCK).write_text(str(state.process.pid))
+    with _held_interrupts():
+        state.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
+        (run_dir / LOCK).write_text(str(state.process.pid))
     state.started = time.monotonic()
+
+
+@contextlib.contextmanager
+def _held_interrupts() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held back through the block and raised after it as the
+    KeyboardInterrupt they stand for: a run started inside is then always known to the benchmark
+    (which stops it with the others) and has its lock file, never left running on its own."""
+    held: list[int] = []
+    with signals.handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda signum, frame: held.append(signum)):
+        yield
+    if held:
+        raise KeyboardInterrupt
 
 
 def _poll(state: RunState, out: Path) -> None:
