@@ -357,7 +357,7 @@ def test_ray_workers_tell_the_replay_that_agents_take_turns(ray_cluster):
     with shoal.DQN(**connect_four, **settings, save_outputs=False, verbose=0) as algo:
         algo.train()
         replay = algo.algorithm.replay
-        assert algo.algorithm.env.turn_based and replay.link is not None and bool(replay.sampleable.any())
+        assert algo.algorithm.env.turn_based and replay.turns is not None and bool(replay.sampleable.any())
     # what a rollout worker steps with remote_worker_envs: each env an actor, the layout from the first
     config = DQNConfig.build(**connect_four, backend="ray", num_workers=1, remote_worker_envs=True)
     remote = build_backend(config.model_copy(update={"backend": "local"}), 2)  # as a worker builds it

@@ -224,7 +224,7 @@ def test_the_waiting_decision_is_drawn_only_once_its_agent_acts_again():
     assert buffer.sampleable.sum().item() == 1 and bool(buffer.sampleable[0, 0])
     first = play.decisions[0][0]
     assert buffer.storage["reward"][0, 0].item() == pytest.approx(first.reward)
-    assert int(buffer.link[0, 0]) == 2
+    assert int(buffer.turns.link[0, 0]) == 2
 
 
 @pytest.mark.parametrize("prioritized", [False, True])
@@ -238,15 +238,17 @@ def test_a_stored_buffer_with_waiting_decisions_goes_on_as_the_original(prioriti
     original = make()
     for _ in range(5):
         original.add(*play.rollout(3))
-    assert bool((original._open >= 0).any()), "some decisions wait across the checkpoint"
+    assert bool((original.turns.open >= 0).any()), "some decisions wait across the checkpoint"
     copy = make()
     copy.load_state_dict(original.state_dict())
     for _ in range(5):
         rollout, truncations = play.rollout(3)
         original.add(rollout.clone(), truncations)
         copy.add(rollout, truncations)
-    for key in ("sampleable", "link", "final_slot", "_open"):
+    for key in ("sampleable", "final_slot"):
         assert torch.equal(getattr(original, key), getattr(copy, key))
+    for key in ("link", "open"):
+        assert torch.equal(getattr(original.turns, key), getattr(copy.turns, key))
     if prioritized:
         for a, b in zip(original.sums + original.mins, copy.sums + copy.mins):
             assert torch.equal(a.tree, b.tree)
@@ -281,9 +283,9 @@ def test_an_end_on_the_agents_own_move_closes_what_it_had_open():
     valid = [[True, True, False, True, True], [True, True, True, True, False]]
     ended = [[False, True, False, False, False], [False] * 5]
     buffer.add(steps_of(valid, terminated=ended))
-    assert buffer.link[0, :2].tolist() == [1, 0] and buffer.storage["reward"][0, :2].tolist() == [1.0, 1.0]
+    assert buffer.turns.link[0, :2].tolist() == [1, 0] and buffer.storage["reward"][0, :2].tolist() == [1.0, 1.0]
     assert buffer.sampleable[0, :4].tolist() == [True, True, False, False]  # step 3 waits for step 4
-    assert bool(buffer.storage["terminated"][0, 1]) and int(buffer._open[0]) == 3
+    assert bool(buffer.storage["terminated"][0, 1]) and int(buffer.turns.open[0]) == 3
 
 
 @pytest.mark.parametrize("how", ["unlink", "first"])
@@ -292,7 +294,7 @@ def test_a_rollout_that_does_not_go_on_from_the_stored_rows_drops_the_waiting_de
     step (the envs were reset in between), a decision still waiting is never linked."""
     buffer = ReplayBuffer(turn_info(2, 2), 2 * 20)
     buffer.add(steps_of([[True, False, False], [False, True, False]]))
-    assert buffer._open.tolist() == [0, 20 + 1]
+    assert buffer.turns.open.tolist() == [0, 20 + 1]
     if how == "unlink":
         buffer.unlink()
     buffer.add(steps_of([[True, False, False], [False, True, False]], first=how == "first"))
@@ -336,7 +338,7 @@ def test_a_decision_whose_column_is_written_over_while_it_waits_is_dropped():
     rollout = steps_of([[True] * 21, [True] + [False] * 20])
     for start in range(0, 20, 5):
         buffer.add(rollout[:, start : start + 6].clone())
-    assert int(buffer._open[1]) == -1, "player 1's decision was written over and dropped"
+    assert int(buffer.turns.open[1]) == -1, "player 1's decision was written over and dropped"
     rollout["valid"][1, :] = True
     buffer.add(rollout[:, 14:16].clone())
     assert bool(buffer.sampleable[0].any()) and not bool(buffer.storage["reward"][1].gt(1).any())

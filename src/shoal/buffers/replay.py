@@ -19,11 +19,7 @@ Episode ends need care where the next column does not hold the next observation:
 
 In a turn-based env (``EnvInfo.turn_based``: PettingZoo AEC games) an agent's row acts only on
 its turns, and the columns between are other agents' turns. There a step's successor is the
-row's next decision, not the next column: each decision keeps ``link``, the columns to the one
-it bootstraps from, and the rewards and episode end of the turns between are folded into it
-(as the on-policy returns fold them; ``_fold_turns``). A decision becomes sampleable once its
-agent acts again or its episode ends, so the newest decision of each row waits for its
-successor, which may come several rollouts later.
+row's next decision, not the next column (``shoal.buffers.turns``).
 
 Observations keep their own dtype (uint8 images stay uint8), so a million 84x84 frames take
 little more than their raw bytes (``benchmarks/replay_buffer.py`` measures it).
@@ -46,6 +42,7 @@ import torch
 from tensordict import TensorDict
 
 from shoal.buffers.rollout import FieldSpec, env_fields
+from shoal.buffers.turns import DecisionLinks
 from shoal.envs.spaces import EnvInfo
 
 FINAL_OBS_SHARE = 64  # the side table of truncated episodes' final observations: capacity / 64 entries
@@ -126,14 +123,8 @@ class ReplayBuffer:
         self.final_slot = torch.full((n, self.columns), -1, dtype=torch.long, device=device)  # entry of each step
         self._final_next = 0  # the side table entry written next
         self._unlinked = False  # the next rollout does not go on from the stored rows (``unlink``)
-        self.link: torch.Tensor | None = None
-        """Turn-based envs: ``[N, C]`` columns from each decision to its successor, its row's next
-        decision (0 while it waits for one, and when its episode ends with it: a terminated one
-        bootstraps from nothing, a truncated one from its final observation); None: the next column."""
-        self._open: torch.Tensor | None = None  # turn-based: each row's decision awaiting its successor (flat, -1)
-        if env.turn_based:
-            self.link = torch.zeros(n, self.columns, dtype=torch.int32, device=device)
-            self._open = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.turns = DecisionLinks(n, self.columns, device) if env.turn_based else None
+        """Turn-based envs: each decision's link to its agent's next one (None: the next column)."""
         step = self._flat[0]
         leaves = [*step.values(True, True), *step.select("obs").values(True, True)]  # nested: Dict observations
         self.row_bytes = sum(t.numel() * t.element_size() for t in leaves)
@@ -195,63 +186,11 @@ class ReplayBuffer:
             device = cols.device  # the collector keeps its truncations where the envs step
             rows, steps = truncations.row.to(device), truncations.step.to(device)
             changed.append(self._store_final_obs(rows, cols[steps], truncations.obs.to(device)))
-        if self.link is not None:
-            changed.append(self._fold_turns(rollout, cols, at, unlinked))
+        if self.turns is not None:
+            changed.append(self.turns.fold(self, rollout, cols, at, unlinked))
         self.head = newest
         self.size = min(self.size + horizon, c - 1)
         return torch.cat(changed)
-
-    def _fold_turns(
-        self, rollout: TensorDict, cols: torch.Tensor, at: slice | torch.Tensor, unlinked: bool
-    ) -> torch.Tensor:
-        """Turn-based envs: link each row's decisions to their successors through the rollout just
-        stored, folding the rewards and episode ends of the other agents' turns between into the
-        decision before them. Returns the flat indices of the decisions it closed.
-
-        A loop over the rollout's steps, each vectorized over the rows: replay rollouts are a few
-        steps (``train_freq``), and a decision's successor may lie any number of them ahead."""
-        assert self.link is not None and self._open is not None
-        c, horizon = self.columns, len(cols) - 1
-        rows = torch.arange(self.num_rows, device=cols.device)
-        reward, terminated, truncated, done = (self._flat[key] for key in ("reward", "terminated", "truncated", "done"))
-        sampleable, link, final_slot = self.sampleable.view(-1), self.link.view(-1), self.final_slot.view(-1)
-        opened = self._open
-        # an open decision whose column this rollout wrote over, or whose row does not go on from it
-        overwritten = torch.zeros(c, dtype=torch.bool, device=cols.device)
-        overwritten[cols] = True
-        opened.masked_fill_((opened >= 0) & (overwritten[opened % c] | unlinked), -1)
-        link.view(self.num_rows, c)[:, at] = 0
-        acts, ended, first = rollout["valid"], rollout["done"], rollout["first"]
-        closed = []
-        for u in range(horizon):
-            opened.masked_fill_(first[:, u], -1)  # a new episode: an end would have closed it
-            here = rows * c + cols[u]
-            pending = opened >= 0
-            decision = opened.clamp(min=0)
-            joins = pending & ~acts[:, u]  # another agent's turn, or the agent's own end off its turn
-            reward.index_add_(0, decision, torch.where(joins, reward[here], 0.0))
-            ends = (joins & ended[:, u]).nonzero().squeeze(1)
-            if len(ends):
-                into, step = decision[ends], here[ends]
-                terminated[into], truncated[into], done[into] = terminated[step], truncated[step], True
-                entry = final_slot[step]  # a truncated end's final observation now belongs to the decision
-                final_slot[into], final_slot[step] = entry, -1
-                kept = entry >= 0
-                self.final_owner[entry[kept]] = into[kept]
-                sampleable[into] = ~truncated[step] | kept
-                closed.append(into)
-            again = (pending & acts[:, u]).nonzero().squeeze(1)  # the agent acts again: its successor
-            if len(again):
-                into = decision[again]
-                link[into] = ((cols[u] - into % c) % c).int()
-                sampleable[into] = True
-                closed.append(into)
-            # a new decision waits for its successor, unless its episode ends with it; an end closes
-            # whatever the row had open
-            starts = acts[:, u] & ~ended[:, u]
-            sampleable[here[starts]] = False
-            opened.copy_(torch.where(starts, here, torch.where(ended[:, u], -1, opened)))
-        return torch.cat(closed) if closed else rows[:0]
 
     def _store_final_obs(self, rows: torch.Tensor, cols: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Put truncated steps' final observations into the side table; the steps whose entries they
@@ -328,7 +267,7 @@ class ReplayBuffer:
         if n_step == 1:  # a window of the step itself, which is stored whole
             at = index.unsqueeze(-1)
             return Windows(index, flat["reward"][at], flat["terminated"][at], flat["truncated"][at], None)
-        if self.link is None:
+        if self.turns is None:
             c = self.columns
             col = index % c
             at = (index - col).unsqueeze(-1) + (col.unsqueeze(-1) + torch.arange(n_step, device=index.device)) % c
@@ -347,7 +286,7 @@ class ReplayBuffer:
         ``[*S]``): ``next_obs``, the observation after it (a truncated episode's true final
         observation), and ``next_action_mask`` when the env masks actions (all legal after a
         truncation, whose final observation comes with no mask)."""
-        if self.link is None:
+        if self.turns is None:
             c = self.columns
             col = index % c
             step = index - col + (col + last) % c
@@ -371,7 +310,7 @@ class ReplayBuffer:
         a turn-based env the one its ``link`` points to."""
         c = self.columns
         col = index % c
-        ahead = 1 if self.link is None else self.link.view(-1)[index]
+        ahead = 1 if self.turns is None else self.turns.link.view(-1)[index]
         return index - col + (col + ahead) % c
 
     # ----- checkpoints -------------------------------------------------------------------
@@ -386,7 +325,7 @@ class ReplayBuffer:
             "final_slot": self.final_slot,
             "final_next": self._final_next,
             "unlinked": self._unlinked,
-        } | ({} if self.link is None else {"link": self.link, "open": self._open})
+        } | ({} if self.turns is None else self.turns.state_dict())
 
     def unlink(self) -> None:
         """The next ``add`` does not go on from the stored rows, whatever its ``first`` flags say:
@@ -407,6 +346,5 @@ class ReplayBuffer:
             getattr(self, key).copy_(state[key])
         self.head, self.size, self._final_next = state["head"], state["size"], state["final_next"]
         self._unlinked = state.get("unlinked", False)  # a checkpoint written right after a population move
-        if self.link is not None and self._open is not None:
-            self.link.copy_(state["link"])
-            self._open.copy_(state["open"])
+        if self.turns is not None:
+            self.turns.load_state_dict(state)
