@@ -277,21 +277,27 @@ def test_interrupted_benchmark_resumes_unfinished_runs_and_skips_finished_ones(t
 def test_a_run_the_benchmark_stops_outside_an_iteration_is_stopped_not_failed(tmp_path):
     """SIGTERM in a run's final evaluation (no handler there) ends its process by the signal; the
     same command evaluates it again, so it is stopped, as a run stopped between iterations is. A run
-    that dies of SIGTERM sent by anyone else failed."""
+    that dies of SIGTERM sent by anyone else failed, and so did one that fails as it stops, or had
+    crashed before the stop came."""
+    sleeps = "import time; time.sleep(60)"
+    fails_on_stop = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); time.sleep(60)"
+    crashed = "import sys; sys.exit(3)"
     states = []
-    for seed in (1, 2):
+    for seed, code in enumerate((sleeps, sleeps, fails_on_stop, crashed)):
         state = RunState(RunSpec("ppo", "CartPole-v1", seed))
         state.spec.directory(tmp_path).mkdir(parents=True)
-        state.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        state.process = subprocess.Popen([sys.executable, "-c", code])
         states.append(state)
-    stopped, killed = states
-    _stop_all([stopped], tmp_path)
+    stopped, killed, failing, gone = states
+    gone.process.wait(10)
+    time.sleep(0.5)  # the handler is in place
+    _stop_all([stopped, failing, gone], tmp_path)
     killed.process.send_signal(signal.SIGTERM)
     killed.process.wait(10)
     _poll(killed, tmp_path)
-    assert stopped.process is killed.process is None
-    assert (stopped.status, killed.status) == ("stopped", "failed")
-    assert "exit -15" in killed.detail
+    assert all(s.process is None for s in states)
+    assert [s.status for s in states] == ["stopped", "failed", "failed", "failed"]
+    assert "exit -15" in killed.detail and "exit 1" in failing.detail and "exit 3" in gone.detail
 
 
 def test_a_stop_that_comes_while_a_run_starts_stops_it_with_the_others(tmp_path, monkeypatch):
@@ -314,7 +320,17 @@ def test_a_stop_that_comes_while_a_run_starts_stops_it_with_the_others(tmp_path,
     run_dir = state.spec.directory(tmp_path)
     assert state.process is not None and (run_dir / LOCK).read_text() == str(state.process.pid)
     _stop_all([state], tmp_path)
-    assert state.status == "stopped" and not (run_dir / LOCK).exists()
+    assert state.status == "stopped" and not (run_dir / LOCK).exists() and state.seconds < 60
+
+
+def test_a_benchmark_started_under_nohup_goes_on_when_its_terminal_closes():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with _sigterm_interrupts():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_settings_after_the_env_ids_are_settings_and_jobs_must_be_positive(tmp_path, monkeypatch, capsys):

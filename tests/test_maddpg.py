@@ -130,6 +130,7 @@ def test_noise_settings_for_discrete_actors_are_warned_of_as_unread():
     with warnings.catch_warnings():
         warnings.simplefilter("error", shoal.ShoalWarning)
         shoal.MADDPG(**SMALL)  # the defaults
+        shoal.MADDPG(policies={"p": {"gamma": 0.9}}, **SMALL)  # a policy's config is rebuilt from every key
         box = dict(SMALL, env_config={"max_cycles": 25, "continuous_actions": True})
         shoal.MADDPG(exploration_noise=0.3, **box)  # read by Box actors
 

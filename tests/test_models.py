@@ -44,7 +44,8 @@ def test_stacked_mlp_rollout_path_reads_the_weights_loaded_into_it(assign):
         for fast, loaded in zip(net(x), other(x)):
             torch.testing.assert_close(fast, loaded)
     assert {id(p) for p in net.flat_params} == {id(p) for p in net.parameters()}
-    copied = copy.deepcopy(net)
+    copied = copy.deepcopy(net)  # a target network: the hook comes along
+    copied.load_state_dict(StackedMLP(5, [7, 6], [3, 1], [0.01, 1.0]).state_dict(), assign=True)
     assert {id(p) for p in copied.flat_params} == {id(p) for p in copied.parameters()}
 
 

@@ -45,7 +45,8 @@ TeamActions = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 """``MADDPGAlgorithm.team_actions``: (raw observations, their policy ids, by target actors?) -> actions."""
 
 
-NOISE_KEYS = frozenset({"exploration_noise", "noise_type"})  # read by the Box actors only
+NOISE_KEYS = ("exploration_noise", "noise_type")  # read by the Box actors only
+NOISE_DEFAULTS = {key: MADDPGConfig.model_fields[key].default for key in NOISE_KEYS}
 
 
 class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearner"]):
@@ -66,7 +67,15 @@ class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearne
         self.action_width = env.act_spec.nvec[0] if kind == "discrete" else env.act_spec.shape[0]
         """Width of one agent's action as the critics read it."""
         super().__init__(config, env)
-        noise = sorted({key for pc in self.policy_configs.values() for key in NOISE_KEYS & pc.model_fields_set})
+        # values, not the keys given: a resumed run's config and a policy's own are rebuilt from every key
+        noise = sorted(
+            {
+                key
+                for pc in self.policy_configs.values()
+                for key in NOISE_KEYS
+                if getattr(pc, key) != NOISE_DEFAULTS[key]
+            }
+        )
         if kind == "discrete" and noise:
             warn(
                 f"{', '.join(noise)} set for MADDPG on '{env.name}', whose actions are Discrete: its actors explore "

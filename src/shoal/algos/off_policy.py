@@ -270,7 +270,8 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
             for _ in range(updates):
                 for pid, out in self.learn_step(beta, ready):
                     totals[pid].add(out)
-        self.gradient_steps += updates
+        if ready:  # not while every policy waits for steps it may draw
+            self.gradient_steps += updates
 
     def _holds_steps(self, policy_id: str) -> bool:
         """Whether the buffer (on every data-parallel rank) holds steps of the policy's rows that

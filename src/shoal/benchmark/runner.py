@@ -235,7 +235,7 @@ def run_suite(suite: Suite, out: str | Path, jobs: int | None = None, live: bool
                     _start(pending.pop(0), out)
                 refresh()
                 time.sleep(0.5)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, SIGTERM, or an error of the benchmark's own: no run goes on alone
             _stop_all(states, out)
             refresh()
             raise
@@ -249,7 +249,13 @@ def _sigterm_interrupts() -> contextlib.AbstractContextManager[None]:
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    return signals.handling((signal.SIGTERM, signal.SIGHUP), interrupt)
+    return signals.handling(_stop_signals(signal.SIGTERM, signal.SIGHUP), interrupt)
+
+
+def _stop_signals(*signums: signal.Signals) -> tuple[signal.Signals, ...]:
+    """Those of ``signums`` the process does not ignore: a benchmark started under ``nohup`` goes on
+    when its terminal closes."""
+    return tuple(s for s in signums if signal.getsignal(s) is not signal.SIG_IGN)
 
 
 def _check_directory(spec: RunSpec, out: Path) -> None:
@@ -289,8 +295,8 @@ def _start(state: RunState, out: Path) -> None:
     # a session of its own: Ctrl-C reaches the benchmark, which stops each run in turn
     with _held_interrupts():
         state.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
+        state.started = time.monotonic()
         (run_dir / LOCK).write_text(str(state.process.pid))
-    state.started = time.monotonic()
 
 
 @contextlib.contextmanager
@@ -299,7 +305,8 @@ def _held_interrupts() -> Iterator[None]:
     KeyboardInterrupt they stand for: a run started inside is then always known to the benchmark
     (which stops it with the others) and has its lock file, never left running on its own."""
     held: list[int] = []
-    with signals.handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda signum, frame: held.append(signum)):
+    stops = _stop_signals(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    with signals.handling(stops, lambda signum, frame: held.append(signum)):
         yield
     if held:
         raise KeyboardInterrupt
@@ -322,7 +329,8 @@ def _poll(state: RunState, out: Path) -> None:
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(run_dir / RESULT)
         state.status = "done"
-    elif code in (130, 143) or state.stopping:  # stopped between iterations, or in its final evaluation
+    elif code in (130, 143) or (state.stopping and code in (-signal.SIGTERM, -signal.SIGKILL)):
+        # stopped between iterations; or in its final evaluation, or killed past the grace time
         state.status = "stopped"
     else:
         state.status = "failed"
@@ -334,8 +342,10 @@ def _stop_all(states: list[RunState], out: Path) -> None:
     the grace time, or at a second Ctrl-C, kill them (their last checkpoints stay)."""
     running = [s for s in states if s.process is not None]
     for state in running:
-        cast(subprocess.Popen[bytes], state.process).send_signal(signal.SIGTERM)
-        state.stopping = True
+        process = cast(subprocess.Popen[bytes], state.process)
+        if process.poll() is None:  # not one that ended on its own since it was last polled
+            process.send_signal(signal.SIGTERM)
+            state.stopping = True
     deadline = time.monotonic() + STOP_GRACE_S
     try:
         for state in running:

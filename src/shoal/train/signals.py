@@ -7,7 +7,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import RunInterrupted
 from shoal.train import faults
@@ -25,8 +25,10 @@ def handling(signals: tuple[signal.Signals, ...], handler: Handler) -> Iterator[
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
+    previous: dict[signal.Signals, Any] = {}
+    try:  # installed one by one inside the try: a signal between two leaves none of them behind
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handler)
         yield
     finally:
         for sig, old in previous.items():
