@@ -286,17 +286,18 @@ class ReplayBuffer:
         ``[*S]``): ``next_obs``, the observation after it (a truncated episode's true final
         observation), and ``next_action_mask`` when the env masks actions (all legal after a
         truncation, whose final observation comes with no mask)."""
-        if self.turns is None:
+        if self.turns is None:  # along the row, in the fewest ops: a replay phase's hot path
             c = self.columns
             col = index % c
-            step = index - col + (col + last) % c
+            row_start = index - col
+            step, next_index = row_start + (col + last) % c, row_start + (col + last + 1) % c
         else:
             step = index
             for k in range(int(last.max()) if last.numel() else 0):
                 step = torch.where(last > k, self._successor(step), step)
+            next_index = self._successor(step)
         final_slot = self.final_slot.view(-1)[step]
         truncated = self._flat["truncated"][step] & (final_slot >= 0)
-        next_index = self._successor(step)
         next_obs = self._flat["obs"][next_index]
         if bool(truncated.any()):
             next_obs[truncated] = self.final_obs[final_slot[truncated]]
