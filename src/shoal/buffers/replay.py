@@ -274,7 +274,7 @@ class ReplayBuffer:
         else:  # each decision's successor, along the links
             steps = [index]
             for _ in range(n_step - 1):
-                steps.append(self._successor(steps[-1]))
+                steps.append(self.turns.successor(steps[-1]))
             at = torch.stack(steps, -1)
         valid = self.sampleable.view(-1)[at]
         if limit is not None:
@@ -294,8 +294,8 @@ class ReplayBuffer:
         else:
             step = index
             for k in range(int(last.max()) if last.numel() else 0):
-                step = torch.where(last > k, self._successor(step), step)
-            next_index = self._successor(step)
+                step = torch.where(last > k, self.turns.successor(step), step)
+            next_index = self.turns.successor(step)
         final_slot = self.final_slot.view(-1)[step]
         truncated = self._flat["truncated"][step] & (final_slot >= 0)
         next_obs = self._flat["obs"][next_index]
@@ -305,14 +305,6 @@ class ReplayBuffer:
         if "action_mask" in self._flat.keys():  # noqa: SIM118 (a TensorDict)
             out["next_action_mask"] = self._flat["action_mask"][next_index] | truncated.unsqueeze(-1)
         return out
-
-    def _successor(self, index: torch.Tensor) -> torch.Tensor:
-        """The flat index of the step after each flat ``index``: the next column of its row, or in
-        a turn-based env the one its ``link`` points to."""
-        c = self.columns
-        col = index % c
-        ahead = 1 if self.turns is None else self.turns.link.view(-1)[index]
-        return index - col + (col + ahead) % c
 
     # ----- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -89,6 +89,12 @@ class DecisionLinks:
             opened.copy_(torch.where(starts, here, torch.where(ended[:, u], -1, opened)))
         return torch.cat(closed) if closed else rows[:0]
 
+    def successor(self, index: torch.Tensor) -> torch.Tensor:
+        """The flat index of the decision each decision at flat ``index`` links to."""
+        columns = self.link.shape[1]
+        col = index % columns
+        return index - col + (col + self.link.view(-1)[index]) % columns
+
     def state_dict(self) -> dict[str, Any]:
         return {"link": self.link, "open": self.open}
 
