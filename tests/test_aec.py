@@ -12,6 +12,7 @@ from pettingzoo import AECEnv
 from pettingzoo.test import api_test
 
 import shoal
+from shoal.algos.off_policy import transitions
 from shoal.algos.returns import gae
 from shoal.envs.aec import AECEnvAdapter
 from shoal.envs.pettingzoo import ParallelEnvAdapter
@@ -28,16 +29,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 class TurnsEnv(AECEnv):
     """Agents a0, a1, a2 move in turn. A move by agent k with action x pays the mover x + 1 and
-    every other agent still in the game 10 * (k + 1). a1 dies (terminated) on the third move, which
-    is a2's; the others are truncated after ``max_moves`` moves. obs = [k, moves]; a2 has a larger
-    Discrete. Dead agents are selected at once (``_deads_step_first``), as PettingZoo's own envs do."""
+    every other agent still in the game 10 * (k + 1). a1 dies (terminated) on move ``death_move``:
+    by default the third, which is a2's (the second is a1's own); the others are truncated after
+    ``max_moves`` moves. obs = [k, moves]; a2 has a larger Discrete. Dead agents are selected at
+    once (``_deads_step_first``), as PettingZoo's own envs do."""
 
     metadata = {"name": "turns_v0", "is_parallelizable": False, "render_modes": []}
 
-    def __init__(self, max_moves: int = 6):
+    def __init__(self, max_moves: int = 6, death_move: int = 3):
         super().__init__()
         self.possible_agents = ["a0", "a1", "a2"]
-        self.max_moves = max_moves
+        self.max_moves, self.death_move = max_moves, death_move
 
     @functools.cache
     def observation_space(self, agent):
@@ -69,9 +71,9 @@ class TurnsEnv(AECEnv):
         k = self.possible_agents.index(agent)
         self.moves += 1
         self.rewards = {a: float(action + 1) if a == agent else 10.0 * (k + 1) for a in self.agents}
-        if self.moves == 3:
+        if self.moves == self.death_move:
             self.terminations["a1"] = True
-            self.infos["a1"] = {"moves": 3}
+            self.infos["a1"] = {"moves": self.moves}
         if self.moves >= self.max_moves:
             self.truncations = dict.fromkeys(self.agents, True)
         live = [a for a in self.agents if not (self.terminations[a] or self.truncations[a])]
@@ -130,6 +132,7 @@ def test_only_the_mover_acts_every_agent_gets_its_rewards_and_dead_agents_become
                 batch.obs[:, 1].tolist(),
             )
         )
+        assert batch.env_done.tolist() == [t == 5] * 3  # the game ends on every row at once, not where a1 dies
         if t == 2:
             assert backend.final_infos == {1: {"moves": 3}}
         if t == 5:
@@ -146,6 +149,45 @@ def test_only_the_mover_acts_every_agent_gets_its_rewards_and_dead_agents_become
         ([T, F, F], [2.0, 10.0, 10.0], [F, F, F], [F, F, F], [1, 1, 1]),
     ]
     assert batch.obs[:, 0].tolist() == [0, 1, 2]
+
+
+def test_an_agent_leaving_on_its_own_move_does_not_end_the_game_for_the_others():
+    """a1 dies on its own move (the second) while a0 and a2 wait: neither the flags of that step
+    nor anything built on them may take it for the game's end. a0's first decision still
+    bootstraps from a0's next one, the policies stay mapped, and a game counts as one episode."""
+    mapped = []
+
+    def mapping(agent, episode):
+        mapped.append(agent)
+        return "dying" if agent == "a1" else "staying"
+
+    algo = shoal.DQN(
+        env=lambda: TurnsEnv(max_moves=6, death_move=2),
+        policies=["staying", "dying"],
+        policy_mapping_fn=mapping,
+        num_envs=1,
+        learning_starts=10**9,
+        timesteps_per_iteration=6 * 40,
+        rollout_fragment_length=6 * 40 + 2,  # a game is 6 steps: 40 games, and a0 and a1 move in a 41st
+        save_outputs=False,
+        verbose=0,
+        seed=0,
+    )
+    with algo:
+        result = algo.train()
+        replay = algo.algorithm.replay
+        index = replay.sampleable.view(-1).nonzero().squeeze(1)
+        batch = transitions(replay, index, n_step=1, gamma=0.99)
+    assert result["timesteps_this_iter"] == 6 * 40 + 2
+    assert result["episodes_this_iter"] == 40
+    assert len(mapped) == 3 * 41  # at the start, and once per game after it
+    opening = (batch["obs"] == torch.tensor([0.0, 0.0])).all(1)  # a0's first move of a game
+    assert int(opening.sum()) == 40  # the 41st waits for a0's next move
+    assert (batch["next_obs"][opening] == torch.tensor([0.0, 3.0])).all()  # a0's, after a1 died and a2 moved
+    assert (batch["discount"][opening] > 0).all()
+    # a0 moves 3 times a game, a1 once, a2 twice: every decision of a finished game is drawable
+    agents = batch["obs"][:, 0]
+    assert [int((agents == k).sum()) for k in range(3)] == [3 * 40, 41, 2 * 40]
 
 
 def _board(*cells):
@@ -225,7 +267,7 @@ def test_worker_processes_give_the_same_turn_based_batches(env):
         mp.reset(1)
         for step in range(80):
             a, b = serial.recv(), mp.recv()
-            for field in ("obs", "reward", "terminated", "truncated", "valid", "final_obs", "action_mask"):
+            for field in ("obs", "reward", "terminated", "truncated", "valid", "final_obs", "action_mask", "env_done"):
                 assert torch.equal(getattr(a, field), getattr(b, field)), (step, field)
             assert serial.final_infos == mp.final_infos
             ended += int(a.terminated.sum() + a.truncated.sum())

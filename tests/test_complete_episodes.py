@@ -79,6 +79,30 @@ def test_every_row_ends_at_an_episode_end_and_every_step_is_delivered_once(backe
     assert episodes == done_steps  # each episode counted once, when its last step was delivered
 
 
+def test_a_turn_based_game_is_cut_where_it_ends_not_where_an_agent_leaves_on_its_own_move():
+    from tests.test_aec import TurnsEnv  # a1 leaves on the second of six moves; the game ends on the sixth
+
+    with shoal.PPO(
+        env=lambda config: TurnsEnv(config["max_cycles"], death_move=2),
+        env_config={"max_cycles": 6},  # the declared limit complete episodes are sized for
+        num_envs=2,
+        rollout_fragment_length=7,  # the first end after 7 steps is the second game's, on its sixth move
+        sgd_minibatch_size=8,
+        seed=0,
+        **COMPLETE,
+    ) as trainer:
+        for _ in range(4):
+            result = trainer.train()
+            rollout = trainer.algorithm.buffer.rollout[:, :-1]
+            acted = rollout["valid"].view(2, 3, -1).any(1)  # [env, slot]: the env's mover acted
+            assert result["timesteps_this_iter"] == int(acted.sum()) == 2 * 2 * 6
+            for env in range(2):
+                steps = acted[env].nonzero().squeeze(1)
+                assert len(steps) == 12  # two whole games
+                ends = rollout["env_done"].view(2, 3, -1)[env].all(0)
+                assert torch.equal(ends.nonzero().squeeze(1), steps[5::6])  # each game's last move ends it
+
+
 def test_truncations_carried_to_the_next_rollout_bootstrap_from_their_own_last_observation():
     with shoal.PPO(
         env=lambda: RandomLengthEnv(longest=12), horizon=6, num_envs=3, rollout_fragment_length=8, **COMPLETE

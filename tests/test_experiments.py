@@ -203,6 +203,24 @@ def test_a_sweep_on_tune_writes_its_table_and_plot_and_resumes_after_an_interrup
     assert (out / "tune" / "cartpole").is_dir()
 
 
+def test_a_trial_tune_restores_after_it_finished_is_not_run_again(tmp_path, monkeypatch):
+    # Tune saves a sweep's state now and then: an interrupt just after a trial's end can leave it
+    # unfinished in that state, and the restore starts it again.
+    pytest.importorskip("ray.tune")
+    import shoal.experiments.run as run
+
+    (experiment,) = load_experiments(grid())
+    planned = trials(experiment)
+    ran = []
+    monkeypatch.setattr(run, "run_trial", lambda trial, *args, **kwargs: ran.append(trial.name))
+    done, unfinished = (tmp_path / "cartpole" / t.name for t in planned[:2])
+    done.mkdir(parents=True)
+    (done / "result.json").write_text(json.dumps({"stop_reason": None}))
+    for trial in planned[:2]:
+        run._tune_trial({"trial": trial.name}, experiment, planned, str(tmp_path))
+    assert ran == [unfinished.name]
+
+
 @pytest.mark.slow
 def test_a_failing_trial_is_reported_and_the_others_still_run(tmp_path, capsys):
     assert not run_experiments(grid(callbacks=[Explode()]), tmp_path, sequential=True, verbose=0)

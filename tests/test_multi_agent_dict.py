@@ -113,6 +113,20 @@ def test_turns_each_agent_acts_only_when_observed_and_the_end_reaches_the_waitin
     ]
 
 
+def test_a_dict_env_that_says_it_takes_turns_says_where_its_episode_ends():
+    class Declared(TurnsEnv):
+        turn_based = True
+
+    assert make_backend(TurnsEnv, 1).batch.env_done is None
+    backend = make_backend(Declared, 1)
+    backend.reset(0)
+    ends = []
+    for _ in range(4):
+        backend.send(torch.zeros(2, dtype=torch.long))
+        ends.append(backend.recv().env_done.tolist())
+    assert ends == [[False, False], [False, False], [True, True], [False, False]]
+
+
 @pytest.mark.slow
 def test_worker_processes_give_the_same_rows():
     serial = make_backend(TurnsEnv, 4)

@@ -85,6 +85,57 @@ def test_the_env_writes_its_action_masks():
     assert backend.batch.action_mask[:3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
 
 
+class Relay(shoal.AgentEnv):
+    """Three agents move in turn; agent 1 leaves on its own move (the second) and the game ends
+    after the sixth, which the env says in ``env_done``."""
+
+    turn_based = True
+
+    def __init__(self):
+        self.num_agents = 3
+        self.single_observation_space = gym.spaces.Box(0.0, 9.0, (1,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.order = [0, 1, 2, 0, 2, 0]
+
+    def reset(self, seed):
+        self.moves = 0
+        self.terminated[:] = self.truncated[:] = self.env_done[:] = False
+        self.valid[:] = True
+        self.obs[:] = 0
+
+    def step(self, actions):
+        self.valid[:] = False
+        self.valid[self.order[self.moves]] = True
+        self.terminated[:] = self.truncated[:] = False
+        self.terminated[1] = self.moves == 1
+        self.moves += 1
+        over = self.moves == len(self.order)
+        self.env_done[:] = over
+        if over:
+            self.truncated[[0, 2]] = True
+            self.final_obs[:] = self.moves
+            self.moves = 0
+        self.obs[:] = self.moves
+
+
+def test_a_native_turn_based_env_says_where_its_game_ends():
+    from shoal.collect.episodes import mark_episode_starts
+
+    assert make_backend(Clock, 1).batch.env_done is None  # only an env that takes turns has the rows
+    backend = make_backend(Relay, 2)
+    assert np.shares_memory(backend.envs[1].env_done, backend.batch.env_done.numpy())
+    backend.reset(0)
+    first = torch.zeros(6, dtype=torch.bool)
+    starts = []
+    for _ in range(6):
+        backend.send(torch.zeros(6, dtype=torch.long))
+        b = backend.recv()
+        mark_episode_starts(b.terminated | b.truncated, b.valid, "same_step", 3, first, b.env_done)
+        starts.append(first.tolist())
+    # agent 1 leaving on the second move starts nothing: the others wait for their turns
+    assert starts == [[False] * 6] * 5 + [[True] * 6]
+
+
 @pytest.mark.slow
 def test_worker_processes_give_the_same_rows():
     serial = make_backend(lambda: TargetGrid(max_steps=5), 4)

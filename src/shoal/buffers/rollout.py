@@ -25,8 +25,8 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
 def env_fields(env: EnvInfo) -> dict[str, FieldSpec]:
     """What the collector writes for every algorithm: observations in their own dtype (uint8
     images stay uint8), actions, rewards, episode flags (which step ends an episode, which
-    observation starts one), which policy acted, and the action mask, centralized-critic input and
-    ``info_keys`` values when there are any."""
+    observation starts one), which policy acted, and the action mask, centralized-critic input,
+    ``info_keys`` values and a turn-based env's game ends when there are any."""
     fields = {
         "obs": (env.obs_spec.shape, torch_dtype(env.obs_spec.dtype)),
         "action": (env.act_spec.shape, torch_dtype(env.act_spec.dtype)),
@@ -44,6 +44,8 @@ def env_fields(env: EnvInfo) -> dict[str, FieldSpec]:
         fields["critic_obs"] = ((env.critic_dim,), torch.float32)
     if env.info_size:  # the step infos' values of info_keys
         fields["info"] = ((env.info_size,), torch.float32)
+    if env.turn_based:  # where each env's game ended: a waiting agent's flags cannot tell
+        fields["env_done"] = ((), torch.bool)
     return fields
 
 

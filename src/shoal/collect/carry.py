@@ -30,7 +30,7 @@ from tensordict import TensorDict
 
 from shoal.collect.episodes import StepInfos, numeric_items
 
-FLAGS = ("valid", "done", "terminated", "truncated")  # False where a slot is blanked
+FLAGS = ("valid", "done", "terminated", "truncated", "env_done")  # False where a slot is blanked (those present)
 SUMS = ("reward",)  # zero where a slot is blanked
 
 Truncated = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]  # rows, steps, obs, critic obs
@@ -40,7 +40,8 @@ def blank(rollout: TensorDict, raw_reward: torch.Tensor, rows: slice, start: int
     """Make slots padding: ``mask`` (``[rows, S]`` bool) over slots ``start .. start + S - 1``."""
     span = slice(start, start + mask.shape[1])
     for key in FLAGS:
-        rollout[key][rows, span].masked_fill_(mask, False)
+        if key in rollout.keys():  # noqa: SIM118 (a TensorDict)
+            rollout[key][rows, span].masked_fill_(mask, False)
     for key in SUMS:
         rollout[key][rows, span].masked_fill_(mask, 0.0)
     raw_reward[rows, span].masked_fill_(mask, 0.0)

@@ -33,7 +33,7 @@ import numpy.typing as npt
 import torch
 from tensordict import TensorDict
 
-from shoal.collect.carry import EpisodeCarry
+from shoal.collect.carry import FLAGS, EpisodeCarry
 from shoal.collect.critic import CriticInput
 from shoal.collect.episodes import EpisodeTracker, StepInfos, env_episode_ends, mark_episode_starts
 from shoal.collect.finite import check_env_outputs, non_finite_action
@@ -119,12 +119,14 @@ class Collector:
             ]
             for key in ("terminated", "truncated", "valid"):  # numpy's any() costs a third of torch's
                 views[f"{key}_np"] = getattr(batch, key).numpy()
+            views["env_done_np"] = None if batch.env_done is None else batch.env_done.numpy()
             self._views[id(batch)] = views
         return views
 
     def _written(self, rollout: TensorDict) -> tuple[str, ...]:
         """The env fields the collector writes into ``rollout`` each step."""
-        return FIELDS + tuple(key for key in ("action_mask", "critic_obs", "info") if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
+        optional = ("action_mask", "critic_obs", "info", "env_done")
+        return FIELDS + tuple(key for key in optional if key in rollout.keys())  # noqa: SIM118 (a TensorDict)
 
     def _bind(self, rollout: TensorDict) -> None:
         """Start writing into ``rollout``: its views are made afresh, once per batch."""
@@ -305,6 +307,7 @@ class Collector:
                 step_infos,
                 rollout["policy_id"].numpy()[:, :horizon].T,
                 rollout["info"].numpy()[:, :horizon].transpose(1, 0, 2) if "info" in rollout.keys() else None,  # noqa: SIM118
+                rollout["env_done"].numpy()[:, :horizon].T if "env_done" in rollout.keys() else None,  # noqa: SIM118
             )
 
     def _record_step(self, batch: StepBatch, views: dict[str, Any], t: int, step_infos: StepInfos) -> None:
@@ -330,7 +333,10 @@ class Collector:
         views["valid"][t].copy_(batch.valid)
         if batch.info is not None:
             views["info"][t].copy_(batch.info)
-        mark_episode_starts(done, batch.valid, self.backend.autoreset, self.backend.rows_per_env, views["first_now"])
+        if batch.env_done is not None:
+            views["env_done"][t].copy_(batch.env_done)
+        k = self.backend.rows_per_env
+        mark_episode_starts(done, batch.valid, self.backend.autoreset, k, views["first_now"], batch.env_done)
         if self.backend.final_infos:  # only at episode ends, and only when an env sets infos
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():
@@ -341,8 +347,9 @@ class Collector:
     def _pad(self, rollout: TensorDict, rows: slice, t: int, horizon: int) -> None:
         """Slots ``t..T-1`` of ``rows`` were not stepped: padding, masked from every loss and from the
         episode statistics (no flags, zero reward)."""
-        for key in ("valid", "done", "terminated", "truncated"):
-            rollout[key][rows, t:horizon] = False
+        for key in FLAGS:
+            if key in rollout.keys():  # noqa: SIM118 (a TensorDict)
+                rollout[key][rows, t:horizon] = False
         rollout["reward"][rows, t:horizon] = 0.0
         self.raw_reward[rows, t:horizon] = 0.0
 
@@ -351,7 +358,8 @@ class Collector:
         new one: their agents are mapped to policies again."""
         k = self.backend.rows_per_env
         done = views["terminated_np"] | views["truncated_np"]
-        ended = np.flatnonzero(env_episode_ends(done, views["valid_np"], k)) + batch.rows.start // k
+        ended = env_episode_ends(done, views["valid_np"], k, views["env_done_np"])
+        ended = np.flatnonzero(ended) + batch.rows.start // k
         self.policies.start_episodes(ended, self.backend.first_env_id)
 
     def _failed_step(self, batch: StepBatch, views: dict[str, Any], t: int) -> None:

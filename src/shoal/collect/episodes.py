@@ -68,29 +68,42 @@ def numeric_items(info: dict[str, Any]) -> dict[str, float]:
 
 
 def env_episode_ends(
-    done: npt.NDArray[np.bool_], valid: npt.NDArray[np.bool_], rows_per_env: int
+    done: npt.NDArray[np.bool_],
+    valid: npt.NDArray[np.bool_],
+    rows_per_env: int,
+    env_done: npt.NDArray[np.bool_] | None = None,
 ) -> npt.NDArray[np.bool_]:
     """Which envs ended their episode, from row flags ``[..., rows]`` (env-major rows): an agent
     finished and none is left acting (the others are done too, or already padding). Returns
-    ``[..., envs]`` bool."""
+    ``[..., envs]`` bool. A turn-based env says it in ``env_done`` (its waiting agents are not
+    acting either), or ends every row at once (a failed env made anew)."""
     done = done.reshape(*done.shape[:-1], -1, rows_per_env)
-    left = done | ~valid.reshape(done.shape)
-    return cast("npt.NDArray[np.bool_]", done.any(-1) & left.all(-1))  # an array: done has >= 2 dims here
+    if env_done is not None:
+        ends = env_done.reshape(done.shape).any(-1) | done.all(-1)
+    else:
+        ends = done.any(-1) & (done | ~valid.reshape(done.shape)).all(-1)
+    return cast("npt.NDArray[np.bool_]", ends)  # an array: done has >= 2 dims here
 
 
 def mark_episode_starts(
-    done: torch.Tensor, valid: torch.Tensor, autoreset: str, rows_per_env: int, out: torch.Tensor
+    done: torch.Tensor,
+    valid: torch.Tensor,
+    autoreset: str,
+    rows_per_env: int,
+    out: torch.Tensor,
+    env_done: torch.Tensor | None = None,
 ) -> None:
     """Write into ``out`` which rows' current observation starts an episode, from the flags of the
-    step that returned it. Same-step autoreset: every row of an env whose episode just ended (an
-    agent that left early starts again only when its env resets); next-step: the reset step,
-    which backends mark invalid."""
+    step that returned it (and ``env_done``, see ``env_episode_ends``). Same-step autoreset: every
+    row of an env whose episode just ended (an agent that left early starts again only when its
+    env resets); next-step: the reset step, which backends mark invalid."""
     if autoreset != "same_step":
         torch.logical_not(valid, out=out)
         return
     out.copy_(done)
     if rows_per_env > 1 and bool(out.any()):
-        ended = env_episode_ends(done.numpy(), valid.numpy(), rows_per_env)
+        flags = None if env_done is None else env_done.numpy()
+        ended = env_episode_ends(done.numpy(), valid.numpy(), rows_per_env, flags)
         out.copy_(torch.from_numpy(ended).repeat_interleave(rows_per_env))
 
 
@@ -150,12 +163,14 @@ class EpisodeTracker:
         step_infos: StepInfos | None = None,
         policy: npt.NDArray[np.int64] | None = None,
         info: npt.NDArray[np.float32] | None = None,
+        env_done: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         """Add ``T`` steps, arrays ``[T, rows]``; ``done`` rows (terminated or truncated) close their
         episode, also where the row did not act that step (a turn-based game ending on another
         agent's move); lengths count the steps a row acted, returns every reward it got.
         ``step_infos[t][row]`` is the info of an episode that ended at step t; ``policy[t, row]``
-        the index of the policy that acted; ``info[t, row]`` the step's ``info_keys`` values.
+        the index of the policy that acted; ``info[t, row]`` the step's ``info_keys`` values;
+        ``env_done[t, row]`` a turn-based env's game end (see ``env_episode_ends``).
         Episodes enter the window in the order they ended.
 
         A whole rollout at once: a few numpy ops over the block, and Python only for the episodes
@@ -167,7 +182,7 @@ class EpisodeTracker:
         cum_ret = np.cumsum(reward, axis=0, dtype=np.float64)
         cum_len = np.cumsum(valid, axis=0, dtype=np.int64)
         steps, rows = np.nonzero(done)
-        team_ends = self._team_ends(done, valid) if self.agent_names else {}
+        team_ends = self._team_ends(done, valid, env_done) if self.agent_names else {}
         if info is not None and self.info_keys:
             present = ~np.isnan(info) & valid[..., None]
             cum_info = np.cumsum(np.where(present, info, 0.0), axis=0, dtype=np.float64)
@@ -228,11 +243,13 @@ class EpisodeTracker:
             self.team_ret[teams] = 0.0
             self.team_len[teams] = 0
 
-    def _team_ends(self, done: npt.NDArray[np.bool_], valid: npt.NDArray[np.bool_]) -> dict[tuple[int, int], int]:
-        """Where an env's episode ended, an agent finished and none is left acting:
-        ``(step, env) -> slot of the last agent finishing there``. Named agents only."""
+    def _team_ends(
+        self, done: npt.NDArray[np.bool_], valid: npt.NDArray[np.bool_], env_done: npt.NDArray[np.bool_] | None
+    ) -> dict[tuple[int, int], int]:
+        """Where an env's episode ended (``env_episode_ends``): ``(step, env) -> slot of the last
+        agent finishing there``. Named agents only."""
         k = len(cast("list[str]", self.agent_names))
-        steps, envs = np.nonzero(env_episode_ends(done, valid, k))
+        steps, envs = np.nonzero(env_episode_ends(done, valid, k, env_done))
         finished = done.reshape(done.shape[0], -1, k)
         last = k - 1 - finished[steps, envs, ::-1].argmax(-1)
         return dict(zip(zip(steps.tolist(), envs.tolist()), last.tolist()))

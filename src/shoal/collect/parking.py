@@ -73,7 +73,7 @@ class Parking:
         if k == 1:
             ended.logical_or_(views["done"][t])
             return
-        envs = env_episode_ends(views["done"][t].numpy(), views["valid_np"], k)
+        envs = env_episode_ends(views["done"][t].numpy(), views["valid_np"], k, views["env_done_np"])
         ended.logical_or_(torch.from_numpy(envs).repeat_interleave(k))
 
     def _mark_cut(self, cut: npt.NDArray[np.int64], views: dict[str, Any], t: int) -> None:
@@ -82,7 +82,7 @@ class Parking:
         done = views["terminated_np"] | views["truncated_np"]
         k = self.backend.rows_per_env
         if k > 1:
-            done = np.repeat(env_episode_ends(done, views["valid_np"], k), k)
+            done = np.repeat(env_episode_ends(done, views["valid_np"], k, views["env_done_np"]), k)
         cut[done & (cut < 0)] = t
 
     def _too_long(self) -> EnvError:

@@ -43,7 +43,7 @@ from shoal.vector.base import Seed
 from shoal.vector.ray_workers import Storage, Weights, WorkerSet
 
 # what a collector writes besides the extras; the rest of the rollout is the learner's
-WRITTEN = (*FIELDS, "action_mask", "critic_obs", "info")
+WRITTEN = (*FIELDS, "action_mask", "critic_obs", "info", "env_done")
 
 
 @dataclass

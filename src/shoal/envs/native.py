@@ -16,7 +16,8 @@ if it masks actions (Discrete only), ``action_masks = True``. It implements:
   next episode's first observation and, for truncated rows, ``final_obs`` the true last one,
   which the learner bootstraps from. ``valid`` starts True; set rows False while agents are
   absent (dead, waiting), and every loss skips them. ``final_infos[slot] = info`` at an agent's
-  episode end feeds custom metrics.
+  episode end feeds custom metrics. An env whose agents take turns (``turn_based = True``) also
+  sets ``env_done`` on the step its whole game ends.
 
 The row arrays come from ``bind(rows)``, which the backend calls before ``reset``; under worker
 processes they are shared memory. They are read-only attributes: replacing one instead of writing
@@ -92,7 +93,7 @@ class AgentEnv:
 
     Declare the class attributes below, implement ``reset`` and ``step``, and write into the row
     arrays (``obs``, ``reward``, ``terminated``, ``truncated``, ``valid``, ``final_obs``,
-    ``action_mask``), never replace them. ``shoal.PPO(env=MyEnv)`` or ``env="module:MyEnv"`` runs it.
+    ``action_mask``, ``env_done``), never replace them. ``shoal.PPO(env=MyEnv)`` or ``env="module:MyEnv"`` runs it.
     """
 
     num_agents: int
@@ -109,7 +110,9 @@ class AgentEnv:
     """Width of a global state for a centralized critic; 0 for none (``team_obs`` works)."""
     turn_based: bool = False
     """True when agents take turns: the rows of agents still playing but not to move are not
-    ``valid``, and a replay learner links each decision to its agent's next one."""
+    ``valid``, and a replay learner links each decision to its agent's next one. The env then
+    says where a game ends in ``env_done``, since the flags cannot: an agent that leaves on its
+    own move while the others wait looks from them alone like the end of the game."""
     final_infos: dict[int, dict[str, Any]]
     """Slot -> info of an agent whose episode ended this step; feeds custom metrics."""
 
@@ -121,6 +124,8 @@ class AgentEnv:
     valid: npt.NDArray[np.bool_] = _rows_of("valid")
     final_obs: npt.NDArray[Any] = _rows_of("final_obs")
     action_mask: npt.NDArray[np.bool_] | None = _rows_of("action_mask")  # None unless action_masks
+    env_done: npt.NDArray[np.bool_] | None = _rows_of("env_done")  # None unless turn_based: True on every
+    # row at the step the whole env's episode ended (and it started again), False at every other step
 
     def reset(self, seed: int | None) -> None:
         """Start an episode: fill ``obs`` (and ``action_mask``), clear ``terminated`` and ``truncated``."""
@@ -137,7 +142,7 @@ class AgentEnv:
 
     def bind(self, rows: dict[str, npt.NDArray[Any]]) -> None:
         """Write into ``rows`` (this env's slice of every flat-batch array) from now on."""
-        self._rows = {"action_mask": None, **rows}
+        self._rows = {"action_mask": None, "env_done": None, **rows}
         self.final_infos = {}
 
     @property

@@ -131,6 +131,7 @@ class ParallelEnvAdapter:
         """Use ``rows`` (this env's slice of every flat-batch array) as the output."""
         self.out = rows
         self.mask = rows.get("action_mask")
+        self.env_done = rows.get("env_done")  # bound when the env takes turns
         if self.mask is not None:  # agents whose Discrete is smaller than the layout's never see the extra actions
             self._size_mask = np.arange(self.mask.shape[1]) < np.asarray(self.layout.action_n)[:, None]
 
@@ -170,6 +171,12 @@ class ParallelEnvAdapter:
         self.out["terminated"][:] = False
         self.out["truncated"][:] = False
         self.out["valid"][:] = True
+        self._ended(False)
+
+    def _ended(self, ended: bool) -> None:
+        """Say on every row whether the episode ended this step, where the rows have room for it."""
+        if self.env_done is not None:
+            self.env_done[:] = ended
 
     def step(self, actions: npt.NDArray[Any]) -> None:
         """One parallel step of the agents present. ``valid`` marks the rows that acted, and a
@@ -198,6 +205,7 @@ class ParallelEnvAdapter:
                     self.final_infos[i] = infos[agent]
                 if tr and agent in observations:
                     self.layout.write_obs(i, out["final_obs"][i], observations[agent], None)
+        self._ended(not self.env.agents)
         if not self.env.agents:
             self._write_state("final_state")
             observations, _ = self.env.reset()

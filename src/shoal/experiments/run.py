@@ -388,12 +388,16 @@ def _tune_trial(params: dict[str, Any], experiment: Experiment, planned: list[Tr
     from ray import tune
 
     (trial,) = [t for t in planned if t.name == params["trial"]]
+    run_dir = Path(out) / experiment.name / trial.name
+    if finished(run_dir):
+        # Tune saves the sweep's state now and then, not at each trial's end: a trial that finished
+        # just before an interrupt may come back from a restore as unfinished. It is not run again.
+        return
 
     def report(result: dict[str, Any], path: Path | None) -> None:
         metrics = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}
         tune.report(metrics, checkpoint=None if path is None else tune.Checkpoint.from_directory(str(path)))
 
-    run_dir = Path(out) / experiment.name / trial.name
     checkpoint = tune.get_checkpoint()
     # the trial's own checkpoints, where it has them, are as new as Tune's or newer (a PBT move's)
     start = None if checkpoint is None or (run_dir / "checkpoints").is_dir() else Path(checkpoint.path)

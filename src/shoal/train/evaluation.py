@@ -195,9 +195,8 @@ def run_episodes(
         returns[live] += batch.reward.numpy()[live]
         lengths[live & batch.valid.numpy()] += 1
         finished |= live & (batch.terminated.numpy() | batch.truncated.numpy())
-        mark_episode_starts(
-            batch.terminated | batch.truncated, batch.valid, backend.autoreset, backend.rows_per_env, first
-        )
+        done = batch.terminated | batch.truncated
+        mark_episode_starts(done, batch.valid, backend.autoreset, backend.rows_per_env, first, batch.env_done)
     per_policy: dict[str, dict[str, float]] = {}
     if row_policy is not None:
         ids, index = row_policy

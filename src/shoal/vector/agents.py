@@ -102,8 +102,9 @@ class AgentEnvBackend(VecBackend):
             first_env_id=first_env_id,
             mask_size=layout.act_spec.nvec[0] if layout.has_mask else 0,
             state_size=first.state_size,
+            turn_based=first.turn_based,
         )
-        self.agents, self.turn_based = first.agents, first.turn_based
+        self.agents = first.agents
         self.single_observation_space, self.single_action_space = layout.obs_space, layout.action_space
         for i, env in enumerate(self.envs):
             env.bind({key: buf[i * k : (i + 1) * k] for key, buf in self._buffers.items()})

@@ -62,6 +62,7 @@ class StepBatch:
     state: torch.Tensor | None  # [A, S]: the env's global state() on each of its rows, when asked for
     final_state: torch.Tensor | None  # [A, S]: state() before an autoreset (bootstrapping truncations)
     info: torch.Tensor | None  # [A, K] float32: the step's values of the K ``info_keys`` (nan where absent)
+    env_done: torch.Tensor | None  # [A] bool: the row's env ended its episode this step (turn-based envs only)
     rows: slice  # agent rows this batch covers
 
 
@@ -102,17 +103,25 @@ def env_seeds(seed: Seed, num_envs: int, first_env_id: int, name: str) -> list[i
 
 
 def allocate_buffers(
-    num_rows: int, obs: ObsSpec, alloc: Allocator, mask_size: int = 0, state_size: int = 0, info_size: int = 0
+    num_rows: int,
+    obs: ObsSpec,
+    alloc: Allocator,
+    mask_size: int = 0,
+    state_size: int = 0,
+    info_size: int = 0,
+    turn_based: bool = False,
 ) -> Buffers:
     """The flat-batch arrays of ``num_rows`` rows, each made by ``alloc(shape, dtype)`` (zeroed);
     with ``mask_size``, also the ``[rows, mask_size]`` action mask; with ``state_size``, the env
     state (and its value before an autoreset) on every row; with ``info_size``, the step's values
-    of that many ``info_keys``."""
+    of that many ``info_keys``; ``turn_based``, where each env's episode ended (``env_done``)."""
     extra = {"action_mask": alloc((num_rows, mask_size), np.bool_)} if mask_size else {}
     if state_size:
         extra |= {key: alloc((num_rows, state_size), np.float32) for key in ("state", "final_state")}
     if info_size:
         extra["info"] = alloc((num_rows, info_size), np.float32)
+    if turn_based:  # a waiting agent's row is not valid either, so the flags cannot tell where a game ended
+        extra["env_done"] = alloc((num_rows,), np.bool_)
     return extra | {
         "obs": alloc((num_rows, *obs.shape), obs.dtype),
         "final_obs": alloc((num_rows, *obs.shape), obs.dtype),
@@ -127,7 +136,7 @@ def batch_view(buffers: Buffers, rows: slice, env_id: torch.Tensor, agent_id: to
     """A StepBatch whose tensors share memory with ``buffers[rows]``."""
     optional = {
         key: None if key not in buffers else torch.from_numpy(buffers[key][rows])
-        for key in ("action_mask", "state", "final_state", "info")
+        for key in ("action_mask", "state", "final_state", "info", "env_done")
     }
     return StepBatch(
         obs=torch.from_numpy(buffers["obs"][rows]),
@@ -149,7 +158,6 @@ class VecBackend:
     autoreset: Literal["same_step", "next_step"] = "same_step"
     async_factor: int = 1
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
-    turn_based = False  # agents take turns (see EnvInfo.turn_based)
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
     clip_actions, normalize_actions = True, False  # see configure_actions
     logs_actions = False  # some rows' actions are chosen by the env's side (external clients): see ``logged``
@@ -166,6 +174,7 @@ class VecBackend:
         mask_size: int = 0,
         state_size: int = 0,
         info_size: int = 0,
+        turn_based: bool = False,
     ):
         self.name = name
         self.first_env_id = first_env_id
@@ -174,8 +183,9 @@ class VecBackend:
         self.num_rows = num_envs * rows_per_env
         self.obs_spec, self.act_spec = obs, act
         if buffers is None:
-            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size, state_size, info_size)
+            buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size, state_size, info_size, turn_based)
         self._buffers = buffers
+        self.turn_based = "env_done" in buffers  # agents take turns (see EnvInfo.turn_based)
         self._obs, self._final_obs = buffers["obs"], buffers["final_obs"]
         self._reward, self._terminated, self._truncated = buffers["reward"], buffers["terminated"], buffers["truncated"]
         self._valid = buffers["valid"]

@@ -150,7 +150,7 @@ class MultiprocessBackend(VecBackend):
         probe = serial_class(make_env, 1, name)
         obs, act, k = probe.obs_spec, probe.act_spec, probe.rows_per_env
         mask, state, info = probe.batch.action_mask, probe.batch.state, probe.batch.info
-        self.agents, self.turn_based = probe.agents, probe.turn_based
+        self.agents, turn_based = probe.agents, probe.turn_based
         self.single_observation_space, self.single_action_space = (
             probe.single_observation_space,
             probe.single_action_space,
@@ -164,6 +164,7 @@ class MultiprocessBackend(VecBackend):
             0 if mask is None else mask.shape[1],
             0 if state is None else state.shape[1],
             0 if info is None else info.shape[1],
+            turn_based,
         )
         super().__init__(name, num_envs, obs, act, rows_per_env=k, buffers=buffers)
         self._actions = _shared_array((num_envs * k, *act.shape), act.dtype, self._maps)

@@ -75,8 +75,9 @@ class WorkerSet(VecBackend):
             mask_size=0 if mask is None else mask.shape[1],
             state_size=0 if state is None else state.shape[1],
             info_size=0 if info is None else info.shape[1],
+            turn_based=probe.turn_based,
         )
-        self.agents, self.autoreset, self.turn_based = probe.agents, probe.autoreset, probe.turn_based
+        self.agents, self.autoreset = probe.agents, probe.autoreset
         del probe  # not closed: it may hold the user's own env instance
         # what the actors get: the config without what only the driver uses (callbacks, device, cluster)
         self.worker_config = c.model_copy(

@@ -54,7 +54,6 @@ class EnvActor:
             "spaces": (getattr(b, "single_observation_space", None), getattr(b, "single_action_space", None)),
             "rows_per_env": b.rows_per_env,
             "agents": b.agents,
-            "turn_based": b.turn_based,
             "fields": {key: (value.shape[1:], value.dtype.str) for key, value in b._buffers.items()},
         }
 
@@ -100,7 +99,7 @@ class RemoteEnvBackend(VecBackend):
         }
         obs, act = layout["specs"]
         super().__init__(layout["name"], num_envs, obs, act, k, buffers, first_env_id=first_env_id)
-        self.agents, self.turn_based = layout["agents"], layout["turn_based"]
+        self.agents = layout["agents"]
         self.single_observation_space, self.single_action_space = layout["spaces"]
         self.async_factor = config.async_factor
         per_group = num_envs // self.async_factor
