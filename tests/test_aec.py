@@ -190,6 +190,19 @@ def test_an_agent_leaving_on_its_own_move_does_not_end_the_game_for_the_others()
     assert [int((agents == k).sum()) for k in range(3)] == [3 * 40, 41, 2 * 40]
 
 
+def test_evaluation_starts_no_episode_where_an_agent_leaves_on_its_own_move():
+    from shoal.train.evaluation import run_episodes
+
+    seen = []
+
+    def act(obs, mask, first):  # a recurrent policy resets its rows' state where ``first`` is set
+        seen.append(first.tolist())
+        return torch.zeros(3, dtype=torch.long)
+
+    run_episodes(make_backend(lambda: TurnsEnv(max_moves=6, death_move=2), 1), act, seed=0)
+    assert seen == [[True] * 3] + [[False] * 3] * 5  # six moves, the game's first one alone starting it
+
+
 def _board(*cells):
     """A connect-four observation plane [6, 7] with a 1 at each (row, column)."""
     plane = np.zeros((6, 7), np.int8)

@@ -80,27 +80,41 @@ def test_every_row_ends_at_an_episode_end_and_every_step_is_delivered_once(backe
 
 
 def test_a_turn_based_game_is_cut_where_it_ends_not_where_an_agent_leaves_on_its_own_move():
-    from tests.test_aec import TurnsEnv  # a1 leaves on the second of six moves; the game ends on the sixth
+    from tests.test_aec import TurnsEnv  # a1 leaves on the second move, the game ends on the last
+
+    class Uneven(TurnsEnv):
+        """Games of 5 or 6 moves by the env's reset seed: one env waits, its steps carried, while
+        the other finishes its game."""
+
+        def reset(self, seed=None, options=None):
+            if seed is not None:
+                self.max_moves = 5 + seed % 2
+            super().reset(seed, options)
 
     with shoal.PPO(
-        env=lambda config: TurnsEnv(config["max_cycles"], death_move=2),
-        env_config={"max_cycles": 6},  # the declared limit complete episodes are sized for
+        env=lambda config: Uneven(death_move=2),
+        env_config={"max_episode_steps": 6},  # the most turns a game takes: what complete episodes are sized for
         num_envs=2,
-        rollout_fragment_length=7,  # the first end after 7 steps is the second game's, on its sixth move
+        rollout_fragment_length=7,  # env 0 ends its second game on the 10th move and waits for env 1's 12th
         sgd_minibatch_size=8,
         seed=0,
         **COMPLETE,
     ) as trainer:
-        for _ in range(4):
+        carried = 0
+        for _ in range(5):
             result = trainer.train()
+            carried += int(trainer.collector.carry.length.max())
             rollout = trainer.algorithm.buffer.rollout[:, :-1]
             acted = rollout["valid"].view(2, 3, -1).any(1)  # [env, slot]: the env's mover acted
-            assert result["timesteps_this_iter"] == int(acted.sum()) == 2 * 2 * 6
-            for env in range(2):
+            ends = rollout["env_done"].view(2, 3, -1)
+            assert torch.equal(ends.any(1), ends.all(1))  # on every row of the env, or none
+            assert result["timesteps_this_iter"] == int(acted.sum())
+            assert result["episodes_this_iter"] == int(ends.all(1).sum())  # a game is one episode
+            for env, moves in enumerate((5, 6)):
                 steps = acted[env].nonzero().squeeze(1)
-                assert len(steps) == 12  # two whole games
-                ends = rollout["env_done"].view(2, 3, -1)[env].all(0)
-                assert torch.equal(ends.nonzero().squeeze(1), steps[5::6])  # each game's last move ends it
+                assert len(steps) % moves == 0  # whole games only
+                assert torch.equal(ends[env].all(0).nonzero().squeeze(1), steps[moves - 1 :: moves])
+    assert carried > 0
 
 
 def test_truncations_carried_to_the_next_rollout_bootstrap_from_their_own_last_observation():

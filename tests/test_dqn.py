@@ -253,6 +253,17 @@ def test_resume_with_the_buffer_is_bit_identical(tmp_path, prioritized):
     assert_resume_is_bit_identical(shoal.DQN, kw, tmp_path, keys, iterations=5, split=3)
 
 
+def test_a_stored_buffer_that_no_longer_fits_is_left_out_with_a_warning(tmp_path):
+    kw = {k: v for k, v in SMALL.items() if k != "save_outputs"} | {"store_buffer_in_checkpoints": True}
+    algo = shoal.DQN(run_dir=str(tmp_path / "run"), **kw)
+    algo.train()
+    path = algo.save()
+    with pytest.warns(UserWarning, match=r"replay buffer \(1 x 2000 steps\) does not fit .*ReplayBuffer \(1 x 1000\)"):
+        resumed = shoal.DQN.from_checkpoint(path, buffer_size=1000)
+    assert len(resumed.algorithm.replay) == 0
+    assert resumed.train()["replay_size"] == 64  # refilled from its own steps
+
+
 def test_a_checkpoint_without_the_buffer_resumes_and_refills_it_before_learning(tmp_path):
     """Resumed without its buffer, a run stores ``learning_starts`` steps again before its next
     minibatch: its networks are not fitted to the few steps of a nearly empty buffer."""

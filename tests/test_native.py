@@ -87,7 +87,7 @@ def test_the_env_writes_its_action_masks():
 
 class Relay(shoal.AgentEnv):
     """Three agents move in turn; agent 1 leaves on its own move (the second) and the game ends
-    after the sixth, which the env says in ``env_done``."""
+    after the sixth, which the env says in ``env_done`` (and leaves it to the backend to clear)."""
 
     turn_based = True
 
@@ -99,7 +99,7 @@ class Relay(shoal.AgentEnv):
 
     def reset(self, seed):
         self.moves = 0
-        self.terminated[:] = self.truncated[:] = self.env_done[:] = False
+        self.terminated[:] = self.truncated[:] = False
         self.valid[:] = True
         self.obs[:] = 0
 
@@ -109,9 +109,8 @@ class Relay(shoal.AgentEnv):
         self.terminated[:] = self.truncated[:] = False
         self.terminated[1] = self.moves == 1
         self.moves += 1
-        over = self.moves == len(self.order)
-        self.env_done[:] = over
-        if over:
+        if self.moves == len(self.order):
+            self.env_done[:] = True
             self.truncated[[0, 2]] = True
             self.final_obs[:] = self.moves
             self.moves = 0
@@ -134,6 +133,26 @@ def test_a_native_turn_based_env_says_where_its_game_ends():
         starts.append(first.tolist())
     # agent 1 leaving on the second move starts nothing: the others wait for their turns
     assert starts == [[False] * 6] * 5 + [[True] * 6]
+
+
+def test_complete_episode_rollouts_of_a_native_turn_based_env_hold_whole_games():
+    with shoal.PPO(
+        env=lambda config: Relay(),
+        env_config={"max_episode_steps": 6},  # the most turns a game takes
+        batch_mode="complete_episodes",
+        num_envs=2,
+        rollout_fragment_length=7,  # the first end after 7 steps is the second game's
+        sgd_minibatch_size=8,
+        save_outputs=False,
+        verbose=0,
+    ) as trainer:
+        for _ in range(3):
+            assert trainer.train()["timesteps_this_iter"] == 2 * 12
+            rollout = trainer.algorithm.buffer.rollout[:, :-1]
+            for env in range(2):
+                acted = rollout["valid"].view(2, 3, -1)[env].any(0).nonzero().squeeze(1)
+                ends = rollout["env_done"].view(2, 3, -1)[env].all(0).nonzero().squeeze(1)
+                assert len(acted) == 12 and torch.equal(ends, acted[5::6])
 
 
 @pytest.mark.slow

@@ -358,11 +358,23 @@ def test_ray_workers_tell_the_replay_that_agents_take_turns(ray_cluster):
         algo.train()
         replay = algo.algorithm.replay
         assert algo.algorithm.env.turn_based and replay.turns is not None and bool(replay.sampleable.any())
+        rollout = algo.algorithm.rollout.rollout[:, :-1]  # the workers' rows, with where each game ended
+        ended = rollout["env_done"].view(2, 2, -1)
+        assert ended.any() and torch.equal(ended.all(1), rollout["done"].view(2, 2, -1).all(1))
     # what a rollout worker steps with remote_worker_envs: each env an actor, the layout from the first
     config = DQNConfig.build(**connect_four, backend="ray", num_workers=1, remote_worker_envs=True)
     remote = build_backend(config.model_copy(update={"backend": "local"}), 2)  # as a worker builds it
     try:
         assert type(remote).__name__ == "RemoteEnvBackend" and remote.turn_based
+        remote.reset(0)
+        batch, games = remote.recv(), 0
+        for _ in range(60):
+            remote.send(batch.action_mask.float().argmax(1))  # the lowest legal column: player_0 wins on move 19
+            batch = remote.recv()
+            done = (batch.terminated | batch.truncated).view(2, 2).all(1)
+            assert torch.equal(batch.env_done, done.repeat_interleave(2))
+            games += int(done.sum())
+        assert games >= 2
     finally:
         remote.close()
 

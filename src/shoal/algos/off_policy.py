@@ -231,8 +231,9 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
                 f"{self.name} on '{self.env.name}': agents act in turns, but the env does not say so, and a replay "
                 f"learner then takes the step after each decision for its successor, which is another agent's turn. "
                 f"Its targets bootstrap from positions its agent does not act in, and a reward that lands on another "
-                f"agent's turn (a board game's loss) is never learned. Set turn_based = True on the env class, and "
-                f"the learner links each decision to its agent's next one."
+                f"agent's turn (a board game's loss) is never learned. Set turn_based = True on the env class (a "
+                f"native AgentEnv also sets self.env_done where its game ends), and the learner links each decision "
+                f"to its agent's next one."
             )
 
     def data_parallel_problem(self) -> str | None:
@@ -342,6 +343,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         warn(
             f"the checkpoint's replay buffer ({rows} x {columns} steps) does not fit this run's "
             f"{type(self.replay).__name__} ({self.replay.num_rows} x {self.replay.columns}): a changed buffer_size, "
-            f"num_envs, prioritized_replay or sequence length changes it. It is not loaded; a run left without a "
-            f"buffer refills it for learning_starts={self.config.learning_starts} env steps before it learns again."
+            f"num_envs, prioritized_replay or sequence length changes it, and so does a checkpoint from a shoal "
+            f"whose buffer stored other fields. It is not loaded; a run left without a buffer refills it for "
+            f"learning_starts={self.config.learning_starts} env steps before it learns again."
         )

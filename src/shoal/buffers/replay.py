@@ -99,6 +99,7 @@ class ReplayBuffer:
             raise ValueError(f"a replay buffer of capacity {capacity} cannot hold two steps of each of {n} agent rows")
         self.num_rows, self.columns = n, capacity // n
         specs = env_fields(env) | (fields or {})
+        specs.pop("env_done", None)  # where a turn-based game ended is folded into the links as it is stored
         self.storage = TensorDict(
             {
                 key: torch.zeros(n, self.columns, *shape, dtype=dtype, device=device)

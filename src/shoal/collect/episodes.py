@@ -75,8 +75,8 @@ def env_episode_ends(
 ) -> npt.NDArray[np.bool_]:
     """Which envs ended their episode, from row flags ``[..., rows]`` (env-major rows): an agent
     finished and none is left acting (the others are done too, or already padding). Returns
-    ``[..., envs]`` bool. A turn-based env says it in ``env_done`` (its waiting agents are not
-    acting either), or ends every row at once (a failed env made anew)."""
+    ``[..., envs]`` bool. A turn-based env, whose waiting agents are not acting either, says it in
+    ``env_done``; every row ending at once ends its game too, whatever the env says."""
     done = done.reshape(*done.shape[:-1], -1, rows_per_env)
     if env_done is not None:
         ends = env_done.reshape(done.shape).any(-1) | done.all(-1)

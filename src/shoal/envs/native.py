@@ -112,7 +112,8 @@ class AgentEnv:
     """True when agents take turns: the rows of agents still playing but not to move are not
     ``valid``, and a replay learner links each decision to its agent's next one. The env then
     says where a game ends in ``env_done``, since the flags cannot: an agent that leaves on its
-    own move while the others wait looks from them alone like the end of the game."""
+    own move while the others wait looks from them alone like the end of the game. Without it, a
+    game that an agent left early is never seen to end."""
     final_infos: dict[int, dict[str, Any]]
     """Slot -> info of an agent whose episode ended this step; feeds custom metrics."""
 
@@ -124,11 +125,12 @@ class AgentEnv:
     valid: npt.NDArray[np.bool_] = _rows_of("valid")
     final_obs: npt.NDArray[Any] = _rows_of("final_obs")
     action_mask: npt.NDArray[np.bool_] | None = _rows_of("action_mask")  # None unless action_masks
-    env_done: npt.NDArray[np.bool_] | None = _rows_of("env_done")  # None unless turn_based: True on every
-    # row at the step the whole env's episode ended (and it started again), False at every other step
+    env_done: npt.NDArray[np.bool_] | None = _rows_of("env_done")  # None unless turn_based: set it on every
+    # row at the step the whole game ended (and started again); the backend clears it before each step
 
     def reset(self, seed: int | None) -> None:
-        """Start an episode: fill ``obs`` (and ``action_mask``), clear ``terminated`` and ``truncated``."""
+        """Start an episode: fill ``obs`` (and ``action_mask``), clear ``terminated`` and ``truncated``
+        (the backend clears ``env_done`` before each step)."""
         raise NotImplementedError(f"native env '{type(self).__name__}' must implement reset(seed)")
 
     def step(self, actions: npt.NDArray[Any]) -> None:

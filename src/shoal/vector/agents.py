@@ -123,10 +123,13 @@ class AgentEnvBackend(VecBackend):
         self.step(self.env_actions(actions))
 
     def step(self, acts: npt.NDArray[Any]) -> None:
-        """Step every env with its rows of ``acts``; final infos are keyed by row."""
+        """Step every env with its rows of ``acts``; final infos are keyed by row. ``env_done`` is
+        cleared first, so an env only sets it on the step its game ends."""
         k, final_infos = self.rows_per_env, self.final_infos
         if final_infos:
             final_infos.clear()
+        if self.batch.env_done is not None:
+            self.batch.env_done.zero_()
         i = 0
         try:
             for i, env in enumerate(self.envs):

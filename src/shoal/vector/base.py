@@ -158,6 +158,7 @@ class VecBackend:
     autoreset: Literal["same_step", "next_step"] = "same_step"
     async_factor: int = 1
     agents: list[str] | None = None  # named agents: each row slot's name; None: one agent, or anonymous native ones
+    turn_based = False  # agents take turns (see EnvInfo.turn_based); set when the buffers have ``env_done``
     unsaved_state: str | None = None  # why env state cannot be checkpointed (a resume starts new episodes)
     clip_actions, normalize_actions = True, False  # see configure_actions
     logs_actions = False  # some rows' actions are chosen by the env's side (external clients): see ``logged``
@@ -185,7 +186,8 @@ class VecBackend:
         if buffers is None:
             buffers = allocate_buffers(self.num_rows, obs, np.zeros, mask_size, state_size, info_size, turn_based)
         self._buffers = buffers
-        self.turn_based = "env_done" in buffers  # agents take turns (see EnvInfo.turn_based)
+        if "env_done" in buffers:
+            self.turn_based = True
         self._obs, self._final_obs = buffers["obs"], buffers["final_obs"]
         self._reward, self._terminated, self._truncated = buffers["reward"], buffers["terminated"], buffers["truncated"]
         self._valid = buffers["valid"]
