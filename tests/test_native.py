@@ -135,6 +135,25 @@ def test_a_native_turn_based_env_says_where_its_game_ends():
     assert starts == [[False] * 6] * 5 + [[True] * 6]
 
 
+@pytest.mark.slow
+def test_worker_processes_clear_a_native_envs_game_ends_as_in_process():
+    serial, workers = make_backend(Relay, 4), make_backend(Relay, 4, num_workers=2)
+    try:
+        serial.reset(0)
+        workers.reset(0)
+        serial.recv()
+        workers.recv()
+        actions = torch.zeros(12, dtype=torch.long)
+        for step in range(14):  # over two games
+            serial.send(actions)
+            workers.send(actions)
+            a, b = serial.recv(), workers.recv()
+            assert a.env_done.tolist() == [step % 6 == 5] * 12, step
+            assert torch.equal(a.env_done, b.env_done) and torch.equal(a.valid, b.valid), step
+    finally:
+        workers.close()
+
+
 def test_complete_episode_rollouts_of_a_native_turn_based_env_hold_whole_games():
     with shoal.PPO(
         env=lambda config: Relay(),

@@ -86,8 +86,14 @@ class Parking:
         cut[done & (cut < 0)] = t
 
     def _too_long(self) -> EnvError:
+        fix = (
+            "declare the most turns a game takes as max_episode_steps in env_config (max_cycles counts rounds "
+            "of every agent's turn); a native env that takes turns must set env_done where its game ends"
+            if self.backend.turn_based
+            else "set horizon=H to end episodes after H steps"
+        )
         return EnvError(
             f"env '{self.backend.name}' ran an episode longer than {self.longest} steps, the longest that "
-            f"batch_mode='complete_episodes' was sized for (`horizon`, else the env's declared limit); set "
-            f"horizon=H to end episodes after H steps, or use batch_mode='truncate_episodes' for this env."
+            f"batch_mode='complete_episodes' was sized for (`horizon`, else the env's declared limit); {fix}; or "
+            f"use batch_mode='truncate_episodes' for this env."
         )

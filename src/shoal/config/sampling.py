@@ -38,7 +38,8 @@ def _check_clipping_and_episodes(c: TrainerConfig) -> None:
             "with backend='external' the clients decide when episodes end"
             if c.backend == "external"
             else f"the env {shorten(repr(c.env))} declares no episode limit; set horizon=H (episodes end after H "
-            f"steps; for a turn-based env, max_episode_steps=N in env_config: the most turns a game takes)"
+            f"steps), or for a turn-based env declare the most turns a game takes as env_config="
+            f"{{'max_episode_steps': N}}, made by a factory that takes env_config (env=lambda config: game.env())"
         )
         raise ConfigError(
             f"batch_mode='complete_episodes' sizes its storage for the longest episode, and {why}; or use "

@@ -111,6 +111,8 @@ class AgentEnvBackend(VecBackend):
 
     def reset(self, seed: Seed = None) -> None:
         seeds = env_seeds(seed, self.num_envs, self.first_env_id, self.name)
+        if self.batch.env_done is not None:
+            self.batch.env_done.zero_()
         for i, (env, s) in enumerate(zip(self.envs, seeds)):
             try:
                 env.reset(s)
