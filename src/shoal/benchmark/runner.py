@@ -282,18 +282,19 @@ def _check_directory(spec: RunSpec, out: Path) -> None:
 def _start(state: RunState, out: Path) -> None:
     run_dir = state.spec.directory(out)
     command = state.spec.command(out)
-    if "--resume" not in command and run_dir.exists():  # started before, but no checkpoint: anew
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / SPEC).write_text(json.dumps(state.spec.identity()))
-    state.status = "resumed" if "--resume" in command else "running"
-    part = {"started": datetime.now().isoformat(timespec="seconds"), "resumed": "--resume" in command}
-    with (run_dir / PARTS).open("a") as parts:
-        parts.write(json.dumps(part | {"source": source_revision()}) + "\n")
-    stdout, stderr = (run_dir / "stdout.json").open("wb"), (run_dir / "stderr.log").open("ab")
-    state._files = [stdout, stderr]
-    # a session of its own: Ctrl-C reaches the benchmark, which stops each run in turn
+    # held from the part's record on: a stop in between would leave a part that never ran
     with _held_interrupts():
+        if "--resume" not in command and run_dir.exists():  # started before, but no checkpoint: anew
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SPEC).write_text(json.dumps(state.spec.identity()))
+        state.status = "resumed" if "--resume" in command else "running"
+        part = {"started": datetime.now().isoformat(timespec="seconds"), "resumed": "--resume" in command}
+        with (run_dir / PARTS).open("a") as parts:
+            parts.write(json.dumps(part | {"source": source_revision()}) + "\n")
+        stdout, stderr = (run_dir / "stdout.json").open("wb"), (run_dir / "stderr.log").open("ab")
+        state._files = [stdout, stderr]
+        # a session of its own: Ctrl-C reaches the benchmark, which stops each run in turn
         state.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
         state.started = time.monotonic()
         (run_dir / LOCK).write_text(str(state.process.pid))

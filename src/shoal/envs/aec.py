@@ -40,7 +40,6 @@ class AECEnvAdapter(ParallelEnvAdapter):
         self.out["terminated"][:] = False
         self.out["truncated"][:] = False
         self.out["valid"][:] = True  # as ParallelEnvAdapter does: no turn has been taken yet
-        self._ended(False)
 
     def _new_game(self) -> None:
         self.done[:] = False
@@ -70,10 +69,10 @@ class AECEnvAdapter(ParallelEnvAdapter):
                     f"an AEC env must drop dead agents in step(None) (see AECEnv._was_dead_step)."
                 )
             self._absorb(playing)
-        self._ended(not env.agents)
         if env.agents:
             self._write_current()
         else:
+            self._game_over()
             self._write_state("final_state")
             env.reset()
             self._new_game()

@@ -171,12 +171,12 @@ class ParallelEnvAdapter:
         self.out["terminated"][:] = False
         self.out["truncated"][:] = False
         self.out["valid"][:] = True
-        self._ended(False)
 
-    def _ended(self, ended: bool) -> None:
-        """Say on every row whether the episode ended this step, where the rows have room for it."""
+    def _game_over(self) -> None:
+        """Mark every row's ``env_done`` (where the rows have one): the whole game ended this step.
+        The backend clears the field before each step and reset, so only the end is written."""
         if self.env_done is not None:
-            self.env_done[:] = ended
+            self.env_done[:] = True
 
     def step(self, actions: npt.NDArray[Any]) -> None:
         """One parallel step of the agents present. ``valid`` marks the rows that acted, and a
@@ -205,8 +205,8 @@ class ParallelEnvAdapter:
                     self.final_infos[i] = infos[agent]
                 if tr and agent in observations:
                     self.layout.write_obs(i, out["final_obs"][i], observations[agent], None)
-        self._ended(not self.env.agents)
         if not self.env.agents:
+            self._game_over()
             self._write_state("final_state")
             observations, _ = self.env.reset()
         present = [a for a in self.env.agents if a in observations]
