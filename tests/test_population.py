@@ -317,3 +317,24 @@ def test_the_documented_example_is_a_valid_experiment():
     (experiment,) = load_experiments(yaml.safe_load("lunarlander-pbt:" + block))
     assert experiment.population == Population("episode_reward_mean", perturbation_interval=100000)
     assert [name for name, _ in experiment.spaces] == [("learning_rate",), ("ent_coef",)]
+
+
+def test_a_gsde_trial_that_moves_to_a_donor_a_collection_behind_draws_its_next_collections_noise_anew(tmp_path):
+    """gSDE's count of collections stays the moving trial's own, as its envs' carried noise
+    matrices know it: taken from a donor one collection behind, the next collection would keep
+    the matrices drawn with the trial's old std."""
+    kw = dict(env="Pendulum-v1", use_sde=True, sde_sample_freq=-1, num_envs=2, rollout_fragment_length=32)
+    kw |= dict(sgd_minibatch_size=32, tuned=False, kind_defaults=False, verbose=0)
+    own = shoal.PPO(run_dir=str(tmp_path / "own"), seed=1, **kw)
+    donor = shoal.PPO(run_dir=str(tmp_path / "donor"), seed=2, **kw)
+    for _ in range(3):
+        own.train()
+    for _ in range(2):
+        donor.train()
+    own_point, donor_point = own.save(), donor.save()
+    moved = shoal.PPO.from_checkpoint(own_point, run_dir=str(tmp_path / "own"))
+    take_learned_state(moved, donor_point, own)
+    (rows,) = moved.collector.policies.states
+    held = rows["sde_noise"].clone()
+    moved.train()
+    assert not (rows["sde_noise"] == held).all(1).any()

@@ -29,6 +29,7 @@ from shoal.buffers.replay import tensor_layout
 from shoal.errors import ConfigError, warn
 from shoal.experiments.books import Reading, locked_json
 from shoal.experiments.spec import Path_, Population, Space, param_name
+from shoal.models.sde import StateDependentNoise
 from shoal.train import checkpoint as ckpt
 
 if TYPE_CHECKING:
@@ -177,10 +178,21 @@ def take_learned_state(trainer: Trainer, checkpoint: Path, before: Trainer | Non
         theirs = learned.get("replay")
         if own is not None or (theirs is not None and not replay.fits(theirs)):
             learned = learned | {"replay": None}  # not copied in only to be replaced, nor to warn
+    # gSDE's count of collections counts this trial's own, as its envs' carried noise matrices
+    # know it: with the donor's, one collection behind, they would not be drawn again (with the
+    # donor's std) at the next collection
+    counts = [
+        (noise, noise.epoch.clone())
+        for policy in trainer.algorithm.policies.values()
+        for noise in policy.modules()
+        if isinstance(noise, StateDependentNoise)
+    ]
     try:
         trainer.algorithm.load_state_dict(learned)
     except (RuntimeError, KeyError, ValueError) as e:
         raise ConfigError(f"population-based training: '{checkpoint}' does not fit this trial: {e}") from None
+    for noise, count in counts:
+        noise.epoch.copy_(count)
     if replay is not None and own is not None:
         replay.load_state_dict(own)
     elif replay is not None and learned.get("replay") is not None:
