@@ -301,3 +301,66 @@ def test_estimates_read_checked_episodes_and_only_the_legal_actions(tmp_path):
         assert torch.equal(probs, mask.float())  # one legal action: taken with probability 1
         free = action_probabilities(policy, obs, False, 2)
         assert torch.allclose(free.sort(1).values, torch.tensor([0.1, 0.9]).expand(6, 2))  # 0.2 spread over both
+
+
+def write_episodes(folder, rewards_per_episode):
+    """CartPole-shaped episodes (zero observations, action 0) with the given rewards, each ending in
+    a termination."""
+    env = gym.make("CartPole-v1")
+    shard = ShardWriter(folder, env.observation_space, env.action_space)
+    for rewards in rewards_per_episode:
+        n = len(rewards)
+        terminated = np.eye(n, dtype=bool)[-1]
+        arrays = (np.zeros((n + 1, 4), np.float32), np.zeros(n, np.int64), np.asarray(rewards, np.float64))
+        shard.add(EpisodeArrays(*arrays, terminated, np.zeros(n, bool)))
+    shard.close()
+
+
+def test_recorded_rewards_are_clipped_as_clip_rewards_says_and_not_normalized(tmp_path):
+    write_episodes(tmp_path / "d" / "default_policy", [[5.0, -5.0, 0.5, 5.0]] * 4)
+    settings = dict(env="CartPole-v1", input=str(tmp_path / "d"), train_freq=4, **QUIET)
+    for algo, clip, reward, key in (
+        (shoal.DQN, True, [1.0, -1.0, 1.0, 1.0], "reward"),
+        (shoal.DQN, None, [5.0, -5.0, 0.5, 5.0], "reward"),  # CartPole's default: none
+        (
+            shoal.MARWIL,
+            2.0,
+            [2.0 - 0.5 * 1.25, -2.0 + 0.5 * 1.5, 0.5 + 0.5 * 2.0, 2.0],
+            "return_to_go",
+        ),  # of [2, -2, 0.5, 2]
+    ):
+        with algo(**settings, clip_rewards=clip, gamma=0.5) as learner:
+            rollout = learner.algorithm.rollout.start_rollout()
+            learner.collector.collect(rollout)
+        assert rollout[key][0, :4].tolist() == pytest.approx(reward)
+    with pytest.raises(shoal.ConfigError, match=r"normalize_reward=true scales rewards .* input="):
+        shoal.DQN(**settings, normalize_reward=True)
+
+
+def test_estimates_read_the_estimated_policy_s_own_episodes_in_a_run_s_output(tmp_path):
+    write_episodes(tmp_path / "out" / "p0", [[1.0] * 3] * 2)
+    write_episodes(tmp_path / "out" / "p1", [[5.0] * 3] * 2)
+    settings = dict(env="CartPole-v1", input=str(tmp_path / "out"), policies=["p1"], gamma=0.5, **QUIET)
+    estimation = dict(off_policy_estimation_methods=["dm"], off_policy_estimation_config={"iterations": 1})
+    with shoal.BC(**settings, **estimation) as bc:
+        assert bc.estimate_off_policy()["v_behaviour"] == pytest.approx(5.0 * (1 + 0.5 + 0.25))
+
+
+def test_a_policy_that_never_takes_the_recorded_actions_gets_no_weight_from_wis(monkeypatch):
+    """Its target log-probabilities are -inf: WIS's normaliser must not bring back weights that
+    are merely small (1e-30 / mu each, which it divides into 1)."""
+    from shoal.offline.estimation import LoggedEpisodes, estimate_policy
+
+    logged = LoggedEpisodes(
+        obs=torch.zeros(2, 2, 4),
+        action=torch.zeros(2, 1, dtype=torch.long),
+        reward=torch.tensor([[1.0], [3.0]]),
+        terminated=torch.ones(2, 1, dtype=torch.bool),
+        valid=torch.ones(2, 1, dtype=torch.bool),
+        behaviour_log_prob=torch.full((2, 1), math.log(0.5)),
+        where="two one-step episodes",
+    )
+    never = torch.tensor([[0.0, 1.0]]).expand(4, 2)  # the policy always takes action 1; action 0 was logged
+    monkeypatch.setattr("shoal.offline.estimation.action_probabilities", lambda *args: never)
+    got = estimate_policy(None, logged, ["is", "wis"], gamma=0.9, deterministic=True, actions=2, fqe={}, seed=0)
+    assert got == {"v_behaviour": 2.0, "is": 0.0, "wis": 0.0}

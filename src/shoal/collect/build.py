@@ -15,7 +15,6 @@ from shoal.collect.episodes import Episode, EpisodeTracker
 from shoal.collect.policies import PolicyMap, mapping_function
 from shoal.collect.remote import RemoteCollector
 from shoal.config import TrainerConfig
-from shoal.envs.atari import is_atari_id
 from shoal.errors import ConfigError
 from shoal.models.normalize import RewardScaler
 from shoal.models.policy import Policy
@@ -38,8 +37,7 @@ def collector(
         assert isinstance(backend, WorkerSet) and tracker is not None  # the driver's: the trainer made it
         return RemoteCollector(backend, policies, tracker, extras)
     reward_scaler = RewardScaler(backend.num_rows, c.gamma, c.clip_reward) if c.normalize_reward else None
-    clip_rewards = is_atari_id(c.env) if c.clip_rewards is None else c.clip_rewards
-    return Collector(backend, policies, tracker, extras, reward_scaler, critic, clip_rewards)
+    return Collector(backend, policies, tracker, extras, reward_scaler, critic, c.reward_clipping)
 
 
 def episode_tracker(

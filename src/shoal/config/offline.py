@@ -62,6 +62,12 @@ def check_offline(c: TrainerConfig) -> None:
             f"input={shorten(repr(spec))}: {name} learns from its own policy's steps, so it takes input='sampler' "
             f"only; the replay learners (dqn, sac, td3) and the offline ones (bc, marwil, cql) read datasets."
         )
+    if reads and c.normalize_reward:
+        raise ConfigError(
+            f"normalize_reward=true scales rewards by the running spread of the returns the envs give as they are "
+            f"stepped; input={shorten(repr(spec))} reads recorded rewards, which the learner takes as recorded "
+            f"(clip_rewards applies to them). Drop normalize_reward, or scale the rewards when recording."
+        )
     if reads and c.output is not None:
         raise ConfigError(f"output={shorten(repr(c.output))} writes what the envs give, but input reads a dataset.")
     if c.off_policy_estimation_methods and c.off_policy_estimation_input is None and not isinstance(spec, str):

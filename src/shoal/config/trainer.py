@@ -26,6 +26,7 @@ from shoal.config.base import ConfigModel
 from shoal.config.offline import check_offline
 from shoal.config.policies import check_policies, with_policy_overrides
 from shoal.config.sampling import check_sampling
+from shoal.envs.atari import is_atari_id
 from shoal.envs.horizon import EpisodeRules, declared_episode_steps
 from shoal.errors import ConfigError, shorten
 from shoal.imports import spec_of
@@ -375,6 +376,12 @@ class TrainerConfig(ConfigModel):
     @property
     def episode_rules(self) -> EpisodeRules:
         return EpisodeRules(self.horizon, self.soft_horizon, self.no_done_at_end)
+
+    @property
+    def reward_clipping(self) -> bool | float:
+        """``clip_rewards`` as applied to what the learner reads: None is the sign for Atari games,
+        off otherwise."""
+        return is_atari_id(self.env) if self.clip_rewards is None else self.clip_rewards
 
     @property
     def longest_episode(self) -> int | None:

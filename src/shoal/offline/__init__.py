@@ -95,7 +95,7 @@ def dataset_reader(config: TrainerConfig, env: EnvInfo) -> DatasetReader | None:
         )
     inputs = dataset_inputs(config.input)
     sources = [open_source(Path(path), weight, env, ids[0]) for path, weight in inputs.items()]
-    return DatasetReader(sources, env, config.seed, config.gamma, config.normalize_actions)
+    return DatasetReader(sources, env, config.seed, config.gamma, config.normalize_actions, config.reward_clipping)
 
 
 class OffPolicyEstimator:
@@ -121,9 +121,9 @@ class OffPolicyEstimator:
         path = Path(config.off_policy_estimation_input or config.input).expanduser()
         if not path.exists():
             raise DatasetError(f"{key} '{path}' (the episodes off_policy_estimation_methods read) does not exist.")
-        open_source(path, 1.0, env, config.policy_ids[0])  # its spaces checked against the env's
+        source = open_source(path, 1.0, env, config.policy_ids[0])  # the policy's datasets, their spaces checked
         self.config, self.actions = config, env.act_spec.nvec[0]
-        self.logged = load_logged(path, config.off_policy_estimation_episodes, env, env.mask_size > 0)
+        self.logged = load_logged(source, config.off_policy_estimation_episodes, env, env.mask_size > 0)
         check_methods(self.logged, list(config.off_policy_estimation_methods))
 
     def __call__(self, policy: Any) -> dict[str, float]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,8 +22,8 @@ import torch.nn.functional as F
 from shoal.models.policy import ActorCriticPolicy, Policy
 from shoal.models.qpolicy import QPolicy
 from shoal.offline import estimators
-from shoal.offline.minari_files import DatasetError, DatasetFile, dataset_folders
-from shoal.offline.reader import check_episode
+from shoal.offline.minari_files import DatasetError
+from shoal.offline.reader import Source, check_episode
 
 if TYPE_CHECKING:
     from shoal.envs.spaces import EnvInfo
@@ -58,13 +57,15 @@ class LoggedEpisodes:
     """``[E, T + 1, A]`` bool: the legal actions at each observation, for a masked env (else None)."""
 
 
-def load_logged(path: Path, episodes: int, env: EnvInfo, masked: bool) -> LoggedEpisodes:
-    """The first ``episodes`` episodes of the datasets at ``path``, each checked as training checks
-    what it reads; with ``masked`` their legal actions too (all legal where none were recorded)."""
+def load_logged(source: Source, episodes: int, env: EnvInfo, masked: bool) -> LoggedEpisodes:
+    """The first ``episodes`` episodes of ``source``'s datasets (the estimated policy's own, in a
+    run's output with several), each checked as training checks what it reads; with ``masked``
+    their legal actions too (all legal where none were recorded)."""
+    path = source.path
     read = []
-    for folder in dataset_folders(path):
-        for k, episode in enumerate(DatasetFile.open(folder).episodes()):
-            check_episode(episode, f"dataset '{folder}' episode_{k}", env)
+    for file in source.files:
+        for k, episode in enumerate(file.episodes()):
+            check_episode(episode, f"dataset '{file.folder}' episode_{k}", env)
             read.append(episode)
             if len(read) == episodes:
                 break
@@ -153,7 +154,9 @@ def estimate_policy(
     mask = None if logged.action_mask is None else logged.action_mask.flatten(0, 1)
     probs = action_probabilities(policy, logged.obs.flatten(0, 1), deterministic, actions, mask).view(e, t + 1, actions)
     taken = probs[:, :-1].gather(2, logged.action.unsqueeze(-1)).squeeze(-1)
-    target_logp = torch.where(logged.valid, taken.clamp_min(1e-30).log(), 0.0)
+    # -inf where the policy never takes the logged action: that episode weighs 0 from there on, also
+    # in WIS, whose normaliser would bring back a weight merely made small
+    target_logp = torch.where(logged.valid, taken.log(), 0.0)
     out: dict[str, float] = {}
     discounts = gamma ** torch.arange(t, dtype=torch.float32)
     out["v_behaviour"] = float((logged.reward * discounts * logged.valid).sum(1).mean())

@@ -122,10 +122,20 @@ def open_source(path: Path, weight: float, env: EnvInfo, policy_id: str) -> Sour
 class DatasetReader:
     """The collector of ``input=``: recorded episodes, row by row, into the rollout."""
 
-    def __init__(self, sources: list[Source], env: EnvInfo, seed: int, gamma: float = 0.99, unit_actions: bool = False):
+    def __init__(
+        self,
+        sources: list[Source],
+        env: EnvInfo,
+        seed: int,
+        gamma: float = 0.99,
+        unit_actions: bool = False,
+        clip_rewards: bool | float = False,
+    ):
         """``unit_actions`` (``normalize_actions``): the policy acts in [-1, 1], so the recorded Box
-        actions, which are the env's, are rescaled from its bounds."""
-        self.sources, self.env, self.gamma = sources, env, gamma
+        actions, which are the env's, are rescaled from its bounds. ``clip_rewards``: the recorded
+        rewards, which are the env's, are clipped as the collector clips the envs' (True: to their
+        sign; a number c: to [-c, c]), returns to go included."""
+        self.sources, self.env, self.gamma, self.clip_rewards = sources, env, gamma, clip_rewards
         space = env.act_spec.space
         self.unit = None
         if unit_actions and isinstance(space, gym.spaces.Box):
@@ -141,7 +151,7 @@ class DatasetReader:
         self.current: list[EpisodeArrays | None] = [None] * env.num_rows
         self.returns: list[Any] = [None] * env.num_rows  # each row's episode's returns to go, when asked for
         self.position = np.zeros(env.num_rows, dtype=np.int64)
-        self.raw_reward = torch.zeros(0, 0)  # the recorded rewards are the env's own: the rollout's
+        self.raw_reward = torch.zeros(0, 0)  # the rollout's rewards (no env: no episode returns read them)
 
     def reset(self, seed: int | Sequence[int] | None) -> None:
         """Each row starts a new episode at its next collect (the inputs are drawn anew from ``seed``)."""
@@ -157,6 +167,10 @@ class DatasetReader:
         if self.unit is not None:
             center, half_range = self.unit
             episode.actions = ((episode.actions - center) / half_range).astype(np.float32)
+        if self.clip_rewards is True:
+            episode.rewards = np.sign(episode.rewards)
+        elif self.clip_rewards:
+            episode.rewards = np.clip(episode.rewards, -self.clip_rewards, self.clip_rewards)
         return episode
 
     def collect(
