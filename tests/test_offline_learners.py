@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 import shoal
 from shoal.cli import main
+from shoal.config import BCConfig
 from shoal.offline import DatasetFile, dataset_folders
 from shoal.offline.episodes import EpisodeQuota
 from shoal.offline.minari_files import DatasetError, EpisodeArrays, ShardWriter
@@ -364,3 +365,8 @@ def test_a_policy_that_never_takes_the_recorded_actions_gets_no_weight_from_wis(
     monkeypatch.setattr("shoal.offline.estimation.action_probabilities", lambda *args: never)
     got = estimate_policy(None, logged, ["is", "wis"], gamma=0.9, deterministic=True, actions=2, fqe={}, seed=0)
     assert got == {"v_behaviour": 2.0, "is": 0.0, "wis": 0.0}
+
+
+def test_a_misspelt_fitted_q_setting_is_refused_before_training(tmp_path):
+    with pytest.raises(shoal.ConfigError, match=r"has no key 'iteration'.* Did you mean 'iterations'\?"):
+        BCConfig.build(env="CartPole-v1", input=str(tmp_path), off_policy_estimation_config={"iteration": 3})

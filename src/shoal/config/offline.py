@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from shoal.errors import ConfigError, shorten
+from shoal.errors import ConfigError, did_you_mean, shorten
 
 if TYPE_CHECKING:
     from shoal.config.trainer import TrainerConfig
+
+FQE_KEYS = ("iterations", "hidden", "epochs_per_iteration", "lr", "batch_size")
+"""``off_policy_estimation_config``'s keys: fitted Q evaluation's settings (``gamma`` and ``seed``
+are the run's)."""
 
 
 def absolute(path: str) -> str:
@@ -70,6 +74,12 @@ def check_offline(c: TrainerConfig) -> None:
         )
     if reads and c.output is not None:
         raise ConfigError(f"output={shorten(repr(c.output))} writes what the envs give, but input reads a dataset.")
+    for key in c.off_policy_estimation_config:
+        if key not in FQE_KEYS:
+            raise ConfigError(
+                f"off_policy_estimation_config has no key {key!r}: it takes fitted Q evaluation's {list(FQE_KEYS)} "
+                f"(gamma and seed are the run's).{did_you_mean(str(key), FQE_KEYS)}"
+            )
     if c.off_policy_estimation_methods and c.off_policy_estimation_input is None and not isinstance(spec, str):
         raise ConfigError(
             "off_policy_estimation_methods read one dataset: set off_policy_estimation_input (input names several)."
