@@ -107,6 +107,24 @@ def test_next_step_backends_start_the_episode_after_the_reset_step():
     assert rollout["steps_seen"][0].tolist() == [1, 2, 3, 4, 1, 2]
 
 
+def test_next_step_backends_map_policies_again_where_the_next_episode_starts():
+    """The final observation's slot, whose value bootstraps a truncation, is acted on by the policy
+    of the episode it ends, not by the next episode's (here the other policy every two episodes)."""
+    import gymnasium as gym
+
+    backend = make_backend(gym.vector.SyncVectorEnv([lambda: CounterEnv(limit=3)] * 2), 2)
+    both = {"a": CountingPolicy(), "b": CountingPolicy()}
+    policies = PolicyMap(both, lambda agent, episode: "ab"[episode.episode_id // 2 % 2], ["agent_0"], 2)
+    env = EnvInfo("counter", backend.obs_spec, backend.act_spec, 2, 1, 0)
+    rollout = RolloutBuffer(env, 9, {"steps_seen": ((), torch.float32)}).rollout
+    collector = Collector(backend, policies, EpisodeTracker(2, 100), ("steps_seen",))
+    collector.reset(0)
+    collector.collect(rollout)
+    assert rollout["obs"][0, :, 0].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert rollout["policy_id"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0]  # episodes 0, 2 and 4 on row 0
+    backend.close()
+
+
 def test_evaluation_hands_first_flags_to_the_policy():
     backend = make_backend(lambda: CounterEnv(limit=4), 3)
     policy = CountingPolicy()

@@ -341,7 +341,7 @@ class Collector:
             step_infos.setdefault(t, {}).update(self.backend.final_infos)
         if self.backend.autoreset == "same_step" and views["truncated_np"].any():
             self._truncated.append(truncated_rows(batch, t, self.critic, self.policies))
-        if not self.policies.single and (views["terminated_np"].any() or views["truncated_np"].any()):
+        if not self.policies.single:
             self._start_episodes(batch, views)
 
     def _pad(self, rollout: TensorDict, rows: slice, t: int, horizon: int) -> None:
@@ -354,13 +354,21 @@ class Collector:
         self.raw_reward[rows, t:horizon] = 0.0
 
     def _start_episodes(self, batch: StepBatch, views: dict[str, Any]) -> None:
-        """Envs whose episode ended this step (an agent finished and none is left acting) start a
-        new one: their agents are mapped to policies again."""
+        """Envs whose next observation starts an episode map their agents to policies again. With
+        same-step autoreset: those whose episode ended this step (an agent finished and none is
+        left acting). With next-step autoreset: those this step reset, one step after the end,
+        so that the ended episode's policy values its last observation (a truncation's bootstrap)."""
         k = self.backend.rows_per_env
-        done = views["terminated_np"] | views["truncated_np"]
-        ended = env_episode_ends(done, views["valid_np"], k, views["env_done_np"])
-        ended = np.flatnonzero(ended) + batch.rows.start // k
-        self.policies.start_episodes(ended, self.backend.first_env_id)
+        if self.backend.autoreset == "next_step":
+            ended = views["first_now"].numpy().reshape(-1, k).all(1)
+        else:
+            done = views["terminated_np"] | views["truncated_np"]
+            if not done.any():
+                return
+            ended = env_episode_ends(done, views["valid_np"], k, views["env_done_np"])
+        starting = np.flatnonzero(ended)
+        if len(starting):
+            self.policies.start_episodes(starting + batch.rows.start // k, self.backend.first_env_id)
 
     def _failed_step(self, batch: StepBatch, views: dict[str, Any], t: int) -> None:
         """The batch's rows whose worker died during step ``t`` end their episode there as a
