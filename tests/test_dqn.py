@@ -88,7 +88,7 @@ def test_a_phase_drawn_at_once_is_its_minibatches_prepared_one_by_one(monkeypatc
     index = inner.replay.sample(7 * 32, inner.generator).split(32)
     key = "next_q_target" if double_q else "target"
     for got, rows in zip(minibatches, index):
-        alone = learner.prepare(inner.minibatch(rows))
+        alone = learner.prepare(inner.minibatch(rows, "default_policy"))
         torch.testing.assert_close(got[key], alone[key], rtol=1e-6, atol=1e-6)
         assert torch.equal(got["obs"], alone["obs"]) and torch.equal(got["action"], alone["action"])
 
@@ -290,3 +290,19 @@ def test_dqn_learns_cartpole():
     algo = shoal.DQN(seed=1, **QUIET)
     algo.learn(20_000)
     assert algo.evaluate(10)["episode_reward_mean"] >= 100  # random play: about 20
+
+
+def test_each_policy_discounts_its_replayed_steps_by_its_own_gamma():
+    """``gamma`` is a per-policy key: each policy's minibatches are discounted by its own."""
+    mapping = {"agent_0": "a"}
+    settings = dict(env="CartPole-v1", n_step=1, learning_starts=64, timesteps_per_iteration=128, verbose=0)
+    with shoal.DQN(policies={"a": {"gamma": 0.5}, "b": {}}, policy_mapping_fn=mapping, **settings) as dqn:
+        dqn.train()
+        algo = dqn.algorithm
+        index = algo.replay.sample(64, torch.Generator().manual_seed(0))
+        for pid, gamma in (("a", 0.5), ("b", 0.99)):
+            discount = algo.minibatch(index, pid)["discount"]
+            assert discount.max().item() == pytest.approx(gamma) and set(discount.unique().tolist()) <= {
+                0.0,
+                discount.max().item(),
+            }

@@ -65,7 +65,7 @@ def test_a_minibatch_holds_each_sampled_step_with_its_whole_team():
     trainer.train()
     algo = trainer.algorithm
     index = algo.replay.sample(16, torch.Generator().manual_seed(1))
-    batch = algo.minibatch(index)
+    batch = algo.minibatch(index, "default_policy")
     columns, agents = algo.replay.columns, 3
     row, col = index // columns, index % columns
     assert torch.equal(batch["slot"], row % agents)
@@ -85,7 +85,7 @@ def test_the_centralized_target_matches_a_per_sample_loop():
     with torch.no_grad():  # make the targets differ from the online networks
         for p in [*learner.actor_target.module.parameters(), *learner.critic.target.module.parameters()]:
             p.add_(0.1 * torch.randn(p.shape))
-    batch = algo.minibatch(algo.replay.sample(8, torch.Generator().manual_seed(2)))
+    batch = algo.minibatch(algo.replay.sample(8, torch.Generator().manual_seed(2)), "default_policy")
     batch["team"]["discount"][0] = 0.0  # one terminal step: nothing bootstrapped
     target = learner.td_target(batch)
     team = batch["team"]

@@ -214,6 +214,37 @@ def test_a_rollout_that_does_not_go_on_from_the_stored_rows_unlinks_them(how: st
     assert bool(buffer.sampleable[0, 7])
 
 
+@pytest.mark.parametrize(
+    "end, kept",
+    [("terminated", True), ("truncated, final observation in the side table", True), ("truncated, next step", False)],
+)
+def test_a_rollout_that_does_not_go_on_keeps_an_ended_step_that_needs_no_next_column(end: str, kept: bool) -> None:
+    """A terminated step has no successor, and a truncated one with same-step autoreset has its
+    final observation in the side table; with next-step autoreset it is the next column, which the
+    restarted rollout overwrites: that step is no transition any more, nor a bootstrap for the
+    n-step returns of the steps before it."""
+    envs = FakeEnvs(1, next_step=False, seed=0)
+    buffer = ReplayBuffer(env_info(1), 50)
+    rollout = episode_under_way(envs, 4, 1.0)
+    final = torch.tensor([[0.0, -999.0]])
+    rollout["terminated" if end == "terminated" else "truncated"][0, 3] = True
+    rollout["done"][0, 3] = True
+    one = torch.tensor([0]), torch.tensor([3])
+    if end == "truncated, next step":
+        rollout["obs"][0, 4] = final[0]
+    truncations = Truncations(*one, final, None, [], next_step=end == "truncated, next step")
+    buffer.add(rollout, truncations)
+    restart = episode_under_way(envs, 4, 100.0)
+    restart["first"][:, 0] = True
+    buffer.add(restart, None)
+    assert bool(buffer.sampleable[0, 3]) is kept
+    batch = transitions(buffer, torch.tensor([1]), n_step=3, gamma=1.0)
+    assert float(batch["reward"][0]) == (3.0 if kept else 2.0)  # the return stops before a lost step
+    if end.startswith("truncated"):
+        bootstrap = final[0] if kept else buffer.storage["obs"][0, 3]
+        assert torch.equal(batch["next_obs"][0], bootstrap)
+
+
 def test_an_n_step_return_stops_before_padding() -> None:
     """A row whose env group parked early (episode-paced collection with several groups) holds
     padding after its last step; a return stops there and bootstraps from the parked observation."""

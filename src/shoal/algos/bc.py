@@ -33,7 +33,7 @@ class BCAlgorithm(OffPolicyAlgorithm[BCConfig, ActorCriticPolicy, "BCLearner"]):
     def make_learner(self, policy_id: str, config: BCConfig) -> BCLearner:
         return BCLearner(self.policies[policy_id], config)
 
-    def minibatch(self, index: torch.Tensor) -> TensorDict:
+    def minibatch(self, index: torch.Tensor, policy_id: str) -> TensorDict:
         """The sampled steps as stored: behaviour cloning reads no returns and no next observation."""
         return self.replay.gather(index, 1)[0]
 

@@ -102,7 +102,7 @@ class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearne
     def make_learner(self, policy_id: str, config: MADDPGConfig) -> MADDPGLearner:
         return MADDPGLearner(self.policies[policy_id], self.critic(policy_id), config, self.team_actions)
 
-    def minibatch(self, index: torch.Tensor) -> TensorDict:
+    def minibatch(self, index: torch.Tensor, policy_id: str) -> TensorDict:
         """The sampled steps' teams: ``team`` ``[B, agents]`` (the ``transitions`` of every row of
         the env at the same column) and ``slot`` ``[B]``, the learning agent's row in it."""
         columns, agents = self.replay.columns, self.env.rows_per_env
@@ -111,7 +111,8 @@ class MADDPGAlgorithm(ReplayActorCritic[MADDPGConfig, MADDPGActor, "MADDPGLearne
         team_rows = first.unsqueeze(1) + torch.arange(agents, device=index.device)
         team_index = (team_rows * columns + col.unsqueeze(1)).view(-1)
         c = self.config
-        team = transitions(self.replay, team_index, n_step=c.n_step, gamma=c.gamma).view(len(index), agents)
+        gamma = self.policy_configs[policy_id].gamma  # the learning policy's discount
+        team = transitions(self.replay, team_index, n_step=c.n_step, gamma=gamma).view(len(index), agents)
         return TensorDict({"team": team, "slot": row % agents}, batch_size=[len(index)])
 
     def team_actions(self, obs: torch.Tensor, policy_id: torch.Tensor, target: bool) -> torch.Tensor:

@@ -41,7 +41,7 @@ class MARWILAlgorithm(OffPolicyAlgorithm[MARWILConfig, ActorCriticPolicy, "MARWI
     def make_learner(self, policy_id: str, config: MARWILConfig) -> MARWILLearner:
         return MARWILLearner(self.policies[policy_id], config)
 
-    def minibatch(self, index: torch.Tensor) -> TensorDict:
+    def minibatch(self, index: torch.Tensor, policy_id: str) -> TensorDict:
         """The sampled steps as stored, their return to go with them."""
         return self.replay.gather(index, 1)[0]
 

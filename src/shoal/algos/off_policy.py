@@ -252,10 +252,12 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         envs, need = self.env.num_envs, self.config.learning_starts
         return self.timesteps >= need and self.replay.size * envs >= min(need, (self.replay.columns - 1) * envs)
 
-    def minibatch(self, index: torch.Tensor) -> TensorDict:
-        """What a learner learns from for the sampled steps at flat ``index``: by default their
-        ``transitions`` with the configured n-step returns."""
-        return transitions(self.replay, index, n_step=self.config.n_step, gamma=self.config.gamma)
+    def minibatch(self, index: torch.Tensor, policy_id: str) -> TensorDict:
+        """What policy ``policy_id``'s learner learns from for the sampled steps at flat ``index``:
+        by default their ``transitions`` with the configured n-step returns, discounted by the
+        policy's ``gamma`` (a per-policy key)."""
+        gamma = self.policy_configs[policy_id].gamma
+        return transitions(self.replay, index, n_step=self.config.n_step, gamma=gamma)
 
     def learn_from_replay(self, updates: int, beta: float, totals: dict[str, Statistics]) -> None:
         """A phase's ``updates`` minibatch steps of each trained policy (step by step, each policy
@@ -296,7 +298,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
         index = self.replay.sample(updates * size, self.generator, self._owner[policy_id])
         per_gather = size * max(1, GATHER_BYTES // (size * self.replay.row_bytes))
         for first in range(0, len(index), per_gather):
-            prepared = learner.prepare(self.minibatch(index[first : first + per_gather]))
+            prepared = learner.prepare(self.minibatch(index[first : first + per_gather], policy_id))
             for start in range(0, len(prepared), size):
                 yield prepared[start : start + size]
 
@@ -312,7 +314,7 @@ class OffPolicyAlgorithm(Algorithm[ConfigT, PolicyT], Generic[ConfigT, PolicyT, 
                 prob = self.replay.probabilities(index, owner)
                 least = self.replay.min_probability(owner)  # weights <= 1, as in the paper
                 weights = importance_weights(prob, size=len(self.replay), beta=beta, min_prob=least)
-            stats, td_error = learner.learn(learner.prepare(self.minibatch(index)), weights)
+            stats, td_error = learner.learn(learner.prepare(self.minibatch(index, pid)), weights)
             if isinstance(self.replay, PrioritizedReplayBuffer):
                 self.replay.update_priorities(index, td_error + c.prioritized_replay_eps, owner)
             out.append((pid, stats))

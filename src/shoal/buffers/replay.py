@@ -162,12 +162,15 @@ class ReplayBuffer:
         # fraction of an indexed write (that matters when each env step is a rollout of its own)
         at = slice(self.head, self.head + horizon + 1) if self.head + horizon < c else cols
         # A rollout that does not go on from the stored head (the envs were reset in between) leaves
-        # the step before it without its next observation.
+        # the step before it without its next observation: needed unless it terminated, or was
+        # truncated with its final observation in the side table (not so with next-step autoreset,
+        # whose final observation is the head the new rollout overwrites).
         previous = (self.head - 1) % c
         broken = None
         unlinked = self._unlinked
         if self.size:
-            broken = (rollout["first"][:, 0] | unlinked) & ~self.storage["done"][:, previous]
+            alone = self.storage["terminated"][:, previous] | (self.final_slot[:, previous] >= 0)
+            broken = (rollout["first"][:, 0] | unlinked) & ~alone
         self._unlinked = False
         given = rollout.keys()
         for key, stored in self.storage.items():
@@ -324,7 +327,8 @@ class ReplayBuffer:
     def unlink(self) -> None:
         """The next ``add`` does not go on from the stored rows, whatever its ``first`` flags say:
         for a buffer loaded from another run, whose envs these are not. Each row's newest stored
-        step then stops being a transition."""
+        step then stops being a transition, unless it needs no next observation (it terminated, or
+        its truncation's final observation is in the side table)."""
         self._unlinked = True
 
     def fits(self, state: dict[str, Any]) -> bool:
