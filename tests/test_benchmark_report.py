@@ -150,3 +150,23 @@ def test_kept_runs_are_the_finished_ones_without_checkpoints_and_make_the_same_t
     assert not running.directory(kept).exists()
     suite = Suite([done, running])
     assert markdown_table(collect_rows(suite, kept), REFS, {}) == markdown_table(collect_rows(suite, out), REFS, {})
+
+
+def test_git_keeps_what_keep_runs_copies_and_leaves_out_the_rest():
+    """The root .gitignore leaves out every runs/ folder; benchmarks/records takes its kept runs back."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    run = "benchmarks/records/readme/runs/sac/Pendulum-v1/seed_1"
+    kept = [f"{run}/{name}" for name in ("benchmark.json", "benchmark_run.json", "metrics.jsonl", "config.yaml")]
+    left_out = [
+        f"{run}/checkpoints/checkpoint_000010/state.pt",
+        f"{run}/stderr.log",
+        "benchmarks/records/readme/benchmark.md",
+    ]
+    for path in kept + left_out:
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root).returncode == 0
+        assert ignored == (path in left_out), path

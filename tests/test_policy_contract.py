@@ -6,6 +6,9 @@ episodes start, stores the extras the algorithm declared, and does so alike on t
 worker-process and async backends, and in evaluation.
 """
 
+import contextlib
+
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -122,6 +125,39 @@ def test_next_step_backends_map_policies_again_where_the_next_episode_starts():
     collector.collect(rollout)
     assert rollout["obs"][0, :, 0].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     assert rollout["policy_id"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0]  # episodes 0, 2 and 4 on row 0
+    backend.close()
+
+
+def test_an_external_env_s_idle_slots_start_no_episodes():
+    """A slot no client plays is padding at every step: the policy mapping is not asked again
+    (a client plays slot 0 throughout, slot 1 idles)."""
+    import threading
+
+    from tests.test_external_backend import _backend
+
+    backend = _backend(num_envs=2)
+
+    def play():
+        episode = backend.start_episode("playing")
+        with contextlib.suppress(Exception):  # the backend closes under it at the end
+            while True:
+                backend.get_action(episode, np.zeros(3, np.float32))
+
+    asked = []
+    policies = PolicyMap(
+        {"a": CountingPolicy(), "b": CountingPolicy()},
+        lambda agent, episode: asked.append(episode.episode_id) or "a",
+        ["agent_0"],
+        2,
+    )
+    env = EnvInfo("sim", backend.obs_spec, backend.act_spec, 2, 1, 0)
+    rollout = RolloutBuffer(env, 6, {"steps_seen": ((), torch.float32)}).rollout
+    collector = Collector(backend, policies, EpisodeTracker(2, 100), ("steps_seen",))
+    collector.reset(0)
+    threading.Thread(target=play, daemon=True).start()
+    collector.collect(rollout)
+    assert rollout["valid"][0, 1:-1].all() and not rollout["valid"][1, :-1].any()
+    assert asked == [0, 1]  # mapped at the reset only
     backend.close()
 
 

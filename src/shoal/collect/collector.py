@@ -77,6 +77,8 @@ class Collector:
         """The last rollout's truncated steps and the true final observation of each (None before the
         first ``collect``), for algorithms that bootstrap from them."""
         self.first = torch.ones(backend.num_rows, dtype=torch.bool)  # the row's observation starts an episode
+        # next-step autoreset: envs whose episode ended at their last step, mapped again after the next
+        self._remap_next = np.zeros(backend.num_envs, dtype=bool)
         self._parked: list[StepBatch] = []  # groups whose current obs has not been acted on
         self._position = np.zeros(backend.num_rows, dtype=np.int64)  # next step each row writes
         self._views: dict[int, dict[str, Any]] = {}
@@ -99,6 +101,7 @@ class Collector:
         self.first.fill_(True)
         if self.carry is not None:
             self.carry.clear()
+        self._remap_next[:] = False
         self.policies.start_episodes(range(self.backend.num_envs), self.backend.first_env_id)
         self._parked = [self.backend.recv() for _ in range(self.backend.async_factor)]
 
@@ -356,19 +359,23 @@ class Collector:
     def _start_episodes(self, batch: StepBatch, views: dict[str, Any]) -> None:
         """Envs whose next observation starts an episode map their agents to policies again. With
         same-step autoreset: those whose episode ended this step (an agent finished and none is
-        left acting). With next-step autoreset: those this step reset, one step after the end,
-        so that the ended episode's policy values its last observation (a truncation's bootstrap)."""
+        left acting). With next-step autoreset: those whose episode ended at the step before, this
+        step being the reset: the ended episode's policy has valued its last observation (a
+        truncation's bootstrap). Not on every step a row is not valid: an external env's idle
+        slot is padding, not a new episode, at each step it idles."""
         k = self.backend.rows_per_env
+        done = views["terminated_np"] | views["truncated_np"]
+        ended = env_episode_ends(done, views["valid_np"], k, views["env_done_np"]) if done.any() else None
+        envs = slice(batch.rows.start // k, batch.rows.stop // k)
         if self.backend.autoreset == "next_step":
-            ended = views["first_now"].numpy().reshape(-1, k).all(1)
+            starting = np.flatnonzero(self._remap_next[envs])
+            self._remap_next[envs] = False if ended is None else ended
+        elif ended is None:
+            return
         else:
-            done = views["terminated_np"] | views["truncated_np"]
-            if not done.any():
-                return
-            ended = env_episode_ends(done, views["valid_np"], k, views["env_done_np"])
-        starting = np.flatnonzero(ended)
+            starting = np.flatnonzero(ended)
         if len(starting):
-            self.policies.start_episodes(starting + batch.rows.start // k, self.backend.first_env_id)
+            self.policies.start_episodes(starting + envs.start, self.backend.first_env_id)
 
     def _failed_step(self, batch: StepBatch, views: dict[str, Any], t: int) -> None:
         """The batch's rows whose worker died during step ``t`` end their episode there as a
@@ -394,6 +401,7 @@ class Collector:
             "env_steps": self.env_steps,
             "reward_scaler": None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             "carry": None if self.carry is None else self.carry.state_dict(),
+            "remap_next": torch.from_numpy(self._remap_next.copy()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -406,3 +414,5 @@ class Collector:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
         if state.get("carry") is not None:
             self.carry = EpisodeCarry.from_state(self.backend.num_rows, state["carry"])
+        if state.get("remap_next") is not None:  # written since next-step envs map their policies at the reset step
+            self._remap_next[:] = state["remap_next"].numpy()

@@ -95,7 +95,8 @@ def dataset_reader(config: TrainerConfig, env: EnvInfo) -> DatasetReader | None:
         )
     inputs = dataset_inputs(config.input)
     sources = [open_source(Path(path), weight, env, ids[0]) for path, weight in inputs.items()]
-    return DatasetReader(sources, env, config.seed, config.gamma, config.normalize_actions, config.reward_clipping)
+    gamma = config.policy_config(ids[0]).gamma  # a per-policy key: MARWIL's returns to go discount by it
+    return DatasetReader(sources, env, config.seed, gamma, config.normalize_actions, config.reward_clipping)
 
 
 class OffPolicyEstimator:
